@@ -1,0 +1,30 @@
+# mla_ext: set up, run, test. Every target works on a fresh machine: it installs
+# torch==2.13.0 (CPU) only when no torch >= 2.10 is present, and uses the
+# installed torch (CUDA/ROCm included) otherwise, downloading nothing then.
+PYTHON ?= python3
+export MAX_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+
+.PHONY: setup run test compile-check bench wheel clean
+
+setup:
+	$(PYTHON) tools/bootstrap.py numpy tabulate tqdm pytest setuptools wheel
+	$(PYTHON) -m pip install -q --no-build-isolation --no-deps -e .
+
+run: setup
+	mla-ext merge
+
+test: setup
+	$(PYTHON) -m pytest -q tests
+
+compile-check: setup
+	tools/compile_check.sh
+
+bench: setup
+	$(PYTHON) benchmarks/bench_merge.py
+
+wheel:
+	$(PYTHON) tools/bootstrap.py setuptools wheel build
+	$(PYTHON) -m build --wheel --no-isolation
+
+clean:
+	rm -rf build dist *.egg-info mla_ext/_C*.so mla_ext/_build_info.py

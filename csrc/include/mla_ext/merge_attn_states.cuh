@@ -1,0 +1,192 @@
+// merge_attn_states GPU kernel and launcher (CUDA and HIP, one source).
+//
+// Memory-bound: every output element costs one read of each input and one
+// write. A thread owns VEC consecutive elements of one (token, head) row, so
+// the widest access the pointers and strides allow (16 bytes when aligned) is
+// used; rows of any head_size and any number of heads map onto a flat index
+// (no per-block limit on num_heads x head_size). Two chunks per thread per
+// loop iteration keep four independent loads in flight before any store,
+// which also makes aliasing of output with an input safe (a chunk is read
+// completely before it is written, and no chunk is read after another
+// thread's store to it).
+#pragma once
+
+#include "mla_ext/compat.h"
+#include "mla_ext/merge_attn_states.h"
+
+namespace mla_ext {
+
+// Division by a run-time invariant 32-bit divisor through a multiply-high
+// (Granlund-Montgomery); exact for every 32-bit numerator.
+struct FastDivmod {
+  uint32_t divisor = 1, multiplier = 1, shift = 0;
+  FastDivmod() = default;
+  explicit FastDivmod(uint32_t d) : divisor(d) {
+    shift = 0;
+    while ((uint64_t(1) << shift) < d) ++shift;
+    uint64_t m = ((uint64_t(1) << 32) * ((uint64_t(1) << shift) - d)) / d + 1;
+    multiplier = uint32_t(m);
+  }
+  MLA_EXT_HD uint32_t div(uint32_t n) const {
+#if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__)
+    uint32_t hi = __umulhi(n, multiplier);
+#else
+    uint32_t hi = uint32_t((uint64_t(n) * multiplier) >> 32);
+#endif
+    return uint32_t((uint64_t(hi) + n) >> shift);
+  }
+};
+
+template <typename T, int N>
+struct alignas(sizeof(T) * N) VecN {
+  T v[N];
+};
+
+struct MergeKernelArgs {
+  MergeParams p;
+  uint32_t total_chunks;   // num_tokens * num_heads * chunks_per_row (< 2^31)
+  uint32_t chunks_per_row;
+  FastDivmod div_chunks;   // by chunks_per_row
+  FastDivmod div_heads;    // by num_heads
+};
+
+template <typename E, int VEC>
+struct MergeChunk {
+  using S = typename E::storage;
+  VecN<S, VEC> a, b;
+  float la, lb;
+  S* out;
+  float* out_lse;
+};
+
+template <typename E, int VEC>
+__device__ __forceinline__ void merge_load(const MergeKernelArgs& k, uint32_t idx,
+                                           MergeChunk<E, VEC>& c) {
+  using S = typename E::storage;
+  const MergeParams& p = k.p;
+  uint32_t row = k.div_chunks.div(idx);
+  uint32_t chunk = idx - row * k.chunks_per_row;
+  uint32_t t = k.div_heads.div(row);
+  uint32_t h = row - t * uint32_t(p.num_heads);
+  int64_t e = int64_t(chunk) * VEC;
+  const S* pa = static_cast<const S*>(p.prefix_output) +
+                (int64_t(t) * p.prefix_stride_token + int64_t(h) * p.prefix_stride_head + e);
+  const S* pb = static_cast<const S*>(p.suffix_output) +
+                (int64_t(t) * p.suffix_stride_token + int64_t(h) * p.suffix_stride_head + e);
+  c.la = p.prefix_lse[int64_t(t) * p.prefix_lse_stride_token + int64_t(h) * p.prefix_lse_stride_head];
+  c.lb = p.suffix_lse[int64_t(t) * p.suffix_lse_stride_token + int64_t(h) * p.suffix_lse_stride_head];
+  c.a = *reinterpret_cast<const VecN<S, VEC>*>(pa);
+  c.b = *reinterpret_cast<const VecN<S, VEC>*>(pb);
+  c.out = static_cast<S*>(p.output) +
+          (int64_t(t) * p.output_stride_token + int64_t(h) * p.output_stride_head + e);
+  c.out_lse = (p.output_lse != nullptr && chunk == 0)
+                  ? p.output_lse + (int64_t(t) * p.output_lse_stride_token +
+                                    int64_t(h) * p.output_lse_stride_head)
+                  : nullptr;
+}
+
+template <typename E, int VEC>
+__device__ __forceinline__ void merge_store(const MergeChunk<E, VEC>& c) {
+  using S = typename E::storage;
+  MergeRow r = merge_row(c.la, c.lb);
+  VecN<S, VEC> o;
+#pragma unroll
+  for (int i = 0; i < VEC; ++i) o.v[i] = merge_element<E>(r, c.a.v[i], c.b.v[i]);
+  *reinterpret_cast<VecN<S, VEC>*>(c.out) = o;
+  if (c.out_lse != nullptr) *c.out_lse = r.lse;
+}
+
+template <typename E, int VEC>
+__global__ void __launch_bounds__(256) merge_attn_states_kernel(MergeKernelArgs k) {
+  const uint32_t stride = gridDim.x * blockDim.x;
+  uint32_t i0 = blockIdx.x * blockDim.x + threadIdx.x;
+  for (; i0 < k.total_chunks; i0 += 2 * stride) {
+    uint32_t i1 = i0 + stride;  // total_chunks < 2^31 and stride <= 2^31: no overflow
+    MergeChunk<E, VEC> c0, c1;
+    merge_load<E, VEC>(k, i0, c0);
+    bool has1 = i1 < k.total_chunks;
+    if (has1) merge_load<E, VEC>(k, i1, c1);
+    merge_store<E, VEC>(c0);
+    if (has1) merge_store<E, VEC>(c1);
+  }
+}
+
+// Widest vector (in elements, up to 16 bytes) that every pointer, stride and
+// head_size allows.
+inline int merge_vec_elems(const MergeParams& p) {
+  const int esize = dtype_size(p.dtype);
+  int vec = 16 / esize;
+  auto fits = [&](int v) {
+    const uint64_t bytes = uint64_t(v) * esize;
+    auto ok_ptr = [&](const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) % bytes) == 0; };
+    return p.head_size % v == 0 && ok_ptr(p.output) && ok_ptr(p.prefix_output) &&
+           ok_ptr(p.suffix_output) && p.output_stride_token % v == 0 &&
+           p.output_stride_head % v == 0 && p.prefix_stride_token % v == 0 &&
+           p.prefix_stride_head % v == 0 && p.suffix_stride_token % v == 0 &&
+           p.suffix_stride_head % v == 0;
+  };
+  while (vec > 1 && !fits(vec)) vec /= 2;
+  return vec;
+}
+
+template <typename E, int VEC>
+Status launch_merge_vec(const MergeParams& full, int num_sms, gpuStream_t stream) {
+  const int64_t cpr = full.head_size / VEC;
+  const int64_t rows_per_token = full.num_heads * cpr;
+  // Launch over token ranges so that the flat chunk index stays below 2^31.
+  const int64_t max_tokens = (int64_t(1) << 31) / rows_per_token;
+  if (max_tokens < 1) return Status::kInvalidArgument;  // one token over 2^31 chunks
+  const int threads = 256;
+  const int64_t max_blocks = int64_t(num_sms > 0 ? num_sms : 132) * 16;
+  for (int64_t t0 = 0; t0 < full.num_tokens; t0 += max_tokens) {
+    const int64_t nt = full.num_tokens - t0 < max_tokens ? full.num_tokens - t0 : max_tokens;
+    using S = typename E::storage;
+    MergeKernelArgs k;
+    k.p = full;
+    k.p.num_tokens = nt;
+    k.p.output = static_cast<S*>(full.output) + t0 * full.output_stride_token;
+    k.p.prefix_output = static_cast<const S*>(full.prefix_output) + t0 * full.prefix_stride_token;
+    k.p.suffix_output = static_cast<const S*>(full.suffix_output) + t0 * full.suffix_stride_token;
+    k.p.prefix_lse = full.prefix_lse + t0 * full.prefix_lse_stride_token;
+    k.p.suffix_lse = full.suffix_lse + t0 * full.suffix_lse_stride_token;
+    if (full.output_lse) k.p.output_lse = full.output_lse + t0 * full.output_lse_stride_token;
+    k.total_chunks = uint32_t(nt * rows_per_token);
+    k.chunks_per_row = uint32_t(cpr);
+    k.div_chunks = FastDivmod(uint32_t(cpr));
+    k.div_heads = FastDivmod(uint32_t(full.num_heads));
+    int64_t blocks = (int64_t(k.total_chunks) + threads - 1) / threads;
+    if (blocks > max_blocks) blocks = max_blocks;
+    merge_attn_states_kernel<E, VEC><<<dim3(uint32_t(blocks)), dim3(threads), 0, stream>>>(k);
+    Status s = check_launch();
+    if (s != Status::kSuccess) return s;
+  }
+  return Status::kSuccess;
+}
+
+template <typename E>
+Status launch_merge_typed(const MergeParams& p, int num_sms, gpuStream_t stream) {
+  constexpr int kMaxVec = 16 / int(sizeof(typename E::storage));
+  const int vec = merge_vec_elems(p);
+  if constexpr (kMaxVec == 8) {
+    if (vec == 8) return launch_merge_vec<E, 8>(p, num_sms, stream);
+  }
+  if (vec == 4) return launch_merge_vec<E, 4>(p, num_sms, stream);
+  if (vec == 2) return launch_merge_vec<E, 2>(p, num_sms, stream);
+  return launch_merge_vec<E, 1>(p, num_sms, stream);
+}
+
+// Launch on `stream`. `num_sms` (the device's multiprocessor count) sizes the
+// grid; pass 0 to use a default. Allocates nothing, never synchronises.
+inline Status launch_merge_attn_states(const MergeParams& p, int num_sms, gpuStream_t stream) {
+  if (p.num_tokens < 0 || p.num_heads < 0 || p.head_size < 0) return Status::kInvalidArgument;
+  if (p.num_tokens == 0 || p.num_heads == 0 || p.head_size == 0) return Status::kSuccess;
+  if (p.num_heads >= (int64_t(1) << 31)) return Status::kInvalidArgument;
+  switch (p.dtype) {
+    case DType::kFloat32: return launch_merge_typed<Float32Elem>(p, num_sms, stream);
+    case DType::kFloat16: return launch_merge_typed<Float16Elem>(p, num_sms, stream);
+    case DType::kBFloat16: return launch_merge_typed<BFloat16Elem>(p, num_sms, stream);
+  }
+  return Status::kInvalidArgument;
+}
+
+}  // namespace mla_ext

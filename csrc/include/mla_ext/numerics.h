@@ -1,0 +1,116 @@
+// Bit-level number conversions shared by the GPU kernels and the CPU twins.
+//
+// Plain C++17 when compiled by a host compiler; __host__ __device__ under nvcc
+// or hipcc. No platform types (no __nv_bfloat16 / __hip_bfloat16): bf16 and
+// fp16 travel as uint16_t bits, so the CPU code and every GPU toolchain (Debian's
+// hipcc 5.2 included) compile the same functions and round the same way.
+#pragma once
+
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__HIPCC__)
+#include <hip/hip_runtime.h>  // __forceinline__, __uint_as_float under hipcc
+#endif
+
+#if defined(__CUDACC__) || defined(__HIPCC__)
+#define MLA_EXT_HD __host__ __device__ __forceinline__
+#else
+#define MLA_EXT_HD inline
+#endif
+
+namespace mla_ext {
+
+MLA_EXT_HD float bits_to_float(uint32_t u) {
+#if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__)
+  return __uint_as_float(u);
+#else
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+#endif
+}
+
+MLA_EXT_HD uint32_t float_to_bits(float f) {
+#if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__)
+  return __float_as_uint(f);
+#else
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  return u;
+#endif
+}
+
+MLA_EXT_HD float neg_inf() { return bits_to_float(0xff800000u); }
+MLA_EXT_HD float pos_inf() { return bits_to_float(0x7f800000u); }
+MLA_EXT_HD float quiet_nan() { return bits_to_float(0x7fc00000u); }
+MLA_EXT_HD bool is_nan(float x) { return x != x; }
+
+// ---- bf16 (bits) ----
+MLA_EXT_HD float bf16_to_float(uint16_t h) { return bits_to_float(uint32_t(h) << 16); }
+
+// Round to nearest even; NaN stays a quiet NaN.
+MLA_EXT_HD uint16_t float_to_bf16(float f) {
+  uint32_t u = float_to_bits(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x0040u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return uint16_t(u >> 16);
+}
+
+// ---- fp16 (bits), IEEE binary16 ----
+MLA_EXT_HD float fp16_to_float(uint16_t h) {
+  uint32_t sign = uint32_t(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1fu;
+  uint32_t man = h & 0x3ffu;
+  if (exp == 0x1fu) return bits_to_float(sign | 0x7f800000u | (man << 13));  // inf / NaN
+  if (exp == 0) {
+    // zero or subnormal: man * 2^-24, exact in fp32
+    float v = float(man) * bits_to_float(0x33800000u);  // 2^-24
+    return sign ? -v : v;
+  }
+  return bits_to_float(sign | ((exp + 112u) << 23) | (man << 13));
+}
+
+// Round to nearest even, overflow to inf, NaN stays NaN.
+MLA_EXT_HD uint16_t float_to_fp16(float f) {
+  uint32_t u = float_to_bits(f);
+  uint16_t sign = uint16_t((u >> 16) & 0x8000u);
+  uint32_t a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return uint16_t(sign | 0x7e00u);
+  if (a >= 0x477ff000u) return uint16_t(sign | 0x7c00u);  // rounds to >= 65520 -> inf
+  if (a < 0x38800000u) {
+    // result is subnormal (or zero) in fp16: value / 2^-24, rounded to nearest even
+    if (a < 0x33000000u) return sign;  // < 2^-25: rounds to zero
+    uint32_t exp = a >> 23;
+    uint32_t man = (a & 0x7fffffu) | 0x800000u;
+    uint32_t shift = 126u - exp;  // 14..24 + ... such that result = man >> (shift)
+    uint32_t r = man >> shift;
+    uint32_t rem = man & ((1u << shift) - 1u);
+    uint32_t half = 1u << (shift - 1u);
+    if (rem > half || (rem == half && (r & 1u))) r += 1u;
+    return uint16_t(sign | r);
+  }
+  uint32_t r = a - 0x38000000u;  // rebias exponent 127 -> 15
+  r += 0xfffu + ((r >> 13) & 1u);
+  return uint16_t(sign | (r >> 13));
+}
+
+// ---- FP8 e4m3fn (OCP: NVIDIA, gfx950) ----
+// Exponent bias 7, no infinities, S.1111.111 is NaN. Decoded exactly into fp32.
+MLA_EXT_HD float fp8_e4m3fn_to_float(uint8_t b) {
+  if ((b & 0x7fu) == 0x7fu) return quiet_nan();
+  // Place E and M under the fp32 exponent/mantissa fields, then rescale by 2^(127-7).
+  // E == 0 lands on fp32 subnormals, which is exactly e4m3's subnormal range scaled.
+  uint32_t u = (uint32_t(b & 0x80u) << 24) | (uint32_t(b & 0x7fu) << 20);
+  return bits_to_float(u) * 1.329227995784916e36f;  // 2^120
+}
+
+// ---- UE8M0 (unsigned 8-bit exponent scale, DeepSeek V4) ----
+// b means 2^(b-127); b == 0 is 2^-127 (an fp32 subnormal), b == 255 is NaN.
+MLA_EXT_HD float ue8m0_to_float(uint8_t b) {
+  if (b == 0) return bits_to_float(1u << 22);
+  if (b == 255) return quiet_nan();
+  return bits_to_float(uint32_t(b) << 23);
+}
+
+}  // namespace mla_ext

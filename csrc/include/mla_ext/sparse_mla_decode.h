@@ -1,0 +1,148 @@
+// sparse_mla_decode: parameters, split-K policy and workspace layout
+// (DESIGN.md §4). Shared by the GPU kernels (sparse_mla_decode.cuh), the CPU
+// twin (csrc/cpu/sparse_mla_decode.cpp) and the torch binding, so that all of
+// them size the workspace and split the work the same way. No GPU or torch
+// includes here.
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+namespace mla_ext {
+
+enum class KvFormat : int {
+  kBF16 = 0,          // [num_pages, page_size, d_qk] bf16
+  kFP8DsMla = 1,      // DeepSeek V3.2: 656 B/token inline (512 e4m3 + 4 fp32 scales + 64 bf16 RoPE)
+  kFP8DsMlaV4 = 2,    // DeepSeek V4: 584 B/token, page = data rows (576 B each) then 8 B scale rows
+};
+
+constexpr int kDV = 512;           // value dims (both geometries)
+constexpr int kMaxSplits = 64;     // explicit num_splits range is 1..kMaxSplits
+constexpr int kFP8DsMlaRowBytes = 656;
+constexpr int kFP8DsMlaV4RowBytes = 584;
+constexpr int kFP8DsMlaV4DataBytes = 576;   // per-token data row inside a V4 page
+constexpr int kFP8DsMlaV4ScaleBytes = 8;    // 7 UE8M0 bytes + 1 pad, after all data rows
+
+// One index set (main or extra) over one paged cache.
+struct KvSet {
+  const uint8_t* cache = nullptr;   // base of the cache (bytes); nullptr = set absent
+  int64_t page_stride_bytes = 0;    // bytes between pages (tensor stride(0) * element size)
+  int64_t token_stride_bytes = 0;   // bytes between tokens inside a page (bf16 / fp8_ds_mla)
+  int64_t page_size = 0;            // tokens per page
+  int64_t num_slots = 0;            // num_pages * page_size; slots >= this are invalid
+  const int32_t* indices = nullptr; // [num_tokens, width], element stride 1 along width
+  int64_t indices_stride_token = 0; // elements
+  int64_t width = 0;
+  const int32_t* lengths = nullptr; // optional [num_tokens]; positions >= lengths[t] are skipped
+  int64_t lengths_stride = 1;       // elements
+};
+
+struct SparseDecodeParams {
+  KvFormat kv_format = KvFormat::kFP8DsMlaV4;
+  int d_qk = 512;                   // 576 (V3.2) or 512 (V4); V = first 512 dims
+  int64_t num_tokens = 0;
+  int64_t num_heads = 0;
+  float softmax_scale = 1.f;
+
+  const uint16_t* q = nullptr;      // bf16 bits, [num_tokens, num_heads, d_qk], last dim contiguous
+  int64_t q_stride_token = 0, q_stride_head = 0;
+
+  KvSet main;                       // required
+  KvSet extra;                      // optional (extra.cache == nullptr when absent)
+
+  const float* attn_sink = nullptr; // optional [num_heads] fp32 logits
+  int64_t attn_sink_stride = 1;
+
+  uint16_t* output = nullptr;       // bf16 bits, [num_tokens, num_heads, 512], last dim contiguous
+  int64_t output_stride_token = 0, output_stride_head = 0;
+  float* lse = nullptr;             // optional [num_tokens, num_heads] fp32, natural log, sink excluded
+  int64_t lse_stride_token = 0, lse_stride_head = 0;
+
+  int num_splits = 1;               // resolved split count, 1..kMaxSplits
+  bool force_portable = false;      // GPU: use the portable (no tensor-core) path
+};
+
+// ---------------------------------------------------------------------------
+// Split-K policy. Depends on shapes and the processor count only (never on
+// tensor contents), so a CUDA graph captured once stays valid when indices and
+// lengths change. Invariant relied on by workspace sizing:
+//   decode_num_splits(T, H, W, n) <= decode_max_auto_splits(T, H, n) for all W.
+// ---------------------------------------------------------------------------
+
+// Heads handled together by one GPU block (the head tile). Blocks per
+// (token, split) = ceil(num_heads / head tile).
+inline int64_t decode_head_tile(int64_t num_heads) { return num_heads <= 64 ? num_heads : 64; }
+
+inline int64_t decode_head_groups(int64_t num_heads) {
+  const int64_t tile = decode_head_tile(num_heads);
+  return tile > 0 ? (num_heads + tile - 1) / tile : 0;
+}
+
+// The most splits the automatic policy can pick for (T, H) on a device with
+// num_sms processors, whatever the index widths.
+inline int decode_max_auto_splits(int64_t num_tokens, int64_t num_heads, int num_sms) {
+  const int64_t base = num_tokens * decode_head_groups(num_heads);
+  if (base <= 0) return 1;
+  const int64_t target = 2 * int64_t(num_sms > 0 ? num_sms : 1);  // ~2 blocks per processor
+  int64_t s = (target + base - 1) / base;
+  if (s < 1) s = 1;
+  if (s > kMaxSplits) s = kMaxSplits;
+  return int(s);
+}
+
+// Minimum index entries a split should own before splitting further pays.
+constexpr int64_t kMinEntriesPerSplit = 64;
+
+// The automatic split count for a call whose index sets have total width
+// `total_width` (main width + extra width).
+inline int decode_num_splits(int64_t num_tokens, int64_t num_heads, int64_t total_width,
+                             int num_sms) {
+  int s = decode_max_auto_splits(num_tokens, num_heads, num_sms);
+  int64_t by_width = (total_width + kMinEntriesPerSplit - 1) / kMinEntriesPerSplit;
+  if (by_width < 1) by_width = 1;
+  if (int64_t(s) > by_width) s = int(by_width);
+  return s;
+}
+
+// ---------------------------------------------------------------------------
+// Workspace layout for num_splits > 1 (fp32, 256-byte aligned sections):
+//   partial_out [num_tokens, num_heads, num_splits, 512]  (normalised per split)
+//   partial_lse [num_tokens, num_heads, num_splits]       (m + log(l); -inf = empty split)
+// With one split no workspace is used (the partial kernel writes the final result).
+// ---------------------------------------------------------------------------
+inline size_t align256(size_t n) { return (n + 255) & ~size_t(255); }
+
+inline size_t decode_partial_out_bytes(int64_t T, int64_t H, int64_t S) {
+  return align256(size_t(T) * size_t(H) * size_t(S) * kDV * sizeof(float));
+}
+
+inline size_t decode_workspace_size(int64_t num_tokens, int64_t num_heads, int num_splits) {
+  if (num_splits <= 1 || num_tokens <= 0 || num_heads <= 0) return 0;
+  const size_t cells = size_t(num_tokens) * size_t(num_heads) * size_t(num_splits);
+  return decode_partial_out_bytes(num_tokens, num_heads, num_splits) + align256(cells * sizeof(float));
+}
+
+// Workspace for any call with at most num_tokens tokens and num_heads heads
+// and this split setting (num_splits == 0: automatic). For the automatic
+// setting this is the maximum over every smaller (T', H') too, since fewer
+// tokens can mean more splits. Only head counts at the top of a head-group
+// count matter, and only T' below the split target can split at all.
+inline size_t decode_workspace_size_for(int64_t num_tokens, int64_t num_heads, int num_splits,
+                                        int num_sms) {
+  if (num_tokens <= 0 || num_heads <= 0) return 0;
+  if (num_splits > 0) return decode_workspace_size(num_tokens, num_heads, num_splits);
+  size_t best = 0;
+  const int64_t target = 2 * int64_t(num_sms > 0 ? num_sms : 1);
+  const int64_t t_max = num_tokens < target ? num_tokens : target;
+  for (int64_t h = decode_head_tile(num_heads);; h += 64) {
+    if (h > num_heads) h = num_heads;
+    for (int64_t t = 1; t <= t_max; ++t) {
+      const size_t b = decode_workspace_size(t, h, decode_max_auto_splits(t, h, num_sms));
+      if (b > best) best = b;
+    }
+    if (h == num_heads) break;
+  }
+  return best;
+}
+
+}  // namespace mla_ext

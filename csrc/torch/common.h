@@ -1,0 +1,152 @@
+// Shared helpers for the torch binding layer (LibTorch stable ABI only).
+#pragma once
+
+#include <torch/csrc/stable/library.h>
+#include <torch/csrc/stable/tensor.h>
+#include <torch/headeronly/core/ScalarType.h>
+#include <torch/headeronly/util/Exception.h>
+
+#include <optional>
+#include <stdexcept>
+#include <sstream>
+#include <string>
+
+#include "mla_ext/merge_attn_states.h"
+
+namespace mla_ext_torch {
+
+using torch::stable::Tensor;
+using torch::headeronly::ScalarType;
+
+inline const char* dtype_name(ScalarType t) {
+  switch (t) {
+    case ScalarType::Float: return "float32";
+    case ScalarType::Half: return "float16";
+    case ScalarType::BFloat16: return "bfloat16";
+    case ScalarType::Double: return "float64";
+    case ScalarType::Int: return "int32";
+    case ScalarType::Long: return "int64";
+    case ScalarType::Byte: return "uint8";
+    case ScalarType::Char: return "int8";
+    case ScalarType::Bool: return "bool";
+    case ScalarType::Float8_e4m3fn: return "float8_e4m3fn";
+    default: return "another dtype";
+  }
+}
+
+inline std::string shape_str(const Tensor& t) {
+  std::ostringstream os;
+  os << "[";
+  for (int64_t i = 0; i < t.dim(); ++i) os << (i ? ", " : "") << t.size(i);
+  os << "]";
+  return os.str();
+}
+
+inline std::string device_str(const Tensor& t) {
+  if (t.is_cpu()) return "cpu";
+  std::ostringstream os;
+  os << (t.is_cuda() ? "cuda:" : "device:") << int(t.get_device_index());
+  return os.str();
+}
+
+// Error helper: every message starts with the op name and names the argument.
+// Thrown as std::runtime_error; torch surfaces it as a Python RuntimeError.
+template <typename... Args>
+[[noreturn]] inline void fail(const Args&... args) {
+  std::ostringstream os;
+  (os << ... << args);
+  throw std::runtime_error(os.str());
+}
+#define MLA_CHECK(cond, op, ...)                     \
+  do {                                               \
+    if (!(cond)) ::mla_ext_torch::fail(op, ": ", __VA_ARGS__); \
+  } while (0)
+
+inline void check_same_device(const char* op, const Tensor& ref, const char* ref_name,
+                              const Tensor& t, const char* name) {
+  bool same = ref.is_cpu() == t.is_cpu() && ref.is_cuda() == t.is_cuda() &&
+              (ref.is_cpu() || ref.get_device_index() == t.get_device_index());
+  MLA_CHECK(same, op, "expected ", name, " on the same device as ", ref_name, " (",
+            device_str(ref), "), got ", device_str(t));
+}
+
+inline mla_ext::DType to_value_dtype(const char* op, const Tensor& t, const char* name) {
+  switch (t.scalar_type()) {
+    case ScalarType::Float: return mla_ext::DType::kFloat32;
+    case ScalarType::Half: return mla_ext::DType::kFloat16;
+    case ScalarType::BFloat16: return mla_ext::DType::kBFloat16;
+    default: break;
+  }
+  MLA_CHECK(false, op, "expected ", name, " to be float32, float16 or bfloat16, got ",
+            dtype_name(t.scalar_type()));
+  return mla_ext::DType::kFloat32;
+}
+
+// Validates every argument of merge_attn_states and fills the params; throws
+// (before anything is launched or written) on the first violation.
+inline mla_ext::MergeParams make_merge_params(const Tensor& output,
+                                              const std::optional<Tensor>& output_lse,
+                                              const Tensor& prefix_output,
+                                              const Tensor& prefix_lse,
+                                              const Tensor& suffix_output,
+                                              const Tensor& suffix_lse) {
+  const char* op = "merge_attn_states";
+  MLA_CHECK(output.dim() == 3, op,
+            "expected output to be 3-D [num_tokens, num_heads, head_size], got shape ",
+            shape_str(output));
+  const int64_t T = output.size(0), H = output.size(1), D = output.size(2);
+  auto check_value = [&](const Tensor& t, const char* name) {
+    MLA_CHECK(t.dim() == 3 && t.size(0) == T && t.size(1) == H && t.size(2) == D, op,
+              "expected ", name, " of shape [", T, ", ", H, ", ", D,
+              "] (the shape of output), got ", shape_str(t));
+    MLA_CHECK(t.scalar_type() == output.scalar_type(), op, "expected ", name,
+              " to have output's dtype ", dtype_name(output.scalar_type()), ", got ",
+              dtype_name(t.scalar_type()));
+    MLA_CHECK(D <= 1 || t.stride(2) == 1, op, "expected ", name,
+              " to be contiguous in its last (head_size) dim, got stride ", t.stride(2));
+    check_same_device(op, output, "output", t, name);
+  };
+  auto check_lse = [&](const Tensor& t, const char* name) {
+    MLA_CHECK(t.scalar_type() == ScalarType::Float, op, "expected ", name,
+              " to be float32, got ", dtype_name(t.scalar_type()));
+    MLA_CHECK(t.dim() == 2 && t.size(0) == T && t.size(1) == H, op, "expected ", name,
+              " of shape [num_tokens, num_heads] = [", T, ", ", H, "] (any strides), got ",
+              shape_str(t));
+    check_same_device(op, output, "output", t, name);
+  };
+  mla_ext::MergeParams p;
+  p.dtype = to_value_dtype(op, output, "output");
+  check_value(output, "output");
+  check_value(prefix_output, "prefix_output");
+  check_value(suffix_output, "suffix_output");
+  check_lse(prefix_lse, "prefix_lse");
+  check_lse(suffix_lse, "suffix_lse");
+  if (output_lse.has_value()) check_lse(*output_lse, "output_lse");
+
+  p.num_tokens = T;
+  p.num_heads = H;
+  p.head_size = D;
+  p.output = output.data_ptr();
+  p.output_stride_token = output.stride(0);
+  p.output_stride_head = output.stride(1);
+  if (output_lse.has_value()) {
+    p.output_lse = static_cast<float*>(output_lse->data_ptr());
+    p.output_lse_stride_token = output_lse->stride(0);
+    p.output_lse_stride_head = output_lse->stride(1);
+  }
+  p.prefix_output = prefix_output.data_ptr();
+  p.prefix_stride_token = prefix_output.stride(0);
+  p.prefix_stride_head = prefix_output.stride(1);
+  p.prefix_lse = static_cast<const float*>(prefix_lse.data_ptr());
+  p.prefix_lse_stride_token = prefix_lse.stride(0);
+  p.prefix_lse_stride_head = prefix_lse.stride(1);
+  p.suffix_output = suffix_output.data_ptr();
+  p.suffix_stride_token = suffix_output.stride(0);
+  p.suffix_stride_head = suffix_output.stride(1);
+  p.suffix_lse = static_cast<const float*>(suffix_lse.data_ptr());
+  p.suffix_lse_stride_token = suffix_lse.stride(0);
+  p.suffix_lse_stride_head = suffix_lse.stride(1);
+  return p;
+}
+
+}  // namespace mla_ext_torch

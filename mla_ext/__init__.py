@@ -1,0 +1,20 @@
+"""mla_ext: the attention steps around DeepSeek-style MLA decode and chunked prefill.
+
+Ops (registered under ``torch.ops.mla_ext`` for CPU and CUDA; every output and
+scratch buffer is owned by the caller, nothing is allocated on the device):
+
+- :func:`merge_attn_states` — merge two partial attention results (values + LSE)
+  over disjoint key sets, in place, on strided views.
+
+See ``../shared/DESIGN.md`` in the source tree (the contract) and README.md.
+"""
+from ._load import load_extension as _load_extension
+
+_LIBRARY_PATH = _load_extension()
+
+from ._ops import merge_attn_states  # noqa: E402
+from . import compat  # noqa: E402
+
+__version__ = "0.1.0"
+
+__all__ = ["merge_attn_states", "compat", "__version__"]

@@ -1,0 +1,4 @@
+"""Drop-in call shapes of other engines' ops (e.g. :mod:`mla_ext.compat.vllm`)."""
+from . import vllm
+
+__all__ = ["vllm"]

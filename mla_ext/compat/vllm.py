@@ -1,0 +1,37 @@
+"""vLLM's call shape for merge_attn_states.
+
+vLLM keeps LSE buffers as ``[num_heads, num_tokens]``; mla_ext takes any LSE
+strides, so they are passed as zero-copy transposed views.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .._ops import merge_attn_states as _merge
+
+
+def merge_attn_states(
+    output: torch.Tensor,
+    prefix_output: torch.Tensor,
+    prefix_lse: torch.Tensor,
+    suffix_output: torch.Tensor,
+    suffix_lse: torch.Tensor,
+    output_lse: Optional[torch.Tensor] = None,
+) -> None:
+    """vLLM-compatible ``merge_attn_states``: same math as :func:`mla_ext.merge_attn_states`.
+
+    Args:
+        output: ``[num_tokens, num_heads, head_size]`` (float32/float16/bfloat16),
+            **mutated**; any token/head strides, last dim stride 1.
+        prefix_output, suffix_output: ``[num_tokens, num_heads, head_size]``, same dtype.
+        prefix_lse, suffix_lse: ``[num_heads, num_tokens]`` float32 (vLLM's layout), any strides.
+        output_lse: optional ``[num_heads, num_tokens]`` float32, **mutated**.
+
+    Raises:
+        RuntimeError: as :func:`mla_ext.merge_attn_states` (shapes are checked on
+            the transposed ``[num_tokens, num_heads]`` views).
+    """
+    _merge(output, None if output_lse is None else output_lse.transpose(0, 1),
+           prefix_output, prefix_lse.transpose(0, 1), suffix_output, suffix_lse.transpose(0, 1))

@@ -1,0 +1,35 @@
+"""Shared test fixtures: devices (CPU always, CUDA when present), poisoning, tolerances."""
+import pytest
+import torch
+
+HAS_GPU = torch.cuda.is_available()
+DEVICES = ["cpu"] + (["cuda"] if HAS_GPU else [])
+
+requires_gpu = pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA/ROCm device")
+
+
+@pytest.fixture(params=DEVICES)
+def device(request):
+    return request.param
+
+
+def poison_(t: torch.Tensor) -> torch.Tensor:
+    """Fill with NaN (floats) or 0xFF bytes so unwritten elements are caught."""
+    if t.is_floating_point():
+        t.fill_(float("nan"))
+    else:
+        t.fill_(-1)
+    return t
+
+
+# Max abs error allowed relative to max |reference|, by output dtype (inputs rounded to that dtype).
+TOL = {torch.float32: 2e-6, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+
+
+def assert_close_rel(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, what: str = "output"):
+    out = out.double().cpu()
+    ref = ref.double().cpu()
+    assert not torch.isnan(out).any(), f"{what}: NaN in result (unwritten or wrong)"
+    scale = ref.abs().max().clamp_min(1e-30)
+    err = (out - ref).abs().max() / scale
+    assert err <= TOL[dtype], f"{what}: max error {err:.3g} (relative to max |ref|) > {TOL[dtype]}"

@@ -1,0 +1,38 @@
+"""Install what building and testing mla_ext needs, and nothing that is already there.
+
+- torch: kept if a torch >= 2.10 is importable (e.g. a CUDA build on a GPU
+  machine with no network); otherwise ``torch==2.13.0`` (the CPU wheel) is installed.
+- Python packages named on the command line: installed only if missing.
+"""
+import importlib.util
+import subprocess
+import sys
+
+
+def have_torch() -> bool:
+    try:
+        import torch
+    except Exception:
+        return False
+    major, minor = (int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+    return (major, minor) >= (2, 10)
+
+
+def pip(*args: str) -> None:
+    subprocess.check_call([sys.executable, "-m", "pip", "install", "-q", *args])
+
+
+def main(modules: list[str]) -> None:
+    if not have_torch():
+        print("bootstrap: no torch >= 2.10 found; installing torch==2.13.0", flush=True)
+        pip("torch==2.13.0")
+    # module name -> pip name
+    names = {"yaml": "pyyaml"}
+    missing = [names.get(m, m) for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        print(f"bootstrap: installing {' '.join(missing)}", flush=True)
+        pip(*missing)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

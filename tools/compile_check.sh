@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Compile-only checks of the GPU code, so a CUDA- or HIP-only break fails CI on a
+# machine without a GPU:
+#  1. nvcc, sm_90a: every GPU source of the extension (csrc/sources.txt "gpu",
+#     against the installed torch's headers) and the torch-free kernel headers.
+#  2. hipcc (Debian's, HIP_PLATFORM=amd), gfx90a and gfx940: the torch-free
+#     kernel headers (Debian 12's hipcc 5.2 knows no gfx942; gfx940 is its
+#     nearest CDNA3 target).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+inc=(-Icsrc/include -Icsrc/cpu -Icsrc/torch)
+
+if command -v nvcc >/dev/null; then
+  torch_inc=$($PYTHON -c "from torch.utils.cpp_extension import include_paths; print(' '.join('-I'+p for p in include_paths()))")
+  py_inc=$($PYTHON -c "import sysconfig; print('-I' + sysconfig.get_paths()['include'])")
+  for src in $(awk '$1 == "gpu" {print $2}' csrc/sources.txt); do
+    echo "nvcc sm_90a: $src"
+    nvcc -std=c++17 -O3 -DUSE_CUDA -DTORCH_TARGET_VERSION=0x020a000000000000 --expt-relaxed-constexpr \
+      -gencode=arch=compute_90a,code=sm_90a "${inc[@]}" $torch_inc $py_inc -c "$src" -o "$out/$(basename "$src").o"
+  done
+  echo "nvcc sm_90a: tests/compile/kernels_check.cu"
+  nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a "${inc[@]}" -c tests/compile/kernels_check.cu -o "$out/k_cuda.o"
+else
+  echo "compile_check: nvcc not found" >&2
+  exit 1
+fi
+
+if ! command -v hipcc >/dev/null; then
+  echo "compile_check: installing Debian's hipcc"
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq hipcc) >/dev/null
+fi
+for arch in gfx90a gfx940; do
+  echo "hipcc $arch: tests/compile/kernels_check.cu"
+  HIP_PLATFORM=amd hipcc --offload-arch=$arch -std=c++17 -O2 -Werror=return-type "${inc[@]}" -x hip \
+    -c tests/compile/kernels_check.cu -o "$out/k_hip_$arch.o"
+done
+echo "compile_check: ok"
