@@ -1,0 +1,473 @@
+"""DeepSeek paged latent KV cache byte formats (pure PyTorch).
+
+Three ``kv_format`` values are understood (DESIGN.md section 4):
+
+``"bf16"``
+    ``[num_pages, page_size, d_qk]`` bfloat16, d_qk = 576 (V3.2) or 512 (V4). A singleton head
+    dim ``[num_pages, page_size, 1, d_qk]`` is accepted by the readers.
+
+``"fp8_ds_mla"`` (DeepSeek V3.2, 656 bytes per token, everything inline per token)
+    ``[num_pages, page_size, 656]`` uint8. Per token: bytes [0, 512) e4m3fn latent values,
+    [512, 528) four little-endian fp32 scales (scale j covers latent elements [128j, 128j+128)),
+    [528, 656) the 64 RoPE values as bf16. d_qk = 576.
+
+``"fp8_ds_mla_v4"`` (DeepSeek V4, 584 bytes per token, per page "data then scales")
+    A uint8 view ``[num_pages, page_size, 584]`` with strides ``(page_stride, 584, 1)``. The
+    logical rows of that view are NOT the token rows; the bytes of page n start at
+    ``n * page_stride`` and hold: token p's data row at ``p * 576`` ([0, 448) e4m3fn of the
+    448 no-RoPE dims, [448, 576) the 64 RoPE dims as bf16), then after all ``page_size`` data rows,
+    at ``page_size * 576 + p * 8``: 7 UE8M0 scale bytes (byte j covers dims [64j, 64j+64)) and
+    one padding byte. ``page_stride`` (= ``stride(0)``, in bytes) is padded; engines round it up
+    to a multiple of 576. d_qk = 512.
+
+Readers (:func:`gather_kv_rows`, :func:`unpack_kv_cache`) compute byte addresses from the cache
+tensor's storage, offset and ``stride(0)``, and only touch the slots asked for, so unused slots
+may hold NaN/garbage.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+__all__ = [
+    "FP8_MAX",
+    "UE8M0_BIAS",
+    "KV_FORMATS",
+    "D_QK",
+    "ROW_BYTES",
+    "V4_DATA_BYTES",
+    "V4_SCALE_BYTES",
+    "GARBAGE_BYTE",
+    "ue8m0_to_float",
+    "float_to_ue8m0_exponent",
+    "kv_bytes_per_row",
+    "default_v4_page_stride",
+    "alloc_kv_cache",
+    "write_kv_rows",
+    "pack_fp8_ds_mla",
+    "pack_fp8_ds_mla_v4",
+    "pack_kv_cache",
+    "gather_kv_rows",
+    "unpack_kv_cache",
+]
+
+#: Largest finite OCP float8_e4m3fn magnitude.
+FP8_MAX = 448.0
+#: UE8M0 byte b encodes 2 ** (b - UE8M0_BIAS).
+UE8M0_BIAS = 127
+#: Smallest tile amax used when quantising (avoids a zero scale for all-zero tiles).
+AMAX_FLOOR = 1e-4
+
+KV_FORMATS = ("bf16", "fp8_ds_mla", "fp8_ds_mla_v4")
+#: Query/key width per format (None: taken from the bf16 cache's last dim, 576 or 512).
+D_QK = {"bf16": None, "fp8_ds_mla": 576, "fp8_ds_mla_v4": 512}
+#: Bytes per token of the FP8 formats (V4: 576 data + 8 scale bytes, page padding excluded).
+ROW_BYTES = {"fp8_ds_mla": 656, "fp8_ds_mla_v4": 584}
+#: V4: bytes of one token's data row (448 e4m3fn + 64 bf16) and of its scale group (7 + 1 pad).
+V4_DATA_BYTES = 576
+V4_SCALE_BYTES = 8
+#: Byte written into every slot/padding byte that must never be read. As e4m3fn, UE8M0, a bf16
+#: pair or an fp32 quad it decodes to NaN, so a kernel that reads it produces NaN.
+GARBAGE_BYTE = 0xFF
+
+_D_V = 512  # value width of every DeepSeek MLA layout
+_V32_LATENT = 512
+_V32_TILE = 128
+_V4_NOPE = 448
+_V4_TILE = 64
+_ROPE = 64
+
+
+# ----------------------------------------------------------------------------------------------
+# scalars
+# ----------------------------------------------------------------------------------------------
+
+
+def ue8m0_to_float(byte_tensor: torch.Tensor) -> torch.Tensor:
+    """Decode UE8M0 scale bytes (DeepSeek V4 KV cache / MX-style power-of-two scales).
+
+    Args:
+        byte_tensor: any shape, uint8 (or any integer dtype holding values 0..255), any device
+            and strides.
+
+    Returns:
+        float32 tensor of the same shape: byte b -> 2 ** (b - 127), built from the fp32 bit
+        pattern (exact, no pow, no flush): b = 0 -> 2 ** -127 (denormal, bits ``1 << 22``),
+        b = 127 -> 1.0, b = 254 -> 2 ** 127, b = 255 -> NaN.
+    """
+    b = byte_tensor.to(torch.int32) & 0xFF
+    bits = b << 23
+    bits = torch.where(b == 0, torch.full_like(bits, 1 << 22), bits)
+    bits = torch.where(b == 255, torch.full_like(bits, 0x7FC00000), bits)
+    return bits.view(torch.float32)
+
+
+def float_to_ue8m0_exponent(x: torch.Tensor) -> torch.Tensor:
+    """Smallest integer e with 2 ** e >= x, i.e. ceil(log2(x)), computed exactly.
+
+    Args:
+        x: any shape, floating dtype, values > 0 and finite (e.g. ``amax / 448`` of a tile).
+
+    Returns:
+        int32 tensor of the same shape, the unbiased exponent e (not clamped; the stored UE8M0
+        byte is ``clamp(e + 127, 0, 255)``). Computed with ``frexp`` in float64 so that exact
+        powers of two map to their own exponent (no log2 rounding).
+    """
+    mant, ex = torch.frexp(x.to(torch.float64))
+    return (ex - (mant == 0.5).to(ex.dtype)).to(torch.int32)
+
+
+def kv_bytes_per_row(kv_format: str, d_qk: Optional[int] = None) -> int:
+    """Bytes a kernel must read per selected KV row (for bandwidth numbers in benchmarks).
+
+    Args:
+        kv_format: ``"bf16"``, ``"fp8_ds_mla"`` (V3.2) or ``"fp8_ds_mla_v4"`` (V4).
+        d_qk: row width in elements; required for ``"bf16"`` (576 or 512), ignored otherwise.
+
+    Returns:
+        bytes: ``2 * d_qk`` for bf16, 656 for fp8_ds_mla, 584 for fp8_ds_mla_v4 (576 data bytes +
+        8 scale bytes; page padding is not counted).
+    """
+    _check_format(kv_format)
+    if kv_format == "bf16":
+        if d_qk is None:
+            raise ValueError("kv_bytes_per_row: d_qk is required for kv_format='bf16'")
+        return 2 * int(d_qk)
+    return ROW_BYTES[kv_format]
+
+
+def default_v4_page_stride(page_size: int) -> int:
+    """Default V4 page stride in bytes: ``page_size * 584`` rounded up to a multiple of 576."""
+    raw = page_size * ROW_BYTES["fp8_ds_mla_v4"]
+    return -(-raw // V4_DATA_BYTES) * V4_DATA_BYTES
+
+
+# ----------------------------------------------------------------------------------------------
+# row codecs (rows are independent in every format: tiles never cross a token)
+# ----------------------------------------------------------------------------------------------
+
+
+def _check_format(kv_format: str) -> None:
+    if kv_format not in KV_FORMATS:
+        raise ValueError(f"kv_format must be one of {KV_FORMATS}, got {kv_format!r}")
+
+
+def _encode_v32_rows(x: torch.Tensor) -> torch.Tensor:
+    """x [n, 576] float -> [n, 656] uint8 (fp8_ds_mla token rows)."""
+    n = x.shape[0]
+    x = x.to(torch.float32)
+    lat = x[:, :_V32_LATENT].reshape(n, _V32_LATENT // _V32_TILE, _V32_TILE)
+    amax = lat.abs().amax(dim=-1).clamp_min(AMAX_FLOOR)  # [n, 4]
+    scale = (amax / FP8_MAX).to(torch.float32)
+    q = (lat / scale.unsqueeze(-1)).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    out = torch.empty((n, ROW_BYTES["fp8_ds_mla"]), dtype=torch.uint8, device=x.device)
+    out[:, :512] = q.reshape(n, _V32_LATENT).view(torch.uint8)
+    out[:, 512:528] = scale.contiguous().view(torch.uint8)
+    out[:, 528:656] = x[:, _V32_LATENT:].to(torch.bfloat16).contiguous().view(torch.uint8)
+    return out
+
+
+def _decode_v32_rows(rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """rows [n, 656] uint8 -> [n, 576] dtype."""
+    rows = rows.contiguous()
+    n = rows.shape[0]
+    lat = rows[:, :512].contiguous().view(torch.float8_e4m3fn).to(dtype)
+    scale = rows[:, 512:528].contiguous().view(torch.float32).to(dtype)  # [n, 4]
+    lat = (lat.reshape(n, 4, _V32_TILE) * scale.unsqueeze(-1)).reshape(n, _V32_LATENT)
+    rope = rows[:, 528:656].contiguous().view(torch.bfloat16).to(dtype)
+    return torch.cat([lat, rope], dim=1)
+
+
+def _encode_v4_rows(x: torch.Tensor):
+    """x [n, 512] float -> (data [n, 576] uint8, scales [n, 8] uint8)."""
+    n = x.shape[0]
+    x = x.to(torch.float32)
+    nope = x[:, :_V4_NOPE].reshape(n, _V4_NOPE // _V4_TILE, _V4_TILE)
+    amax = nope.abs().amax(dim=-1).clamp_min(AMAX_FLOOR)  # [n, 7]
+    e = float_to_ue8m0_exponent(amax.to(torch.float64) / FP8_MAX)
+    byte = (e + UE8M0_BIAS).clamp(0, 255)
+    # 2 ** -e_stored as an exact fp32 built from bits (e_stored = byte - 127, in [-22, 121] for
+    # finite inputs, so 127 - e_stored = 254 - byte stays in 1..254).
+    inv_scale = ue8m0_to_float((2 * UE8M0_BIAS - byte).clamp(0, 254))
+    q = (nope * inv_scale.unsqueeze(-1)).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    data = torch.empty((n, V4_DATA_BYTES), dtype=torch.uint8, device=x.device)
+    data[:, :_V4_NOPE] = q.reshape(n, _V4_NOPE).view(torch.uint8)
+    data[:, _V4_NOPE:] = x[:, _V4_NOPE:].to(torch.bfloat16).contiguous().view(torch.uint8)
+    scales = torch.zeros((n, V4_SCALE_BYTES), dtype=torch.uint8, device=x.device)
+    scales[:, :7] = byte.to(torch.uint8)
+    return data, scales
+
+
+def _decode_v4_rows(data: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """data [n, 576] uint8, scales [n, 8] uint8 -> [n, 512] dtype."""
+    n = data.shape[0]
+    nope = data[:, :_V4_NOPE].contiguous().view(torch.float8_e4m3fn).to(dtype)
+    sc = ue8m0_to_float(scales[:, :7]).to(dtype)
+    nope = (nope.reshape(n, 7, _V4_TILE) * sc.unsqueeze(-1)).reshape(n, _V4_NOPE)
+    rope = data[:, _V4_NOPE:].contiguous().view(torch.bfloat16).to(dtype)
+    return torch.cat([nope, rope], dim=1)
+
+
+# ----------------------------------------------------------------------------------------------
+# cache geometry
+# ----------------------------------------------------------------------------------------------
+
+
+def _squeeze_head(kv_cache: torch.Tensor, name: str = "kv_cache") -> torch.Tensor:
+    if kv_cache.dim() == 4:
+        if kv_cache.shape[2] != 1:
+            raise ValueError(
+                f"{name}: a 4-D cache must be [num_pages, page_size, 1, row], got {tuple(kv_cache.shape)}"
+            )
+        return kv_cache.select(2, 0)
+    if kv_cache.dim() != 3:
+        raise ValueError(
+            f"{name}: expected [num_pages, page_size, row] (or [num_pages, page_size, 1, row]), "
+            f"got {tuple(kv_cache.shape)}"
+        )
+    return kv_cache
+
+
+def _cache_d_qk(kv_cache: torch.Tensor, kv_format: str) -> int:
+    return int(kv_cache.shape[-1]) if kv_format == "bf16" else D_QK[kv_format]
+
+
+def _check_cache(kv_cache: torch.Tensor, kv_format: str, name: str = "kv_cache") -> torch.Tensor:
+    _check_format(kv_format)
+    c = _squeeze_head(kv_cache, name)
+    if c.shape[-1] > 1 and c.stride(-1) != 1:
+        raise ValueError(f"{name}: the last dim must be contiguous (stride 1), got {c.stride()}")
+    if kv_format == "bf16":
+        if c.dtype != torch.bfloat16:
+            raise ValueError(f"{name}: kv_format 'bf16' needs a bfloat16 tensor, got {c.dtype}")
+    else:
+        if c.dtype != torch.uint8:
+            raise ValueError(f"{name}: kv_format {kv_format!r} needs a uint8 tensor, got {c.dtype}")
+        if c.shape[-1] != ROW_BYTES[kv_format]:
+            raise ValueError(
+                f"{name}: kv_format {kv_format!r} needs a last dim of {ROW_BYTES[kv_format]} bytes, "
+                f"got {c.shape[-1]}"
+            )
+    if kv_format == "fp8_ds_mla_v4" and c.shape[0] > 1:
+        need = c.shape[1] * ROW_BYTES["fp8_ds_mla_v4"]
+        if c.stride(0) < need:
+            raise ValueError(
+                f"{name}: fp8_ds_mla_v4 page stride (stride(0)) must be >= page_size*584 = {need} "
+                f"bytes, got {c.stride(0)}"
+            )
+    return c
+
+
+def _v4_views(c: torch.Tensor):
+    """V4 cache view [P, S, 584] -> (data [P, S, 576], scales [P, S, 8]) uint8 views of its storage."""
+    num_pages, page_size = c.shape[0], c.shape[1]
+    ps = c.stride(0) if num_pages > 1 else max(c.stride(0), page_size * ROW_BYTES["fp8_ds_mla_v4"])
+    off = c.storage_offset()
+    data = c.as_strided((num_pages, page_size, V4_DATA_BYTES), (ps, V4_DATA_BYTES, 1), off)
+    scales = c.as_strided(
+        (num_pages, page_size, V4_SCALE_BYTES), (ps, V4_SCALE_BYTES, 1), off + page_size * V4_DATA_BYTES
+    )
+    return data, scales
+
+
+def _split_slots(slots: torch.Tensor, num_pages: int, page_size: int, name: str = "slots"):
+    if slots.dtype.is_floating_point or slots.dtype == torch.bool:
+        raise ValueError(f"{name}: expected an integer tensor, got {slots.dtype}")
+    s = slots.reshape(-1).to(torch.int64)
+    if s.numel() and (bool((s < 0).any()) or bool((s >= num_pages * page_size).any())):
+        raise IndexError(
+            f"{name}: every slot must be in [0, num_pages*page_size) = [0, {num_pages * page_size}); "
+            f"got min {int(s.min())}, max {int(s.max())}"
+        )
+    return s // page_size, s % page_size
+
+
+# ----------------------------------------------------------------------------------------------
+# writers
+# ----------------------------------------------------------------------------------------------
+
+
+def alloc_kv_cache(
+    kv_format: str,
+    num_pages: int,
+    page_size: int,
+    d_qk: Optional[int] = None,
+    *,
+    device="cpu",
+    page_stride: Optional[int] = None,
+) -> torch.Tensor:
+    """Allocate a KV cache whose every byte is garbage (NaN under any reading).
+
+    Args:
+        kv_format: ``"bf16"``, ``"fp8_ds_mla"`` (V3.2) or ``"fp8_ds_mla_v4"`` (V4).
+        num_pages, page_size: cache geometry (tokens per page).
+        d_qk: row width for ``"bf16"`` (576 or 512); must match the format otherwise if given.
+        device: torch device.
+        page_stride: V4 only, bytes between pages (default :func:`default_v4_page_stride`).
+
+    Returns:
+        bf16: ``[num_pages, page_size, d_qk]`` bfloat16 filled with NaN.
+        fp8_ds_mla: ``[num_pages, page_size, 656]`` uint8 filled with 0xFF.
+        fp8_ds_mla_v4: uint8 view ``[num_pages, page_size, 584]``, strides ``(page_stride, 584, 1)``,
+        over a flat buffer of ``num_pages * page_stride`` bytes filled with 0xFF.
+        Fill rows with :func:`write_kv_rows`.
+    """
+    _check_format(kv_format)
+    if kv_format == "bf16":
+        if d_qk is None:
+            raise ValueError("alloc_kv_cache: d_qk is required for kv_format='bf16'")
+        return torch.full((num_pages, page_size, d_qk), float("nan"), dtype=torch.bfloat16, device=device)
+    if d_qk is not None and d_qk != D_QK[kv_format]:
+        raise ValueError(f"alloc_kv_cache: kv_format {kv_format!r} has d_qk {D_QK[kv_format]}, got {d_qk}")
+    if kv_format == "fp8_ds_mla":
+        return torch.full((num_pages, page_size, 656), GARBAGE_BYTE, dtype=torch.uint8, device=device)
+    row = ROW_BYTES["fp8_ds_mla_v4"]
+    if page_stride is None:
+        page_stride = default_v4_page_stride(page_size)
+    page_stride = int(page_stride)
+    if page_stride < page_size * row:
+        raise ValueError(
+            f"page_stride must be >= page_size*584 = {page_size * row} bytes, got {page_stride}"
+        )
+    buf = torch.full((num_pages * page_stride,), GARBAGE_BYTE, dtype=torch.uint8, device=device)
+    return buf.as_strided((num_pages, page_size, row), (page_stride, row, 1), 0)
+
+
+def write_kv_rows(kv_cache: torch.Tensor, kv_format: str, slots: torch.Tensor, kv: torch.Tensor) -> None:
+    """Quantise rows and store them at the given slots (in place; other bytes untouched).
+
+    Args:
+        kv_cache: a cache as produced by :func:`alloc_kv_cache` / :func:`pack_kv_cache`
+            (see the module docstring for layouts); mutated.
+        kv_format: ``"bf16"``, ``"fp8_ds_mla"`` or ``"fp8_ds_mla_v4"``.
+        slots: int ``[n]`` global slot ids (page * page_size + offset), distinct, in range.
+        kv: ``[n, d_qk]`` float32/bf16 rows (d_qk 576 for fp8_ds_mla, 512 for fp8_ds_mla_v4).
+
+    Quantisation: fp8_ds_mla (V3.2) per 128-element tile, amax = max(max|x|, 1e-4),
+    fp32 scale = amax / 448, byte = e4m3fn(clamp(x / scale, +-448)); RoPE dims as bf16.
+    fp8_ds_mla_v4 per 64-element tile, e = ceil(log2(amax / 448)), value
+    e4m3fn(clamp(x / 2**e, +-448)), UE8M0 byte clamp(e + 127, 0, 255); pad byte 0; RoPE as bf16.
+    """
+    c = _check_cache(kv_cache, kv_format)
+    d_qk = _cache_d_qk(c, kv_format)
+    if kv.dim() != 2 or kv.shape[1] != d_qk:
+        raise ValueError(f"kv: expected [n, {d_qk}], got {tuple(kv.shape)}")
+    page, off = _split_slots(slots.to(c.device), c.shape[0], c.shape[1])
+    if kv.shape[0] != page.numel():
+        raise ValueError(f"kv has {kv.shape[0]} rows but slots has {page.numel()} entries")
+    kv = kv.to(c.device)
+    if kv_format == "bf16":
+        c[page, off] = kv.to(torch.bfloat16)
+    elif kv_format == "fp8_ds_mla":
+        c[page, off] = _encode_v32_rows(kv)
+    else:
+        data_v, scale_v = _v4_views(c)
+        data, scales = _encode_v4_rows(kv)
+        data_v[page, off] = data
+        scale_v[page, off] = scales
+
+
+def pack_fp8_ds_mla(kv: torch.Tensor) -> torch.Tensor:
+    """Pack a DeepSeek V3.2 latent cache into the ``"fp8_ds_mla"`` byte format.
+
+    Args:
+        kv: ``[num_pages, page_size, 576]`` float32 or bf16 (512 latent + 64 RoPE), any device.
+
+    Returns:
+        ``[num_pages, page_size, 656]`` uint8, contiguous: per token 512 e4m3fn latent bytes
+        (per 128-tile fp32 scale amax/448, amax floored at 1e-4), 4 little-endian fp32 scales at
+        bytes [512, 528), 64 bf16 RoPE values at [528, 656).
+    """
+    if kv.dim() != 3 or kv.shape[-1] != 576:
+        raise ValueError(f"kv: expected [num_pages, page_size, 576], got {tuple(kv.shape)}")
+    num_pages, page_size, _ = kv.shape
+    return _encode_v32_rows(kv.reshape(-1, 576)).reshape(num_pages, page_size, 656)
+
+
+def pack_fp8_ds_mla_v4(kv: torch.Tensor, page_stride: Optional[int] = None) -> torch.Tensor:
+    """Pack a DeepSeek V4 latent cache into the ``"fp8_ds_mla_v4"`` byte format.
+
+    Args:
+        kv: ``[num_pages, page_size, 512]`` float32 or bf16 (448 no-RoPE + 64 RoPE), any device.
+        page_stride: bytes between pages; default ``page_size * 584`` rounded up to a multiple of
+            576. Must be >= ``page_size * 584`` (ValueError otherwise).
+
+    Returns:
+        uint8 view ``[num_pages, page_size, 584]`` with strides ``(page_stride, 584, 1)`` over a
+        flat buffer of ``num_pages * page_stride`` bytes. Page n: token p's data row at byte
+        ``n*page_stride + p*576`` (448 e4m3fn + 64 bf16), its 7 UE8M0 scale bytes + one 0 pad
+        byte at ``n*page_stride + page_size*576 + p*8``. Bytes between pages are 0xFF (NaN).
+    """
+    if kv.dim() != 3 or kv.shape[-1] != 512:
+        raise ValueError(f"kv: expected [num_pages, page_size, 512], got {tuple(kv.shape)}")
+    num_pages, page_size, _ = kv.shape
+    cache = alloc_kv_cache("fp8_ds_mla_v4", num_pages, page_size, device=kv.device, page_stride=page_stride)
+    slots = torch.arange(num_pages * page_size, device=kv.device)
+    write_kv_rows(cache, "fp8_ds_mla_v4", slots, kv.reshape(-1, 512))
+    return cache
+
+
+def pack_kv_cache(kv: torch.Tensor, kv_format: str, page_stride: Optional[int] = None) -> torch.Tensor:
+    """Pack ``kv [num_pages, page_size, d_qk]`` (float32/bf16) into ``kv_format``.
+
+    ``"bf16"`` -> ``kv.to(bfloat16)`` (d_qk 576 or 512); ``"fp8_ds_mla"`` -> :func:`pack_fp8_ds_mla`
+    (d_qk 576); ``"fp8_ds_mla_v4"`` -> :func:`pack_fp8_ds_mla_v4` (d_qk 512, ``page_stride`` used
+    only here).
+    """
+    _check_format(kv_format)
+    if kv_format == "bf16":
+        if kv.dim() != 3:
+            raise ValueError(f"kv: expected [num_pages, page_size, d_qk], got {tuple(kv.shape)}")
+        return kv.to(torch.bfloat16)
+    if kv_format == "fp8_ds_mla":
+        return pack_fp8_ds_mla(kv)
+    return pack_fp8_ds_mla_v4(kv, page_stride)
+
+
+# ----------------------------------------------------------------------------------------------
+# readers
+# ----------------------------------------------------------------------------------------------
+
+
+def gather_kv_rows(
+    kv_cache: torch.Tensor, kv_format: str, slots: torch.Tensor, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """Dequantise only the given slots of a paged KV cache.
+
+    Args:
+        kv_cache: ``[num_pages, page_size, row]`` or ``[num_pages, page_size, 1, row]`` in
+            ``kv_format`` (row = d_qk bf16 elements, 656 or 584 bytes). Any page stride
+            (``stride(0)``, in elements; for V4 the padded page stride in bytes) and storage offset;
+            last dim contiguous. Not mutated.
+        kv_format: ``"bf16"``, ``"fp8_ds_mla"`` (V3.2) or ``"fp8_ds_mla_v4"`` (V4).
+        slots: integer ``[n]`` global slot ids, ``slot = page * page_size + offset`` with
+            ``page_size = kv_cache.shape[1]``; all must lie in ``[0, num_pages * page_size)``
+            (IndexError otherwise). Duplicates allowed.
+        dtype: result dtype (float32 default; float64 gives exact products of fp8 x scale).
+
+    Returns:
+        ``[n, d_qk]`` in ``dtype`` (d_qk 576 / 512). Only the bytes of the given slots are read.
+    """
+    c = _check_cache(kv_cache, kv_format)
+    page, off = _split_slots(slots.to(c.device), c.shape[0], c.shape[1])
+    if kv_format == "bf16":
+        return c[page, off].to(dtype)
+    if kv_format == "fp8_ds_mla":
+        return _decode_v32_rows(c[page, off], dtype)
+    data_v, scale_v = _v4_views(c)
+    return _decode_v4_rows(data_v[page, off], scale_v[page, off], dtype)
+
+
+def unpack_kv_cache(kv_cache: torch.Tensor, kv_format: str, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Dequantise a whole cache: ``[num_pages, page_size, d_qk]`` in ``dtype`` (float32 default).
+
+    Same inputs as :func:`gather_kv_rows`; every slot is read, so slots holding garbage come out
+    as NaN.
+    """
+    c = _check_cache(kv_cache, kv_format)
+    num_pages, page_size = c.shape[0], c.shape[1]
+    slots = torch.arange(num_pages * page_size, device=c.device)
+    rows = gather_kv_rows(kv_cache, kv_format, slots, dtype)
+    return rows.reshape(num_pages, page_size, rows.shape[-1])

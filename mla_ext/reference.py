@@ -1,0 +1,228 @@
+"""Pure-PyTorch reference (test oracle) for ``sparse_mla_decode`` and ``merge_attn_states``.
+
+Float64 by default, written for clarity and bounded memory, not speed: one query token at a time,
+vectorised over heads and that token's selected rows. Semantics follow DESIGN.md sections 3-4.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Tuple
+
+import torch
+
+from . import formats
+
+__all__ = [
+    "sparse_mla_decode",
+    "merge_attn_states",
+    "softmax_scale_v32",
+    "softmax_scale_v4",
+    "D_V",
+]
+
+#: Value width of every DeepSeek MLA layout (V3.2: the 512 latent dims; V4: all 512 dims).
+D_V = 512
+
+
+def softmax_scale_v32() -> float:
+    """DeepSeek V3.2 softmax scale: ``192 ** -0.5 * mscale ** 2``.
+
+    qk_head_dim 192 (128 nope + 64 rope of the un-absorbed heads), YaRN
+    mscale = 0.1 * mscale_all_dim(1.0) * ln(factor 40) + 1. (Not 576 ** -0.5.)
+    """
+    mscale = 0.1 * 1.0 * math.log(40.0) + 1.0
+    return 192.0 ** -0.5 * mscale * mscale
+
+
+def softmax_scale_v4() -> float:
+    """DeepSeek V4 softmax scale: ``512 ** -0.5``."""
+    return 512.0 ** -0.5
+
+
+def _valid_slots(indices_row: torch.Tensor, num_slots: int, length: Optional[int]) -> torch.Tensor:
+    row = indices_row.to(torch.int64)
+    ok = (row >= 0) & (row < num_slots)
+    if length is not None:
+        ok &= torch.arange(row.numel(), device=row.device) < length
+    return row[ok]
+
+
+def _num_slots(cache: torch.Tensor) -> int:
+    return int(cache.shape[0]) * int(cache.shape[1])
+
+
+def sparse_mla_decode(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    indices: torch.Tensor,
+    *,
+    kv_format: str,
+    softmax_scale: float,
+    lengths: Optional[torch.Tensor] = None,
+    extra_kv_cache: Optional[torch.Tensor] = None,
+    extra_indices: Optional[torch.Tensor] = None,
+    extra_lengths: Optional[torch.Tensor] = None,
+    attn_sink: Optional[torch.Tensor] = None,
+    dtype: torch.dtype = torch.float64,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Reference sparse MLA decode over a paged latent KV cache (DeepSeek V3.2 / V4).
+
+    Args:
+        q: ``[num_tokens, num_heads, d_qk]`` any float dtype (bf16 in practice), any strides.
+        kv_cache: paged cache in ``kv_format`` (see :mod:`mla_ext.formats`):
+            bf16 ``[num_pages, page_size, d_qk]`` (d_qk 576 or 512), fp8_ds_mla (V3.2, d_qk 576)
+            ``[num_pages, page_size, 656]`` uint8, fp8_ds_mla_v4 (V4, d_qk 512) uint8 view
+            ``[num_pages, page_size, 584]`` with a padded page stride; a singleton head dim is
+            accepted. Only selected slots are read (others may hold NaN).
+        indices: ``[num_tokens, W]`` integer global slot ids (page * page_size + offset).
+            An entry is skipped when < 0, >= num_pages * page_size, or at column >= lengths[t].
+        kv_format: ``"bf16"``, ``"fp8_ds_mla"`` or ``"fp8_ds_mla_v4"`` (applies to both sets).
+        softmax_scale: float multiplier of q.K (V3.2: :func:`softmax_scale_v32`,
+            V4: :func:`softmax_scale_v4`).
+        lengths: optional ``[num_tokens]`` integer count of leading columns of ``indices`` to use.
+        extra_kv_cache, extra_indices ``[num_tokens, W2]``, extra_lengths ``[num_tokens]``: optional
+            second set (V4 compressed rows), own page size, same format and rules; it joins the
+            main set in one softmax.
+        attn_sink: optional ``[num_heads]`` float logit per head (V4): adds ``exp(sink - m)`` to
+            the softmax denominator only. -inf = no sink; +inf gives output 0.
+        dtype: compute and result dtype (float64 default).
+
+    Returns:
+        ``(out [num_tokens, num_heads, 512], lse [num_tokens, num_heads])`` in ``dtype``, where
+        out = sum_i exp(s_i - m) V_i / (l + exp(sink - m)), lse = m + log(l) (natural log, sink
+        excluded), s_i = softmax_scale * <q, K_i[:d_qk]>, V_i = K_i[:512]. A token with no valid
+        entry gets out 0 and lse -inf. Duplicate entries count once each.
+    """
+    formats._check_format(kv_format)
+    c_main = formats._check_cache(kv_cache, kv_format, "kv_cache")
+    d_qk = formats._cache_d_qk(c_main, kv_format)
+    if q.dim() != 3 or q.shape[-1] != d_qk:
+        raise ValueError(f"q: expected [num_tokens, num_heads, {d_qk}], got {tuple(q.shape)}")
+    T, H, _ = q.shape
+    if indices.dim() != 2 or indices.shape[0] != T:
+        raise ValueError(f"indices: expected [{T}, W], got {tuple(indices.shape)}")
+    if lengths is not None and lengths.reshape(-1).shape[0] != T:
+        raise ValueError(f"lengths: expected [{T}], got {tuple(lengths.shape)}")
+    if (extra_kv_cache is None) != (extra_indices is None):
+        raise ValueError("extra_kv_cache and extra_indices must be given together")
+    if extra_lengths is not None and extra_indices is None:
+        raise ValueError("extra_lengths given without extra_indices")
+    if extra_kv_cache is not None:
+        c_extra = formats._check_cache(extra_kv_cache, kv_format, "extra_kv_cache")
+        if formats._cache_d_qk(c_extra, kv_format) != d_qk:
+            raise ValueError("extra_kv_cache: row width differs from kv_cache")
+        if extra_indices.dim() != 2 or extra_indices.shape[0] != T:
+            raise ValueError(f"extra_indices: expected [{T}, W2], got {tuple(extra_indices.shape)}")
+        if extra_lengths is not None and extra_lengths.reshape(-1).shape[0] != T:
+            raise ValueError(f"extra_lengths: expected [{T}], got {tuple(extra_lengths.shape)}")
+    if attn_sink is not None and attn_sink.reshape(-1).shape[0] != H:
+        raise ValueError(f"attn_sink: expected [{H}], got {tuple(attn_sink.shape)}")
+
+    device = q.device
+    out = torch.zeros((T, H, D_V), dtype=dtype, device=device)
+    lse = torch.full((T, H), float("-inf"), dtype=dtype, device=device)
+    if T == 0 or H == 0:
+        return out, lse
+
+    # Small per-token metadata on the host (the loop is per token anyway).
+    idx_main = indices.to(device)
+    idx_extra = None if extra_indices is None else extra_indices.to(device)
+    len_main = None if lengths is None else [int(v) for v in lengths.reshape(-1).tolist()]
+    len_extra = None if extra_lengths is None else [int(v) for v in extra_lengths.reshape(-1).tolist()]
+    n_main = _num_slots(c_main)
+    n_extra = _num_slots(c_extra) if extra_kv_cache is not None else 0
+    sink = None if attn_sink is None else attn_sink.reshape(-1).to(device=device, dtype=dtype)
+
+    for t in range(T):
+        parts = []
+        sl = _valid_slots(idx_main[t], n_main, None if len_main is None else len_main[t])
+        if sl.numel():
+            parts.append(formats.gather_kv_rows(kv_cache, kv_format, sl, dtype))
+        if extra_kv_cache is not None:
+            sl = _valid_slots(
+                idx_extra[t], n_extra, None if len_extra is None else len_extra[t]
+            )
+            if sl.numel():
+                parts.append(formats.gather_kv_rows(extra_kv_cache, kv_format, sl, dtype))
+        if not parts:
+            continue  # empty row: out 0, lse -inf
+        k = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)  # [n, d_qk]
+        s = (q[t].to(dtype) @ k.T) * softmax_scale  # [H, n]
+        m = s.amax(dim=1)  # [H]
+        p = torch.exp(s - m[:, None])
+        l = p.sum(dim=1)
+        num = p @ k[:, :D_V]  # [H, 512]
+        denom = l
+        if sink is not None:
+            denom = l + torch.exp(sink - m)  # sink -inf adds 0; +inf gives inf
+        o = num / denom[:, None]
+        if sink is not None:
+            o = torch.where(torch.isposinf(sink)[:, None], torch.zeros_like(o), o)
+        out[t] = o
+        lse[t] = m + torch.log(l)
+    return out, lse
+
+
+def merge_attn_states(
+    prefix_output: torch.Tensor,
+    prefix_lse: torch.Tensor,
+    suffix_output: torch.Tensor,
+    suffix_lse: torch.Tensor,
+    dtype: torch.dtype = torch.float64,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Reference merge of two partial attention results over disjoint key sets (DESIGN.md §3).
+
+    Args:
+        prefix_output, suffix_output: ``[num_tokens, num_heads, head_size]`` any float dtype, any
+            strides.
+        prefix_lse, suffix_lse: ``[num_tokens, num_heads]`` natural-log LSE, any strides. +inf
+            means "empty" (treated as -inf).
+        dtype: result dtype (float64 default).
+
+    Returns:
+        ``(out [num_tokens, num_heads, head_size], out_lse [num_tokens, num_heads])`` in ``dtype``.
+        out = (wa*vA + wb*vB) / (wa + wb), wa = exp(a - m), wb = exp(b - m), m = max(a, b),
+        out_lse = m + log(wa + wb). One side empty: the other side is selected exactly (NaN in
+        the empty side's values cannot leak). Both empty: 0 and -inf. A NaN LSE on either side
+        gives NaN output and NaN LSE.
+    """
+    va = prefix_output.to(dtype)
+    vb = suffix_output.to(dtype)
+    a = prefix_lse.to(dtype)
+    b = suffix_lse.to(dtype)
+    if va.dim() != 3 or va.shape != vb.shape:
+        raise ValueError(
+            f"prefix_output/suffix_output: expected equal [num_tokens, num_heads, head_size], got "
+            f"{tuple(va.shape)} and {tuple(vb.shape)}"
+        )
+    if a.shape != va.shape[:2] or b.shape != va.shape[:2]:
+        raise ValueError(
+            f"prefix_lse/suffix_lse: expected {tuple(va.shape[:2])}, got {tuple(a.shape)} and {tuple(b.shape)}"
+        )
+    ninf = torch.tensor(float("-inf"), dtype=dtype, device=a.device)
+    a = torch.where(torch.isposinf(a), ninf, a)
+    b = torch.where(torch.isposinf(b), ninf, b)
+    a_empty = torch.isneginf(a)
+    b_empty = torch.isneginf(b)
+    nan = torch.isnan(a) | torch.isnan(b)
+
+    m = torch.maximum(a, b)
+    m_safe = torch.where(a_empty & b_empty, torch.zeros_like(m), m)
+    wa = torch.exp(a - m_safe)
+    wb = torch.exp(b - m_safe)
+    w = wa + wb
+    # General case; rows with an empty side or NaN are overwritten below.
+    both = (wa[..., None] * torch.where(a_empty[..., None], 0.0, va)
+            + wb[..., None] * torch.where(b_empty[..., None], 0.0, vb)) / w[..., None]
+    out_lse = m_safe + torch.log(w)
+
+    out = torch.where(a_empty[..., None], vb, both)
+    out_lse = torch.where(a_empty, b, out_lse)
+    out = torch.where(b_empty[..., None], va, out)
+    out_lse = torch.where(b_empty, a, out_lse)
+    out = torch.where((a_empty & b_empty)[..., None], torch.zeros_like(out), out)
+    out_lse = torch.where(a_empty & b_empty, ninf, out_lse)
+    out = torch.where(nan[..., None], torch.full_like(out, float("nan")), out)
+    out_lse = torch.where(nan, torch.full_like(out_lse, float("nan")), out_lse)
+    return out, out_lse
