@@ -1,0 +1,44 @@
+"""merge_attn_states benchmark (GPU): the op side by side with a device-to-device copy of the
+same bytes, measured in the same run.
+
+Method (mla_ext.bench): CUDA-graph replay, inputs rotated through >= 256 MiB so L2 does not
+serve them, median of the replays. Bytes = two value reads + one write + LSE traffic.
+Layouts: contiguous [T, H, D]; strided = values [..., :D] of [T, H, 192] (D = 128) or
+[T, H, D + 64] (D = 512), output a [T, H, D] view at a token offset of a [T + 8, H * D] buffer,
+LSEs as .T views of [H, T]. Also the host time of a plain eager call (no graph).
+
+Usage: python benchmarks/bench_merge.py [--json FILE]
+"""
+import argparse
+import json
+
+import torch
+from tabulate import tabulate
+
+from mla_ext.bench import copy_bandwidth_gbs, measure_merge
+
+SHAPES = [(1, 128, 512), (64, 128, 512), (256, 16, 512), (4096, 128, 128), (8192, 128, 128),
+          (16384, 16, 128)]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    assert torch.cuda.is_available(), "this benchmark needs a GPU"
+    bw = copy_bandwidth_gbs()
+    rows = []
+    for layout in ("contiguous", "strided"):
+        for T, H, D in SHAPES:
+            rows.append(measure_merge(T, H, D, layout=layout, host=(layout == "contiguous" and T == 1)))
+    cols = ["layout", "T", "H", "D", "bytes", "us", "copy_us", "pct_copy", "GB/s", "max_rel_err", "host_us"]
+    print(f"\nmerge_attn_states, bf16, {torch.cuda.get_device_name()}, copy bandwidth {bw:.0f} GB/s "
+          f"(2 GiB, read+write)")
+    print(tabulate([[r.get(c, "") for c in cols] for r in rows], headers=cols, floatfmt=".4g"))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"copy_GBps": bw, "device": torch.cuda.get_device_name(), "rows": rows}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
