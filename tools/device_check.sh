@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# One device session: build for sm_90a, run the test suite on the GPU, run benchmarks.
+# Usage (on the GPU machine, from the repository root):
+#   tools/device_check.sh [pytest args...]      BENCH="merge decode" to choose benchmarks
+# Logs go to $OUT (or ./device_out); a short table is printed last.
+set -uo pipefail
+OUT=${OUT:-$PWD/device_out}
+mkdir -p "$OUT"
+export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0a}
+export MAX_JOBS=${MAX_JOBS:-16}
+export PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv > "$OUT/gpu.txt" 2>&1
+t0=$(date +%s)
+python3 -m pip install -q --no-build-isolation --no-deps -e . > "$OUT/build.log" 2>&1 \
+  || { tail -50 "$OUT/build.log"; exit 1; }
+echo "build: $(( $(date +%s) - t0 )) s"
+mla-ext info > "$OUT/info.txt" 2>&1
+python3 -m pytest -q -x -p no:cacheprovider "$@" tests > "$OUT/pytest.log" 2>&1
+echo "pytest rc=$? ($(tail -1 "$OUT/pytest.log"))"
+for b in ${BENCH:-}; do
+  python3 benchmarks/bench_$b.py --json "$OUT/bench_$b.json" > "$OUT/bench_$b.log" 2>&1
+  echo "bench_$b rc=$?"
+done
+grep -E "FAILED|Error" "$OUT/pytest.log" | head -20
+for b in ${BENCH:-}; do tail -25 "$OUT/bench_$b.log"; done
