@@ -6,6 +6,8 @@ from typing import Optional
 import torch
 
 _ops = torch.ops.mla_ext
+# Resolved overloads: calling .default skips the overload lookup on every call (host time).
+_merge_op = torch.ops.mla_ext.merge_attn_states.default
 
 
 @torch.library.register_fake("mla_ext::merge_attn_states")
@@ -62,4 +64,4 @@ def merge_attn_states(
             contiguous, tensors are on different devices, or ``output_lse`` has
             the wrong shape.
     """
-    _ops.merge_attn_states(output, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse)
+    _merge_op(output, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse)

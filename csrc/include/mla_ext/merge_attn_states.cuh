@@ -4,11 +4,9 @@
 // write. A thread owns VEC consecutive elements of one (token, head) row, so
 // the widest access the pointers and strides allow (16 bytes when aligned) is
 // used; rows of any head_size and any number of heads map onto a flat index
-// (no per-block limit on num_heads x head_size). Two chunks per thread per
-// loop iteration keep four independent loads in flight before any store,
-// which also makes aliasing of output with an input safe (a chunk is read
-// completely before it is written, and no chunk is read after another
-// thread's store to it).
+// (no per-block limit on num_heads x head_size).
+// Each chunk is read and written by one thread only, read before it is
+// written, so the output may alias an input.
 #pragma once
 
 #include "mla_ext/compat.h"
@@ -50,64 +48,66 @@ struct MergeKernelArgs {
   FastDivmod div_heads;    // by num_heads
 };
 
-template <typename E, int VEC>
-struct MergeChunk {
-  using S = typename E::storage;
-  VecN<S, VEC> a, b;
-  float la, lb;
-  S* out;
-  float* out_lse;
+// Element offset of chunk `idx` in a tensor with the given strides, and the row's (t, h).
+struct ChunkPos {
+  uint32_t t, h, chunk;
 };
 
-template <typename E, int VEC>
-__device__ __forceinline__ void merge_load(const MergeKernelArgs& k, uint32_t idx,
-                                           MergeChunk<E, VEC>& c) {
-  using S = typename E::storage;
-  const MergeParams& p = k.p;
-  uint32_t row = k.div_chunks.div(idx);
-  uint32_t chunk = idx - row * k.chunks_per_row;
-  uint32_t t = k.div_heads.div(row);
-  uint32_t h = row - t * uint32_t(p.num_heads);
-  int64_t e = int64_t(chunk) * VEC;
-  const S* pa = static_cast<const S*>(p.prefix_output) +
-                (int64_t(t) * p.prefix_stride_token + int64_t(h) * p.prefix_stride_head + e);
-  const S* pb = static_cast<const S*>(p.suffix_output) +
-                (int64_t(t) * p.suffix_stride_token + int64_t(h) * p.suffix_stride_head + e);
-  c.la = p.prefix_lse[int64_t(t) * p.prefix_lse_stride_token + int64_t(h) * p.prefix_lse_stride_head];
-  c.lb = p.suffix_lse[int64_t(t) * p.suffix_lse_stride_token + int64_t(h) * p.suffix_lse_stride_head];
-  c.a = *reinterpret_cast<const VecN<S, VEC>*>(pa);
-  c.b = *reinterpret_cast<const VecN<S, VEC>*>(pb);
-  c.out = static_cast<S*>(p.output) +
-          (int64_t(t) * p.output_stride_token + int64_t(h) * p.output_stride_head + e);
-  c.out_lse = (p.output_lse != nullptr && chunk == 0)
-                  ? p.output_lse + (int64_t(t) * p.output_lse_stride_token +
-                                    int64_t(h) * p.output_lse_stride_head)
-                  : nullptr;
+__device__ __forceinline__ ChunkPos chunk_pos(const MergeKernelArgs& k, uint32_t idx) {
+  ChunkPos c;
+  const uint32_t row = k.div_chunks.div(idx);
+  c.chunk = idx - row * k.chunks_per_row;
+  c.t = k.div_heads.div(row);
+  c.h = row - c.t * uint32_t(k.p.num_heads);
+  return c;
 }
 
-template <typename E, int VEC>
-__device__ __forceinline__ void merge_store(const MergeChunk<E, VEC>& c) {
-  using S = typename E::storage;
-  MergeRow r = merge_row(c.la, c.lb);
-  VecN<S, VEC> o;
-#pragma unroll
-  for (int i = 0; i < VEC; ++i) o.v[i] = merge_element<E>(r, c.a.v[i], c.b.v[i]);
-  *reinterpret_cast<VecN<S, VEC>*>(c.out) = o;
-  if (c.out_lse != nullptr) *c.out_lse = r.lse;
+__device__ __forceinline__ int64_t elem_offset(const ChunkPos& c, int64_t stride_t, int64_t stride_h,
+                                               int vec) {
+  return int64_t(c.t) * stride_t + int64_t(c.h) * stride_h + int64_t(c.chunk) * vec;
 }
 
-template <typename E, int VEC>
+// Each thread merges UNROLL chunks per loop trip: all 4*UNROLL loads (two
+// values, two LSEs per chunk) are issued before the first store, and output
+// addresses are recomputed at store time rather than held in registers, so
+// many bytes stay in flight at full occupancy.
+template <typename E, int VEC, int UNROLL>
 __global__ void __launch_bounds__(256) merge_attn_states_kernel(MergeKernelArgs k) {
-  const uint32_t stride = gridDim.x * blockDim.x;
-  uint32_t i0 = blockIdx.x * blockDim.x + threadIdx.x;
-  for (; i0 < k.total_chunks; i0 += 2 * stride) {
-    uint32_t i1 = i0 + stride;  // total_chunks < 2^31 and stride <= 2^31: no overflow
-    MergeChunk<E, VEC> c0, c1;
-    merge_load<E, VEC>(k, i0, c0);
-    bool has1 = i1 < k.total_chunks;
-    if (has1) merge_load<E, VEC>(k, i1, c1);
-    merge_store<E, VEC>(c0);
-    if (has1) merge_store<E, VEC>(c1);
+  using S = typename E::storage;
+  using V = VecN<S, VEC>;
+  const MergeParams& p = k.p;
+  const uint32_t tile = blockDim.x * UNROLL;
+  for (uint32_t base = blockIdx.x * tile + threadIdx.x; base < k.total_chunks; base += gridDim.x * tile) {
+    V a[UNROLL], b[UNROLL];
+    float la[UNROLL], lb[UNROLL];
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      const uint32_t idx = base + u * blockDim.x;
+      if (idx < k.total_chunks) {
+        const ChunkPos c = chunk_pos(k, idx);
+        la[u] = p.prefix_lse[int64_t(c.t) * p.prefix_lse_stride_token + int64_t(c.h) * p.prefix_lse_stride_head];
+        lb[u] = p.suffix_lse[int64_t(c.t) * p.suffix_lse_stride_token + int64_t(c.h) * p.suffix_lse_stride_head];
+        a[u] = *reinterpret_cast<const V*>(static_cast<const S*>(p.prefix_output) +
+                                           elem_offset(c, p.prefix_stride_token, p.prefix_stride_head, VEC));
+        b[u] = *reinterpret_cast<const V*>(static_cast<const S*>(p.suffix_output) +
+                                           elem_offset(c, p.suffix_stride_token, p.suffix_stride_head, VEC));
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      const uint32_t idx = base + u * blockDim.x;
+      if (idx < k.total_chunks) {
+        const ChunkPos c = chunk_pos(k, idx);
+        const MergeRow r = merge_row(la[u], lb[u]);
+        V o;
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) o.v[i] = merge_element<E>(r, a[u].v[i], b[u].v[i]);
+        *reinterpret_cast<V*>(static_cast<S*>(p.output) +
+                              elem_offset(c, p.output_stride_token, p.output_stride_head, VEC)) = o;
+        if (p.output_lse != nullptr && c.chunk == 0)
+          p.output_lse[int64_t(c.t) * p.output_lse_stride_token + int64_t(c.h) * p.output_lse_stride_head] = r.lse;
+      }
+    }
   }
 }
 
@@ -137,7 +137,7 @@ Status launch_merge_vec(const MergeParams& full, int num_sms, gpuStream_t stream
   const int64_t max_tokens = (int64_t(1) << 31) / rows_per_token;
   if (max_tokens < 1) return Status::kInvalidArgument;  // one token over 2^31 chunks
   const int threads = 256;
-  const int64_t max_blocks = int64_t(num_sms > 0 ? num_sms : 132) * 16;
+  const int64_t max_blocks = int64_t(num_sms > 0 ? num_sms : 132) * 8;
   for (int64_t t0 = 0; t0 < full.num_tokens; t0 += max_tokens) {
     const int64_t nt = full.num_tokens - t0 < max_tokens ? full.num_tokens - t0 : max_tokens;
     using S = typename E::storage;
@@ -154,9 +154,20 @@ Status launch_merge_vec(const MergeParams& full, int num_sms, gpuStream_t stream
     k.chunks_per_row = uint32_t(cpr);
     k.div_chunks = FastDivmod(uint32_t(cpr));
     k.div_heads = FastDivmod(uint32_t(full.num_heads));
-    int64_t blocks = (int64_t(k.total_chunks) + threads - 1) / threads;
-    if (blocks > max_blocks) blocks = max_blocks;
-    merge_attn_states_kernel<E, VEC><<<dim3(uint32_t(blocks)), dim3(threads), 0, stream>>>(k);
+    // Small problems: one chunk per thread, as many blocks as possible (latency);
+    // large ones: 4 chunks in flight per thread over a grid that fills the GPU.
+    const int64_t resident = int64_t(num_sms > 0 ? num_sms : 132) * 2048;  // threads at full occupancy
+    if (int64_t(k.total_chunks) >= 4 * resident) {
+      int64_t blocks = (int64_t(k.total_chunks) + 4 * threads - 1) / (4 * threads);
+      if (blocks > max_blocks) blocks = max_blocks;
+      merge_attn_states_kernel<E, VEC, 4><<<dim3(uint32_t(blocks)), dim3(threads), 0, stream>>>(k);
+    } else if (int64_t(k.total_chunks) >= resident) {
+      const int64_t blocks = (int64_t(k.total_chunks) + 2 * threads - 1) / (2 * threads);
+      merge_attn_states_kernel<E, VEC, 2><<<dim3(uint32_t(blocks)), dim3(threads), 0, stream>>>(k);
+    } else {
+      const int64_t blocks = (int64_t(k.total_chunks) + threads - 1) / threads;
+      merge_attn_states_kernel<E, VEC, 1><<<dim3(uint32_t(blocks)), dim3(threads), 0, stream>>>(k);
+    }
     Status s = check_launch();
     if (s != Status::kSuccess) return s;
   }
