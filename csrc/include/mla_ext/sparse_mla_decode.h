@@ -84,7 +84,9 @@ inline int decode_max_auto_splits(int64_t num_tokens, int64_t num_heads, int num
   const int64_t base = num_tokens * decode_head_groups(num_heads);
   if (base <= 0) return 1;
   const int64_t target = 2 * int64_t(num_sms > 0 ? num_sms : 1);  // ~2 blocks per processor
-  int64_t s = (target + base - 1) / base;
+  // Round down: base * s stays within one wave of `target` blocks (rounding up
+  // left a mostly idle second wave, e.g. 320 blocks on 264 slots).
+  int64_t s = target / base;
   if (s < 1) s = 1;
   if (s > kMaxSplits) s = kMaxSplits;
   return int(s);

@@ -1,0 +1,811 @@
+// sparse_mla_decode GPU kernels and launcher (CUDA and HIP, one source).
+// Semantics: DESIGN.md §4. Parameters, split policy and workspace layout:
+// sparse_mla_decode.h.
+//
+// Work division. Grid = head_groups x num_splits x num_tokens blocks (shapes
+// only, so a captured CUDA graph replays with new indices and lengths), 256
+// threads per block. A block owns one (token, split, head group): a head tile of
+// HT = decode_head_tile(H) heads (<= 64), padded inside the block to 16*MT rows
+// (MT = 1, 2 or 4 m-tiles of 16 heads). Split s of token t covers a contiguous
+// part [E*s/S, E*(s+1)/S) of the token's *effective* positions: the main set's
+// first min(W_main, lengths[t]) positions followed by the extra set's first
+// min(W_extra, extra_lengths[t]) ones, so splits are balanced by the real
+// lengths (content-dependent work inside a block, shape-only grid).
+//
+// Per KV tile of BN selected rows the block:
+//   1. (threads < BN) turns indices into row/scale addresses (invalid slots,
+//      positions past the split end -> nullptr; such rows are never read);
+//   2. loads the raw row bytes with 16-byte loads into registers (issued one
+//      tile ahead, so the loads of tile j+1 fly during the math of tile j);
+//   3. dequantises them (FP8 e4m3fn x scale, exact bit decode, then bf16) into
+//      a shared bf16 tile K[BN][d_qk] (invalid rows -> zeros);
+//   4. S = Q K^T into shared fp32, masked online softmax (exp2 domain), P;
+//   5. O = O*alpha + P V with V = the first 512 columns of the same tile.
+// Tensor-core path (NVIDIA sm_80+): BN = 64, Q staged in shared memory, S and
+// P.V with mma.sync.m16n8k16 bf16 -> fp32 fed by ldmatrix. Portable path (HIP,
+// force_portable, or NVIDIA builds below sm_80): BN = 32, CUDA-core FMAs, Q read
+// through the cache, no warp-size assumption (<= 64 KB of shared memory).
+//
+// End of a split: with one split the block writes the final bf16 output and
+// lse (sink folded in); otherwise it writes the split's normalised partial
+// output and lse = m + log(l) (0 / -inf for an empty split) into the
+// workspace, and a reduce kernel folds the splits and the sink.
+//
+// Requirements checked by the launcher (Status::kInvalidArgument otherwise):
+// q rows and every cache row start 16-byte aligned (q pointer and strides
+// multiples of 8 elements; cache pointers, page strides and token strides
+// multiples of 16 bytes), d_qk 512 or 576 (576 for fp8_ds_mla, 512 for
+// fp8_ds_mla_v4). Output and lse may have any strides.
+//
+// Known deviation from numerics.h: the e4m3 NaN codes (0x7f / 0xff) decode as
+// +-480 * scale instead of NaN (bit-trick decode; every other code is exact).
+#pragma once
+
+#include "mla_ext/compat.h"
+#include "mla_ext/sparse_mla_decode.h"
+
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 800)
+#define MLA_EXT_DECODE_MMA 1
+#endif
+
+// Tuning knob: resident blocks per SM the 16-head FP8 tensor-core kernels are
+// compiled for (2 caps them at 128 registers).
+#ifndef MLA_EXT_DECODE_MT1_MIN_BLOCKS
+#define MLA_EXT_DECODE_MT1_MIN_BLOCKS 2
+#endif
+
+namespace mla_ext {
+namespace decode_detail {
+
+constexpr int kThreads = 256;
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// ---- format traits: 16-byte chunks per row ----
+template <KvFormat F, int DQK>
+struct Fmt;
+template <int DQK>
+struct Fmt<KvFormat::kBF16, DQK> {
+  static constexpr int kChunks = DQK / 8;  // all bf16
+  static constexpr int kFp8Chunks = 0;
+  static constexpr int kRopeByte = 0, kRopeDim = 0;
+};
+template <>
+struct Fmt<KvFormat::kFP8DsMla, 576> {
+  static constexpr int kChunks = 40;       // 32 fp8 chunks + 8 bf16 rope chunks
+  static constexpr int kFp8Chunks = 32;
+  static constexpr int kRopeByte = 528, kRopeDim = 512;
+};
+template <>
+struct Fmt<KvFormat::kFP8DsMlaV4, 512> {
+  static constexpr int kChunks = 36;       // 28 fp8 chunks + 8 bf16 rope chunks
+  static constexpr int kFp8Chunks = 28;
+  static constexpr int kRopeByte = 448, kRopeDim = 448;
+};
+
+// ---- shared-memory layout ----
+template <int MT, int DQK, bool MMA>
+struct Cfg {
+  static constexpr int HTp = 16 * MT;         // padded head rows
+  static constexpr int BN = MMA ? 64 : 32;    // KV rows per tile
+  static constexpr int KST = DQK + 8;         // K / Q row stride (elements): odd multiple of 16 B
+  static constexpr int SST = BN + 4;          // S row stride (floats)
+  static constexpr int PST = BN + 8;          // P row stride (bf16)
+  static constexpr size_t kOff = 0;
+  static constexpr size_t qOff = kOff + size_t(BN) * KST * 2;
+  static constexpr size_t sOff = qOff + (MMA ? size_t(HTp) * KST * 2 : 0);
+  static constexpr size_t pOff = sOff + size_t(HTp) * SST * 4;
+  static constexpr size_t aOff = pOff + (MMA ? size_t(HTp) * PST * 2 : 0);
+  static constexpr size_t invOff = aOff + size_t(HTp) * 4;
+  static constexpr size_t metaOff = invOff + size_t(HTp) * 4;
+  static constexpr size_t bytes = metaOff + size_t(4) * BN * sizeof(void*);
+  static constexpr int TPR = kThreads / HTp;  // softmax threads per head row
+  static constexpr int CPT = BN / TPR;        // softmax columns per thread
+};
+
+struct DecodeArgs {
+  SparseDecodeParams p;
+  float* ws_out;     // [T, H, S, 512] (S > 1)
+  float* ws_lse;     // [T, H, S]
+  int head_tile;     // HT
+  int head_groups;   // HG
+  float scale_log2;  // softmax_scale * log2(e)
+  bool out_pairs;    // output pointer/strides allow 4-byte bf16 pair stores
+};
+
+// ---- small numeric helpers ----
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+#if defined(MLA_EXT_DECODE_MMA)
+  uint32_t r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+#else
+  return uint32_t(float_to_bf16(lo)) | (uint32_t(float_to_bf16(hi)) << 16);
+#endif
+}
+
+// e4m3fn byte (low 8 bits of b) -> fp32, exact for every non-NaN code.
+__device__ __forceinline__ float e4m3_bits_to_float(uint32_t b) {
+  return bits_to_float(((b & 0x80u) << 24) | ((b & 0x7fu) << 20)) * 1.329227995784916e36f;  // 2^120
+}
+
+__device__ __forceinline__ uint32_t dequant2(uint32_t w, int shift, float s) {
+  const float f0 = e4m3_bits_to_float(w >> shift) * s;
+  const float f1 = e4m3_bits_to_float(w >> (shift + 8)) * s;
+  return pack_bf16x2(f0, f1);
+}
+
+__device__ __forceinline__ void bf16x8_to_float(const uint4& v, float f[8]) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    f[2 * i] = bits_to_float(w[i] << 16);
+    f[2 * i + 1] = bits_to_float(w[i] & 0xffff0000u);
+  }
+}
+
+// ---- tensor-core primitives (sm_80+) ----
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
+#if defined(MLA_EXT_DECODE_MMA)
+  const uint32_t a = uint32_t(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+#else
+  (void)p; r[0] = r[1] = r[2] = r[3] = 0;
+#endif
+}
+__device__ __forceinline__ void ldsm_x2(uint32_t (&r)[2], const void* p) {
+#if defined(MLA_EXT_DECODE_MMA)
+  const uint32_t a = uint32_t(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1]) : "r"(a));
+#else
+  (void)p; r[0] = r[1] = 0;
+#endif
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const void* p) {
+#if defined(MLA_EXT_DECODE_MMA)
+  const uint32_t a = uint32_t(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+#else
+  (void)p; r[0] = r[1] = r[2] = r[3] = 0;
+#endif
+}
+__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#if defined(MLA_EXT_DECODE_MMA)
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+  (void)c; (void)a; (void)b0; (void)b1;
+#endif
+}
+
+// ---- gather: raw 16-byte chunks of one tile, held in registers ----
+template <KvFormat F, int DQK, int BN>
+struct Gather {
+  using FT = Fmt<F, DQK>;
+  static constexpr int kUnits = BN * FT::kChunks;
+  static constexpr int kUPT = (kUnits + kThreads - 1) / kThreads;
+  static constexpr bool kFp8 = F != KvFormat::kBF16;
+  uint4 raw[kUPT];
+  uint32_t sraw[kFp8 ? kUPT : 1];  // raw scale bits (UE8M0 byte / fp32 bits), decoded at store
+
+  // Only loads here: nothing consumes a loaded value before store(), so every
+  // load of the tile is in flight at once (no per-load latency chain).
+  __device__ __forceinline__ void load(const uint8_t* const* data, const uint8_t* const* scale, int tid) {
+#pragma unroll
+    for (int k = 0; k < kUPT; ++k) {
+      const int u = tid + k * kThreads;
+      raw[k] = make_uint4(0u, 0u, 0u, 0u);
+      if (kFp8) sraw[kFp8 ? k : 0] = 0u;
+      if ((kUnits % kThreads) != 0 && u >= kUnits) continue;
+      const int row = u / FT::kChunks;
+      const int c = u - row * FT::kChunks;
+      const uint8_t* d = data[row];
+      if (d == nullptr) continue;
+      if (F == KvFormat::kBF16) {
+        raw[k] = *reinterpret_cast<const uint4*>(d + 16 * c);
+      } else if (c < FT::kFp8Chunks) {
+        raw[k] = *reinterpret_cast<const uint4*>(d + 16 * c);
+        if (F == KvFormat::kFP8DsMlaV4) {
+          sraw[kFp8 ? k : 0] = scale[row][c >> 2];
+        } else {
+          sraw[kFp8 ? k : 0] = *reinterpret_cast<const uint32_t*>(d + 512 + 4 * (c >> 3));
+        }
+      } else {
+        raw[k] = *reinterpret_cast<const uint4*>(d + FT::kRopeByte + 16 * (c - FT::kFp8Chunks));
+      }
+    }
+  }
+
+  __device__ __forceinline__ void store(uint16_t* K, int kst, int tid) const {
+#pragma unroll
+    for (int k = 0; k < kUPT; ++k) {
+      const int u = tid + k * kThreads;
+      if ((kUnits % kThreads) != 0 && u >= kUnits) continue;
+      const int row = u / FT::kChunks;
+      const int c = u - row * FT::kChunks;
+      uint16_t* krow = K + size_t(row) * kst;
+      if (F == KvFormat::kBF16) {
+        *reinterpret_cast<uint4*>(krow + 8 * c) = raw[k];
+      } else if (c < FT::kFp8Chunks) {
+        // invalid rows: raw bytes and scale bits are 0 -> +0 * 2^-127 = 0
+        const uint32_t sb = sraw[kFp8 ? k : 0];
+        const float s = F == KvFormat::kFP8DsMlaV4 ? ue8m0_to_float(uint8_t(sb)) : bits_to_float(sb);
+        uint4 lo, hi;
+        lo.x = dequant2(raw[k].x, 0, s);
+        lo.y = dequant2(raw[k].x, 16, s);
+        lo.z = dequant2(raw[k].y, 0, s);
+        lo.w = dequant2(raw[k].y, 16, s);
+        hi.x = dequant2(raw[k].z, 0, s);
+        hi.y = dequant2(raw[k].z, 16, s);
+        hi.z = dequant2(raw[k].w, 0, s);
+        hi.w = dequant2(raw[k].w, 16, s);
+        *reinterpret_cast<uint4*>(krow + 16 * c) = lo;
+        *reinterpret_cast<uint4*>(krow + 16 * c + 8) = hi;
+      } else {
+        *reinterpret_cast<uint4*>(krow + FT::kRopeDim + 8 * (c - FT::kFp8Chunks)) = raw[k];
+      }
+    }
+  }
+};
+
+// Index of effective position k (in [p_lo, p_hi)) of token t: main set for
+// k < em, extra set after. Returns -1 past the split end.
+__device__ __forceinline__ int32_t load_index(const SparseDecodeParams& p, int64_t t, int64_t k,
+                                              int64_t em, int64_t p_hi) {
+  if (k >= p_hi) return -1;
+  if (k < em) return p.main.indices[t * p.main.indices_stride_token + k];
+  return p.extra.indices[t * p.extra.indices_stride_token + (k - em)];
+}
+
+template <KvFormat F>
+__device__ __forceinline__ void row_address(const SparseDecodeParams& p, int64_t k, int64_t em, int32_t idx,
+                                            const uint8_t*& data, const uint8_t*& scale) {
+  data = nullptr;
+  scale = nullptr;
+  const KvSet& set = k < em ? p.main : p.extra;
+  if (idx < 0 || int64_t(idx) >= set.num_slots) return;
+  const uint32_t ps = uint32_t(set.page_size);
+  const uint32_t page = uint32_t(idx) / ps;
+  const uint32_t off = uint32_t(idx) - page * ps;
+  const uint8_t* base = set.cache + int64_t(page) * set.page_stride_bytes;
+  if (F == KvFormat::kFP8DsMlaV4) {
+    data = base + int64_t(off) * kFP8DsMlaV4DataBytes;
+    scale = base + int64_t(ps) * kFP8DsMlaV4DataBytes + int64_t(off) * kFP8DsMlaV4ScaleBytes;
+  } else {
+    data = base + int64_t(off) * set.token_stride_bytes;
+  }
+}
+
+__device__ __forceinline__ int64_t effective_len(const KvSet& s, int64_t t) {
+  if (s.cache == nullptr || s.width <= 0) return 0;
+  int64_t n = s.width;
+  if (s.lengths != nullptr) {
+    const int64_t l = s.lengths[t * s.lengths_stride];
+    n = l < 0 ? 0 : (l < n ? l : n);
+  }
+  return n;
+}
+
+// ---- the split kernel body ----
+template <int MT, int DQK, KvFormat F, bool MMA>
+__device__ __forceinline__ void decode_body(const DecodeArgs& a) {
+  using C = Cfg<MT, DQK, MMA>;
+  using G = Gather<F, DQK, C::BN>;
+  constexpr int HTp = C::HTp, BN = C::BN, KST = C::KST, SST = C::SST, PST = C::PST;
+  constexpr int TPR = C::TPR, CPT = C::CPT;
+  extern __shared__ __align__(16) uint8_t smem[];
+  uint16_t* Ks = reinterpret_cast<uint16_t*>(smem + C::kOff);
+  uint16_t* Qs = reinterpret_cast<uint16_t*>(smem + C::qOff);
+  float* Ss = reinterpret_cast<float*>(smem + C::sOff);
+  uint16_t* Ps = reinterpret_cast<uint16_t*>(smem + C::pOff);
+  float* alpha_s = reinterpret_cast<float*>(smem + C::aOff);
+  float* inv_s = reinterpret_cast<float*>(smem + C::invOff);
+  const uint8_t** meta_d = reinterpret_cast<const uint8_t**>(smem + C::metaOff);  // [2][BN]
+  const uint8_t** meta_s = meta_d + 2 * BN;                                        // [2][BN]
+
+  const SparseDecodeParams& p = a.p;
+  const int tid = threadIdx.x;
+  const int HG = a.head_groups;
+  const int S = p.num_splits;
+  uint32_t bid = blockIdx.x;
+  const int hg = int(bid % uint32_t(HG));
+  bid /= uint32_t(HG);
+  const int s = int(bid % uint32_t(S));
+  const int64_t t = int64_t(bid / uint32_t(S));
+  const int64_t H = p.num_heads;
+  const int64_t h0 = int64_t(hg) * a.head_tile;
+  const int nh = int((H - h0) < a.head_tile ? (H - h0) : a.head_tile);
+
+  const int64_t em = effective_len(p.main, t);
+  const int64_t ee = effective_len(p.extra, t);
+  const int64_t E = em + ee;
+  const int64_t p_lo = E * s / S;
+  const int64_t p_hi = E * (s + 1) / S;
+  const int ntiles = int((p_hi - p_lo + BN - 1) / BN);
+
+  const uint16_t* qt = p.q + t * p.q_stride_token + h0 * p.q_stride_head;
+
+  // Q tile -> shared (tensor-core path), zero rows past the head tile.
+  if (MMA) {
+    constexpr int QCH = DQK / 8;
+    for (int u = tid; u < HTp * QCH; u += kThreads) {
+      const int r = u / QCH, c = u - (u / QCH) * QCH;
+      uint4 v = make_uint4(0u, 0u, 0u, 0u);
+      if (r < nh) v = *reinterpret_cast<const uint4*>(qt + int64_t(r) * p.q_stride_head + 8 * c);
+      *reinterpret_cast<uint4*>(Qs + r * KST + 8 * c) = v;
+    }
+  }
+
+  // Softmax row ownership: row = tid / TPR (fixed for the whole block), running m, l.
+  const int srow = tid / TPR, ssub = tid % TPR;
+  float row_m = neg_inf(), row_l = 0.f;
+
+  // Accumulators.
+  constexpr int kAcc = MMA ? MT * 8 * 4 : (HTp / 4) * 8;
+  float acc[kAcc];
+#pragma unroll
+  for (int i = 0; i < kAcc; ++i) acc[i] = 0.f;
+
+  G g;
+  int32_t idx_next = -1;
+  if (ntiles > 0) {
+    if (tid < BN) {
+      const int64_t k = p_lo + tid;
+      const int32_t idx = load_index(p, t, k, em, p_hi);
+      row_address<F>(p, k, em, idx, meta_d[tid], meta_s[tid]);
+    }
+    __syncthreads();
+    g.load(meta_d, meta_s, tid);
+    if (tid < BN) idx_next = load_index(p, t, p_lo + BN + tid, em, p_hi);
+  }
+
+  for (int j = 0; j < ntiles; ++j) {
+    const int cur = j & 1, nxt = cur ^ 1;
+    g.store(Ks, KST, tid);
+    if (tid < BN) {
+      row_address<F>(p, p_lo + int64_t(j + 1) * BN + tid, em, idx_next, meta_d[nxt * BN + tid],
+                     meta_s[nxt * BN + tid]);
+    }
+    __syncthreads();  // K tile + next meta visible
+    if (j + 1 < ntiles) {
+      g.load(meta_d + nxt * BN, meta_s + nxt * BN, tid);
+      if (tid < BN) idx_next = load_index(p, t, p_lo + int64_t(j + 2) * BN + tid, em, p_hi);
+    }
+
+    // ---- S = Q K^T (raw dot products) -> Ss ----
+    if (MMA) {
+      const int warp = tid / 32, lane = tid % 32;
+      const int mt = warp % MT;
+      const int nt0 = (warp / MT) * MT;
+      float sc[MT][4];
+#pragma unroll
+      for (int i = 0; i < MT; ++i) sc[i][0] = sc[i][1] = sc[i][2] = sc[i][3] = 0.f;
+      const uint16_t* qa = Qs + (mt * 16 + (lane & 15)) * KST + (lane >> 4) * 8;
+#pragma unroll 4
+      for (int kk = 0; kk < DQK / 16; ++kk) {
+        uint32_t af[4];
+        ldsm_x4(af, qa + kk * 16);
+        if (MT == 1) {
+          uint32_t bf[2];
+          ldsm_x2(bf, Ks + (nt0 * 8 + (lane & 7)) * KST + kk * 16 + ((lane >> 3) & 1) * 8);
+          mma16816(sc[0], af, bf[0], bf[1]);
+        } else {
+#pragma unroll
+          for (int np = 0; np < MT / 2; ++np) {
+            uint32_t bf[4];
+            ldsm_x4(bf, Ks + ((nt0 + 2 * np) * 8 + ((lane >> 4) & 1) * 8 + (lane & 7)) * KST + kk * 16 +
+                            ((lane >> 3) & 1) * 8);
+            mma16816(sc[2 * np], af, bf[0], bf[1]);
+            mma16816(sc[2 * np + 1], af, bf[2], bf[3]);
+          }
+        }
+      }
+      const int r0 = mt * 16 + (lane >> 2);
+#pragma unroll
+      for (int i = 0; i < MT; ++i) {
+        const int col = (nt0 + i) * 8 + (lane & 3) * 2;
+        *reinterpret_cast<float2*>(Ss + r0 * SST + col) = make_float2(sc[i][0], sc[i][1]);
+        *reinterpret_cast<float2*>(Ss + (r0 + 8) * SST + col) = make_float2(sc[i][2], sc[i][3]);
+      }
+    } else {
+      // thread: KV row r, heads hq + 8*i; Q through the cache.
+      constexpr int NHQ = HTp / 8;
+      const int r = tid % BN, hq = tid / BN;
+      float sacc[NHQ];
+#pragma unroll
+      for (int i = 0; i < NHQ; ++i) sacc[i] = 0.f;
+      const uint16_t* krow = Ks + r * KST;
+      for (int c = 0; c < DQK / 8; ++c) {
+        float kf[8];
+        bf16x8_to_float(*reinterpret_cast<const uint4*>(krow + 8 * c), kf);
+#pragma unroll
+        for (int i = 0; i < NHQ; ++i) {
+          const int hr = hq + 8 * i;
+          if (hr < nh) {
+            float qf[8];
+            bf16x8_to_float(*reinterpret_cast<const uint4*>(qt + int64_t(hr) * p.q_stride_head + 8 * c), qf);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) sacc[i] = fmaf(qf[e], kf[e], sacc[i]);
+          }
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < NHQ; ++i) Ss[(hq + 8 * i) * SST + r] = sacc[i];
+    }
+    __syncthreads();  // S visible
+
+    // ---- online softmax: TPR threads per head row ----
+    {
+      const uint8_t* const* vrow = meta_d + cur * BN;
+      float sv[CPT];
+      float lmax = neg_inf();
+#pragma unroll
+      for (int i = 0; i < CPT; ++i) {
+        const int col = ssub + TPR * i;
+        const float x = Ss[srow * SST + col] * a.scale_log2;
+        sv[i] = vrow[col] != nullptr ? x : neg_inf();
+        lmax = fmaxf(lmax, sv[i]);
+      }
+#pragma unroll
+      for (int o = TPR / 2; o > 0; o >>= 1) lmax = fmaxf(lmax, MLA_EXT_SHFL_XOR(lmax, o));
+      const float m_new = fmaxf(row_m, lmax);
+      const float m_use = m_new == neg_inf() ? 0.f : m_new;
+      const float alpha = exp2f(row_m - m_use);
+      float lsum = 0.f;
+#pragma unroll
+      for (int i = 0; i < CPT; ++i) {
+        const int col = ssub + TPR * i;
+        float pv = exp2f(sv[i] - m_use);
+        if (MMA) {
+          const uint16_t pb = uint16_t(pack_bf16x2(pv, 0.f) & 0xffffu);
+          Ps[srow * PST + col] = pb;
+          pv = bf16_to_float(pb);
+        } else {
+          Ss[srow * SST + col] = pv;
+        }
+        lsum += pv;
+      }
+#pragma unroll
+      for (int o = TPR / 2; o > 0; o >>= 1) lsum += MLA_EXT_SHFL_XOR(lsum, o);
+      row_l = row_l * alpha + lsum;
+      row_m = m_new;
+      if (ssub == 0) alpha_s[srow] = alpha;
+    }
+    __syncthreads();  // P, alpha visible
+
+    // ---- O = O * alpha + P V ----
+    if (MMA) {
+      const int warp = tid / 32, lane = tid % 32;
+#pragma unroll
+      for (int m = 0; m < MT; ++m) {
+        const float a0 = alpha_s[m * 16 + (lane >> 2)];
+        const float a1 = alpha_s[m * 16 + (lane >> 2) + 8];
+#pragma unroll
+        for (int n = 0; n < 8; ++n) {
+          float* c = acc + (m * 8 + n) * 4;
+          c[0] *= a0; c[1] *= a0; c[2] *= a1; c[3] *= a1;
+        }
+      }
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk) {
+        uint32_t af[MT][4];
+#pragma unroll
+        for (int m = 0; m < MT; ++m)
+          ldsm_x4(af[m], Ps + (m * 16 + (lane & 15)) * PST + kk * 16 + (lane >> 4) * 8);
+#pragma unroll
+        for (int np = 0; np < 4; ++np) {
+          uint32_t bf[4];
+          ldsm_x4_t(bf, Ks + (kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * KST + warp * 64 + np * 16 +
+                            ((lane >> 4) & 1) * 8);
+#pragma unroll
+          for (int m = 0; m < MT; ++m) {
+            mma16816(*reinterpret_cast<float(*)[4]>(acc + (m * 8 + 2 * np) * 4), af[m], bf[0], bf[1]);
+            mma16816(*reinterpret_cast<float(*)[4]>(acc + (m * 8 + 2 * np + 1) * 4), af[m], bf[2], bf[3]);
+          }
+        }
+      }
+    } else {
+      constexpr int NH4 = HTp / 4;
+      const int dg = tid % 64, hq = tid / 64;
+#pragma unroll
+      for (int i = 0; i < NH4; ++i) {
+        const float al = alpha_s[hq + 4 * i];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[i * 8 + e] *= al;
+      }
+      for (int r = 0; r < BN; ++r) {
+        float vf[8];
+        bf16x8_to_float(*reinterpret_cast<const uint4*>(Ks + r * KST + dg * 8), vf);
+#pragma unroll
+        for (int i = 0; i < NH4; ++i) {
+          const float pv = Ss[(hq + 4 * i) * SST + r];
+#pragma unroll
+          for (int e = 0; e < 8; ++e) acc[i * 8 + e] = fmaf(pv, vf[e], acc[i * 8 + e]);
+        }
+      }
+    }
+    __syncthreads();  // K, S/P free for the next tile
+  }
+
+  // ---- end of split: per-row scale (1/D or 1/l) and lse ----
+  const bool final_out = S == 1;
+  if (ssub == 0) {
+    float inv = 0.f, lse = neg_inf();
+    if (row_l > 0.f) {
+      lse = row_m * kLn2 + logf(row_l);
+      float den = row_l;
+      if (final_out && p.attn_sink != nullptr && srow < nh) {
+        const float sink = p.attn_sink[(h0 + srow) * p.attn_sink_stride];
+        den = row_l + exp2f(sink * kLog2e - row_m);
+      }
+      inv = 1.f / den;
+    }
+    inv_s[srow] = inv;
+    if (srow < nh) {
+      const int64_t h = h0 + srow;
+      if (final_out) {
+        if (p.lse != nullptr) p.lse[t * p.lse_stride_token + h * p.lse_stride_head] = lse;
+      } else {
+        a.ws_lse[(t * H + h) * S + s] = lse;
+      }
+    }
+  }
+  __syncthreads();
+
+  auto write2 = [&](int row, int col, float v0, float v1) {
+    if (row >= nh) return;
+    const int64_t h = h0 + row;
+    const float inv = inv_s[row];
+    if (final_out) {
+      uint16_t* o = p.output + t * p.output_stride_token + h * p.output_stride_head + col;
+      const uint32_t pk = pack_bf16x2(v0 * inv, v1 * inv);
+      if (a.out_pairs) {
+        *reinterpret_cast<uint32_t*>(o) = pk;
+      } else {
+        o[0] = uint16_t(pk & 0xffffu);
+        o[1] = uint16_t(pk >> 16);
+      }
+    } else {
+      float* o = a.ws_out + ((t * H + h) * S + s) * kDV + col;
+      *reinterpret_cast<float2*>(o) = make_float2(v0 * inv, v1 * inv);
+    }
+  };
+
+  if (MMA) {
+    const int warp = tid / 32, lane = tid % 32;
+#pragma unroll
+    for (int m = 0; m < MT; ++m) {
+#pragma unroll
+      for (int n = 0; n < 8; ++n) {
+        const float* c = acc + (m * 8 + n) * 4;
+        const int col = warp * 64 + n * 8 + (lane & 3) * 2;
+        write2(m * 16 + (lane >> 2), col, c[0], c[1]);
+        write2(m * 16 + (lane >> 2) + 8, col, c[2], c[3]);
+      }
+    }
+  } else {
+    constexpr int NH4 = HTp / 4;
+    const int dg = tid % 64, hq = tid / 64;
+#pragma unroll
+    for (int i = 0; i < NH4; ++i) {
+#pragma unroll
+      for (int e = 0; e < 8; e += 2) write2(hq + 4 * i, dg * 8 + e, acc[i * 8 + e], acc[i * 8 + e + 1]);
+    }
+  }
+}
+
+template <int MT, int DQK, KvFormat F>
+__global__ void __launch_bounds__(kThreads, (MT == 1 && F != KvFormat::kBF16) ? MLA_EXT_DECODE_MT1_MIN_BLOCKS : 1)
+    decode_split_mma_kernel(const DecodeArgs a) {
+#if defined(MLA_EXT_DECODE_MMA)
+  decode_body<MT, DQK, F, true>(a);
+#else
+  // NVIDIA below sm_80 (or a host/HIP pass): the portable body fits in this
+  // kernel's (larger) shared-memory allocation.
+  decode_body<MT, DQK, F, false>(a);
+#endif
+}
+
+template <int MT, int DQK, KvFormat F>
+__global__ void __launch_bounds__(kThreads) decode_split_portable_kernel(const DecodeArgs a) {
+  decode_body<MT, DQK, F, false>(a);
+}
+
+// ---- split reduction: one block of 128 threads per (token, head), 4 dims each ----
+struct ReduceArgs {
+  SparseDecodeParams p;
+  const float* ws_out;
+  const float* ws_lse;
+  bool out_vec4;  // 8-byte bf16x4 stores allowed
+};
+
+constexpr int kReduceThreads = kDV / 4;
+
+template <int Dummy>
+__global__ void __launch_bounds__(kReduceThreads) decode_reduce_kernel(const ReduceArgs a) {
+  const SparseDecodeParams& p = a.p;
+  const int64_t H = p.num_heads;
+  const int S = p.num_splits;
+  const int64_t row = blockIdx.x;  // t * H + h
+  const int64_t t = row / H, h = row - (row / H) * H;
+  const float* lse = a.ws_lse + row * S;
+  float mx = neg_inf();
+  for (int i = 0; i < S; ++i) mx = fmaxf(mx, lse[i]);
+  const int col = threadIdx.x * 4;
+  float o[4] = {0.f, 0.f, 0.f, 0.f};
+  float out_lse = neg_inf();
+  if (mx != neg_inf()) {
+    float L = 0.f;
+    for (int i = 0; i < S; ++i) {
+      const float w = expf(lse[i] - mx);
+      L += w;
+      if (w > 0.f) {
+        const float4 v = *reinterpret_cast<const float4*>(a.ws_out + (row * S + i) * kDV + col);
+        o[0] = fmaf(w, v.x, o[0]);
+        o[1] = fmaf(w, v.y, o[1]);
+        o[2] = fmaf(w, v.z, o[2]);
+        o[3] = fmaf(w, v.w, o[3]);
+      }
+    }
+    float den = L;
+    if (p.attn_sink != nullptr) den = L + expf(p.attn_sink[h * p.attn_sink_stride] - mx);
+    const float inv = 1.f / den;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[e] *= inv;
+    out_lse = mx + logf(L);
+  }
+  uint16_t* out = p.output + t * p.output_stride_token + h * p.output_stride_head + col;
+  const uint32_t lo = pack_bf16x2(o[0], o[1]), hi = pack_bf16x2(o[2], o[3]);
+  if (a.out_vec4) {
+    *reinterpret_cast<uint2*>(out) = make_uint2(lo, hi);
+  } else {
+    out[0] = uint16_t(lo & 0xffffu);
+    out[1] = uint16_t(lo >> 16);
+    out[2] = uint16_t(hi & 0xffffu);
+    out[3] = uint16_t(hi >> 16);
+  }
+  if (threadIdx.x == 0 && p.lse != nullptr) p.lse[t * p.lse_stride_token + h * p.lse_stride_head] = out_lse;
+}
+
+// Raise the dynamic shared-memory limit of one kernel once per device (the
+// caller passes a flag array that is static per kernel instantiation).
+inline bool ensure_smem(bool (&done)[64], const void* kernel, size_t bytes) {
+  if (bytes <= 48 * 1024) return true;
+  int dev = 0;
+  if (mlaGetDevice(&dev) != MLA_EXT_GPU_SUCCESS) return false;
+  if (dev >= 0 && dev < 64 && done[dev]) return true;
+  if (mlaFuncSetAttribute(kernel, mlaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)) !=
+      MLA_EXT_GPU_SUCCESS)
+    return false;
+  if (dev >= 0 && dev < 64) done[dev] = true;
+  return true;
+}
+
+template <int MT, int DQK, KvFormat F, bool MMA>
+inline Status launch_split(const DecodeArgs& a, uint32_t blocks, gpuStream_t stream) {
+  using C = Cfg<MT, DQK, MMA>;
+  static bool done[64] = {};
+  if constexpr (MMA) {
+    if (!ensure_smem(done, reinterpret_cast<const void*>(decode_split_mma_kernel<MT, DQK, F>), C::bytes))
+      return Status::kLaunchFailed;
+    decode_split_mma_kernel<MT, DQK, F><<<dim3(blocks), dim3(kThreads), C::bytes, stream>>>(a);
+  } else {
+    if (!ensure_smem(done, reinterpret_cast<const void*>(decode_split_portable_kernel<MT, DQK, F>), C::bytes))
+      return Status::kLaunchFailed;
+    decode_split_portable_kernel<MT, DQK, F><<<dim3(blocks), dim3(kThreads), C::bytes, stream>>>(a);
+  }
+  return check_launch();
+}
+
+template <int DQK, KvFormat F, bool MMA>
+inline Status launch_split_mt(int mt, const DecodeArgs& a, uint32_t blocks, gpuStream_t stream) {
+  switch (mt) {
+    case 1: return launch_split<1, DQK, F, MMA>(a, blocks, stream);
+    case 2: return launch_split<2, DQK, F, MMA>(a, blocks, stream);
+    default: return launch_split<4, DQK, F, MMA>(a, blocks, stream);
+  }
+}
+
+template <bool MMA>
+inline Status launch_split_fmt(int mt, const DecodeArgs& a, uint32_t blocks, gpuStream_t stream) {
+  const SparseDecodeParams& p = a.p;
+  switch (p.kv_format) {
+    case KvFormat::kBF16:
+      return p.d_qk == 576 ? launch_split_mt<576, KvFormat::kBF16, MMA>(mt, a, blocks, stream)
+                           : launch_split_mt<512, KvFormat::kBF16, MMA>(mt, a, blocks, stream);
+    case KvFormat::kFP8DsMla:
+      return launch_split_mt<576, KvFormat::kFP8DsMla, MMA>(mt, a, blocks, stream);
+    case KvFormat::kFP8DsMlaV4:
+      return launch_split_mt<512, KvFormat::kFP8DsMlaV4, MMA>(mt, a, blocks, stream);
+  }
+  return Status::kInvalidArgument;
+}
+
+inline bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }
+
+inline bool check_set(const KvSet& s, KvFormat f, int d_qk, bool required) {
+  if (s.cache == nullptr) return !required;
+  if (s.width < 0 || s.page_size <= 0 || s.page_size > 0x7fffffff || s.num_slots < 0) return false;
+  if (s.width > 0 && s.indices == nullptr) return false;
+  if (!aligned16(s.cache) || (s.page_stride_bytes & 15) != 0) return false;
+  if (f == KvFormat::kFP8DsMlaV4) return true;
+  if ((s.token_stride_bytes & 15) != 0) return false;
+  const int64_t row = f == KvFormat::kBF16 ? int64_t(2) * d_qk : int64_t(kFP8DsMlaRowBytes);
+  return s.token_stride_bytes >= row || s.page_size == 1;
+}
+
+}  // namespace decode_detail
+
+// Launch sparse MLA decode (DESIGN.md §4). p.num_splits must be resolved
+// (1..kMaxSplits); num_splits > 1 needs decode_workspace_size(T, H, S) bytes of
+// workspace (any contents). num_sms is accepted for API stability (the split
+// count is already resolved). No allocation, no host sync; launches on stream.
+inline Status launch_sparse_mla_decode(const SparseDecodeParams& p, void* workspace, size_t workspace_bytes,
+                                       int num_sms, gpuStream_t stream) {
+  using namespace decode_detail;
+  (void)num_sms;
+  if (p.num_tokens < 0 || p.num_heads < 0) return Status::kInvalidArgument;
+  if (p.num_splits < 1 || p.num_splits > kMaxSplits) return Status::kInvalidArgument;
+  if (p.d_qk != 512 && p.d_qk != 576) return Status::kInvalidArgument;
+  if (p.kv_format == KvFormat::kFP8DsMla && p.d_qk != 576) return Status::kInvalidArgument;
+  if (p.kv_format == KvFormat::kFP8DsMlaV4 && p.d_qk != 512) return Status::kInvalidArgument;
+  if (p.kv_format != KvFormat::kBF16 && p.kv_format != KvFormat::kFP8DsMla &&
+      p.kv_format != KvFormat::kFP8DsMlaV4)
+    return Status::kInvalidArgument;
+  if (p.num_tokens == 0 || p.num_heads == 0) return Status::kSuccess;
+  if (p.q == nullptr || p.output == nullptr) return Status::kInvalidArgument;
+  if (!aligned16(p.q) || (p.q_stride_token & 7) != 0 || (p.q_stride_head & 7) != 0)
+    return Status::kInvalidArgument;
+  if (!check_set(p.main, p.kv_format, p.d_qk, true)) return Status::kInvalidArgument;
+  if (!check_set(p.extra, p.kv_format, p.d_qk, false)) return Status::kInvalidArgument;
+
+  const int64_t T = p.num_tokens, H = p.num_heads;
+  const int S = p.num_splits;
+  const int64_t HT = decode_head_tile(H);
+  const int64_t HG = decode_head_groups(H);
+  const int mt = HT <= 16 ? 1 : (HT <= 32 ? 2 : 4);
+  const int64_t blocks = HG * S * T;
+  if (blocks >= (int64_t(1) << 31) || T * H >= (int64_t(1) << 31)) return Status::kInvalidArgument;
+
+  DecodeArgs a;
+  a.p = p;
+  a.ws_out = nullptr;
+  a.ws_lse = nullptr;
+  if (S > 1) {
+    const size_t need = decode_workspace_size(T, H, S);
+    if (workspace == nullptr || workspace_bytes < need) return Status::kWorkspaceTooSmall;
+    a.ws_out = static_cast<float*>(workspace);
+    a.ws_lse = reinterpret_cast<float*>(static_cast<uint8_t*>(workspace) + decode_partial_out_bytes(T, H, S));
+  }
+  a.head_tile = int(HT);
+  a.head_groups = int(HG);
+  a.scale_log2 = p.softmax_scale * kLog2e;
+  a.out_pairs = (reinterpret_cast<uintptr_t>(p.output) & 3u) == 0 && (p.output_stride_token & 1) == 0 &&
+                (p.output_stride_head & 1) == 0;
+
+  // Tensor cores on NVIDIA unless forced portable; HIP always portable.
+  Status st;
+  if (kWarpSize == 32 && !p.force_portable) {
+    st = launch_split_fmt<kWarpSize == 32>(mt, a, uint32_t(blocks), stream);  // never the MMA kernel on HIP
+  } else {
+    st = launch_split_fmt<false>(mt, a, uint32_t(blocks), stream);
+  }
+  if (st != Status::kSuccess || S == 1) return st;
+
+  ReduceArgs r;
+  r.p = p;
+  r.ws_out = a.ws_out;
+  r.ws_lse = a.ws_lse;
+  r.out_vec4 = (reinterpret_cast<uintptr_t>(p.output) & 7u) == 0 && (p.output_stride_token & 3) == 0 &&
+               (p.output_stride_head & 3) == 0;
+  decode_reduce_kernel<0><<<dim3(uint32_t(T * H)), dim3(kReduceThreads), 0, stream>>>(r);
+  return check_launch();
+}
+
+}  // namespace mla_ext
