@@ -34,7 +34,8 @@ def read_sources():
         line = line.split("#", 1)[0].strip()
         if line:
             group, path = line.split()
-            groups[group].append(path)
+            if group in groups:  # other groups (public, capi) are CMake's
+                groups[group].append(path)
     return groups
 
 
@@ -81,7 +82,8 @@ def main():
         else:
             cxx += ["-DUSE_ROCM"]
             nvcc += ["-DUSE_ROCM"]
-        ext = cpp_extension.CUDAExtension(extra_compile_args={"cxx": cxx + ["-DUSE_CUDA"], "nvcc": nvcc},
+        ext = cpp_extension.CUDAExtension(extra_compile_args={"cxx": cxx + ["-DUSE_CUDA", "-DMLA_EXT_WITH_GPU"],
+                                                              "nvcc": nvcc},
                                           **kwargs)
     else:
         ext = cpp_extension.CppExtension(extra_compile_args={"cxx": cxx}, **kwargs)

@@ -5,6 +5,9 @@ scratch buffer is owned by the caller, nothing is allocated on the device):
 
 - :func:`merge_attn_states` — merge two partial attention results (values + LSE)
   over disjoint key sets, in place, on strided views.
+- :func:`sparse_mla_decode` — sparse MLA decode (DeepSeek V3.2 / V4 paged latent
+  caches, FP8 or bf16) with split-K over a caller-owned workspace
+  (:func:`sparse_mla_decode_workspace_size`, :class:`DecodeWorkspace`).
 
 See ``../shared/DESIGN.md`` in the source tree (the contract) and README.md.
 """
@@ -13,8 +16,16 @@ from ._load import load_extension as _load_extension
 _LIBRARY_PATH = _load_extension()
 
 from ._ops import merge_attn_states  # noqa: E402
+from ._decode import DecodeWorkspace, sparse_mla_decode, sparse_mla_decode_workspace_size  # noqa: E402
 from . import compat  # noqa: E402
 
 __version__ = "0.1.0"
 
-__all__ = ["merge_attn_states", "compat", "__version__"]
+__all__ = [
+    "merge_attn_states",
+    "sparse_mla_decode",
+    "sparse_mla_decode_workspace_size",
+    "DecodeWorkspace",
+    "compat",
+    "__version__",
+]

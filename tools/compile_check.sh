@@ -21,6 +21,12 @@ if command -v nvcc >/dev/null; then
     nvcc -std=c++17 -O3 -DUSE_CUDA -DTORCH_TARGET_VERSION=0x020a000000000000 --expt-relaxed-constexpr \
       -gencode=arch=compute_90a,code=sm_90a "${inc[@]}" $torch_inc $py_inc -c "$src" -o "$out/$(basename "$src").o"
   done
+  # The binding's GPU branch (only compiled in GPU builds) with the host compiler.
+  for src in $(awk '$1 == "cpu" && $2 ~ /^csrc\/torch\// {print $2}' csrc/sources.txt); do
+    echo "g++ (GPU build flags): $src"
+    g++ -std=c++17 -fsyntax-only -DUSE_CUDA -DMLA_EXT_WITH_GPU -DTORCH_TARGET_VERSION=0x020a000000000000 \
+      "${inc[@]}" $torch_inc $py_inc "$src"
+  done
   echo "nvcc sm_90a: tests/compile/kernels_check.cu"
   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a "${inc[@]}" -c tests/compile/kernels_check.cu -o "$out/k_cuda.o"
 else

@@ -14,5 +14,11 @@ int num_threads();
 
 void merge_attn_states(const MergeParams& p);
 
+// sparse_mla_decode (DESIGN.md §4). p.num_splits must be resolved (1..kMaxSplits);
+// with num_splits > 1, `workspace` holds decode_workspace_size(T, H, num_splits)
+// bytes (any contents on entry; the layout of sparse_mla_decode.h). The caller
+// validated p (csrc/torch/decode_params.h).
+void sparse_mla_decode(const SparseDecodeParams& p, void* workspace);
+
 }  // namespace cpu
 }  // namespace mla_ext

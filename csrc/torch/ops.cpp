@@ -1,9 +1,17 @@
 // Op schemas and CPU implementations (LibTorch stable ABI).
 //
-// Every op validates all of its arguments (common.h) before anything is
-// launched or written, then calls the torch-free implementation.
+// Every op validates all of its arguments (common.h, decode_params.h) before
+// anything is launched or written, then calls the torch-free implementation.
 #include "common.h"
 #include "cpu_ops.h"
+#include "decode_params.h"
+
+#if defined(MLA_EXT_WITH_GPU)
+#include <torch/csrc/inductor/aoti_torch/c/shim.h>
+#include <torch/csrc/stable/accelerator.h>
+
+#include "gpu_ops.h"
+#endif
 
 namespace mla_ext_torch {
 
@@ -14,6 +22,120 @@ void merge_attn_states_cpu(Tensor output, std::optional<Tensor> output_lse, Tens
   mla_ext::cpu::merge_attn_states(p);
 }
 
+void sparse_mla_decode_cpu(Tensor q, Tensor kv_cache, Tensor indices, std::string kv_format,
+                           double softmax_scale, Tensor output, Tensor workspace,
+                           std::optional<Tensor> lengths, std::optional<Tensor> extra_kv_cache,
+                           std::optional<Tensor> extra_indices, std::optional<Tensor> extra_lengths,
+                           std::optional<Tensor> attn_sink, std::optional<Tensor> lse, int64_t num_splits) {
+  const mla_ext::SparseDecodeParams p = make_decode_params(
+      q, kv_cache, indices, kv_format, softmax_scale, output, workspace, lengths, extra_kv_cache,
+      extra_indices, extra_lengths, attn_sink, lse, num_splits, [] { return mla_ext::cpu::num_threads(); });
+  mla_ext::cpu::sparse_mla_decode(p, workspace.data_ptr());
+}
+
+#if defined(MLA_EXT_WITH_GPU)
+namespace {
+
+// Current CUDA/HIP stream of `device` from torch's stable C shim.
+void* current_stream(int32_t device) {
+  void* stream = nullptr;
+  TORCH_ERROR_CODE_CHECK(aoti_torch_get_current_cuda_stream(device, &stream));
+  return stream;
+}
+
+void check_launch_status(int status, const char* op) {
+  if (status == int(mla_ext::Status::kSuccess)) return;
+  const char* detail = status == int(mla_ext::Status::kLaunchFailed) ? mla_ext_gpu::last_error_string() : "";
+  fail(op, ": ", mla_ext::status_string(mla_ext::Status(status)), " ", detail);
+}
+
+int cuda_processor_count(int64_t device_index) {
+  const int n = mla_ext_gpu::processor_count(int(device_index));
+  MLA_CHECK(n > 0, "sparse_mla_decode_workspace_size", "expected a valid CUDA device index, got ",
+            device_index);
+  return n;
+}
+
+// The GPU kernel's alignment needs (sparse_mla_decode.cuh), checked before the
+// launch so a violation names the argument.
+void check_decode_gpu_alignment(const mla_ext::SparseDecodeParams& p) {
+  const char* op = "sparse_mla_decode";
+  auto a16 = [](const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; };
+  MLA_CHECK(a16(p.q) && (p.q_stride_token % 8) == 0 && (p.q_stride_head % 8) == 0, op,
+            "expected q rows 16-byte aligned on the GPU (data pointer 16-byte aligned, token and head strides "
+            "multiples of 8 elements), got strides (", p.q_stride_token, ", ", p.q_stride_head, ")");
+  auto check_set = [&](const mla_ext::KvSet& s, const char* name) {
+    if (s.cache == nullptr) return;
+    MLA_CHECK(a16(s.cache) && (s.page_stride_bytes % 16) == 0, op, "expected ", name,
+              " 16-byte aligned on the GPU (data pointer and page stride), got a page stride of ",
+              s.page_stride_bytes, " bytes");
+    MLA_CHECK(p.kv_format == mla_ext::KvFormat::kFP8DsMlaV4 || (s.token_stride_bytes % 16) == 0, op,
+              "expected ", name, " token stride to be a multiple of 16 bytes on the GPU, got ",
+              s.token_stride_bytes, " bytes");
+  };
+  check_set(p.main, "kv_cache");
+  check_set(p.extra, "extra_kv_cache");
+}
+
+}  // namespace
+
+void merge_attn_states_cuda(Tensor output, std::optional<Tensor> output_lse, Tensor prefix_output,
+                            Tensor prefix_lse, Tensor suffix_output, Tensor suffix_lse) {
+  const mla_ext::MergeParams p =
+      make_merge_params(output, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse);
+  if (p.num_tokens == 0 || p.num_heads == 0 || p.head_size == 0) return;
+  const int32_t dev = output.get_device_index();
+  torch::stable::accelerator::DeviceGuard guard(dev);
+  check_launch_status(mla_ext_gpu::launch_merge_attn_states(p, dev, current_stream(dev)),
+                      "merge_attn_states");
+}
+
+void sparse_mla_decode_cuda(Tensor q, Tensor kv_cache, Tensor indices, std::string kv_format,
+                            double softmax_scale, Tensor output, Tensor workspace,
+                            std::optional<Tensor> lengths, std::optional<Tensor> extra_kv_cache,
+                            std::optional<Tensor> extra_indices, std::optional<Tensor> extra_lengths,
+                            std::optional<Tensor> attn_sink, std::optional<Tensor> lse, int64_t num_splits) {
+  const int32_t dev = q.get_device_index();
+  const mla_ext::SparseDecodeParams p = make_decode_params(
+      q, kv_cache, indices, kv_format, softmax_scale, output, workspace, lengths, extra_kv_cache,
+      extra_indices, extra_lengths, attn_sink, lse, num_splits,
+      [&] { return mla_ext_gpu::processor_count(dev); });
+  if (p.num_tokens == 0 || p.num_heads == 0) return;
+  check_decode_gpu_alignment(p);
+  torch::stable::accelerator::DeviceGuard guard(dev);
+  check_launch_status(mla_ext_gpu::launch_sparse_mla_decode(p, workspace.data_ptr(), size_t(workspace.numel()),
+                                                            dev, current_stream(dev)),
+                      "sparse_mla_decode");
+}
+#endif  // MLA_EXT_WITH_GPU
+
+// Bytes of workspace for any call with <= num_tokens tokens and <= num_heads
+// heads under this split setting, on the CPU (device_index -1) or a CUDA device.
+int64_t sparse_mla_decode_workspace_size(int64_t num_tokens, int64_t num_heads, int64_t num_splits,
+                                         int64_t device_index) {
+  const char* op = "sparse_mla_decode_workspace_size";
+  MLA_CHECK(num_tokens >= 0, op, "expected num_tokens >= 0, got ", num_tokens);
+  MLA_CHECK(num_heads >= 0, op, "expected num_heads >= 0, got ", num_heads);
+  MLA_CHECK(num_splits >= 0 && num_splits <= mla_ext::kMaxSplits, op,
+            "expected num_splits to be 0 (automatic) or 1..", mla_ext::kMaxSplits, ", got ", num_splits);
+  MLA_CHECK(device_index >= -1, op, "expected device_index -1 (CPU) or a CUDA device index, got ",
+            device_index);
+  int procs = 1;
+  if (device_index < 0) {
+    procs = mla_ext::cpu::num_threads();
+  } else {
+#if defined(MLA_EXT_WITH_GPU)
+    procs = cuda_processor_count(device_index);
+#else
+    MLA_CHECK(false, op, "expected device_index -1 (CPU): this build of mla_ext has no GPU support, got ",
+              device_index);
+#endif
+  }
+  return int64_t(mla_ext::decode_workspace_size_for(num_tokens, num_heads, int(num_splits), procs));
+}
+
+bool set_force_portable(bool enable) { return force_portable_flag().exchange(enable); }
+
 }  // namespace mla_ext_torch
 
 STABLE_TORCH_LIBRARY(mla_ext, m) {
@@ -21,8 +143,32 @@ STABLE_TORCH_LIBRARY(mla_ext, m) {
   m.def(
       "merge_attn_states(Tensor(a!) output, Tensor(b!)? output_lse, Tensor prefix_output, "
       "Tensor prefix_lse, Tensor suffix_output, Tensor suffix_lse) -> ()");
+  m.def(
+      "sparse_mla_decode(Tensor q, Tensor kv_cache, Tensor indices, str kv_format, float softmax_scale, "
+      "Tensor(a!) output, Tensor(b!) workspace, Tensor? lengths=None, Tensor? extra_kv_cache=None, "
+      "Tensor? extra_indices=None, Tensor? extra_lengths=None, Tensor? attn_sink=None, "
+      "Tensor(c!)? lse=None, int num_splits=0) -> ()");
+  m.def(
+      "sparse_mla_decode_workspace_size(int num_tokens, int num_heads, int num_splits, "
+      "int device_index) -> int");
+  m.def("_set_force_portable(bool enable) -> bool");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(mla_ext, CPU, m) {
   m.impl("merge_attn_states", TORCH_BOX(&mla_ext_torch::merge_attn_states_cpu));
+  m.impl("sparse_mla_decode", TORCH_BOX(&mla_ext_torch::sparse_mla_decode_cpu));
 }
+
+// No tensor arguments: CompositeExplicitAutograd also serves calls that carry no dispatch key.
+STABLE_TORCH_LIBRARY_IMPL(mla_ext, CompositeExplicitAutograd, m) {
+  m.impl("sparse_mla_decode_workspace_size",
+         TORCH_BOX(&mla_ext_torch::sparse_mla_decode_workspace_size));
+  m.impl("_set_force_portable", TORCH_BOX(&mla_ext_torch::set_force_portable));
+}
+
+#if defined(MLA_EXT_WITH_GPU)
+STABLE_TORCH_LIBRARY_IMPL(mla_ext, CUDA, m) {
+  m.impl("merge_attn_states", TORCH_BOX(&mla_ext_torch::merge_attn_states_cuda));
+  m.impl("sparse_mla_decode", TORCH_BOX(&mla_ext_torch::sparse_mla_decode_cuda));
+}
+#endif

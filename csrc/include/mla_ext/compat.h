@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 #include "mla_ext/numerics.h"
+#include "mla_ext/status.h"
 
 #if defined(__HIPCC__) || defined(__HIP_PLATFORM_AMD__) || defined(USE_ROCM)
 #define MLA_EXT_HIP 1
@@ -35,6 +36,7 @@ using gpuError_t = hipError_t;
 #define mlaFuncAttributeMaxDynamicSharedMemorySize hipFuncAttributeMaxDynamicSharedMemorySize
 #define mlaDeviceGetAttribute hipDeviceGetAttribute
 #define mlaDevAttrMultiProcessorCount hipDeviceAttributeMultiprocessorCount
+#define mlaDevAttrComputeCapabilityMajor hipDeviceAttributeComputeCapabilityMajor
 #define mlaGetDevice hipGetDevice
 #else
 using gpuStream_t = cudaStream_t;
@@ -46,6 +48,7 @@ using gpuError_t = cudaError_t;
 #define mlaFuncAttributeMaxDynamicSharedMemorySize cudaFuncAttributeMaxDynamicSharedMemorySize
 #define mlaDeviceGetAttribute cudaDeviceGetAttribute
 #define mlaDevAttrMultiProcessorCount cudaDevAttrMultiProcessorCount
+#define mlaDevAttrComputeCapabilityMajor cudaDevAttrComputeCapabilityMajor
 #define mlaGetDevice cudaGetDevice
 #endif
 
@@ -70,26 +73,6 @@ constexpr int kWarpSize = MLA_EXT_WARP_SIZE;
 #define MLA_EXT_SHFL(v, src_lane) __shfl_sync(0xffffffffu, (v), (src_lane))
 #endif
 
-// Status codes returned by every launcher (no exceptions cross this layer).
-enum class Status : int {
-  kSuccess = 0,
-  kInvalidArgument = 1,   // a params field is out of its documented range
-  kWorkspaceTooSmall = 2, // workspace_bytes < the size the call needs
-  kLaunchFailed = 3,      // the runtime rejected the launch (see last_gpu_error)
-  kUnsupported = 4,       // this build has no kernel for the request
-};
-
-inline const char* status_string(Status s) {
-  switch (s) {
-    case Status::kSuccess: return "success";
-    case Status::kInvalidArgument: return "invalid argument";
-    case Status::kWorkspaceTooSmall: return "workspace too small";
-    case Status::kLaunchFailed: return "kernel launch failed";
-    case Status::kUnsupported: return "unsupported by this build";
-  }
-  return "unknown status";
-}
-
 // Check the launch that just happened; report a runtime failure as a Status.
 inline Status check_launch() {
   gpuError_t err = mlaGetLastError();
@@ -103,6 +86,68 @@ inline int current_device_sm_count() {
   int n = 0;
   if (mlaDeviceGetAttribute(&n, mlaDevAttrMultiProcessorCount, dev) != MLA_EXT_GPU_SUCCESS) return 0;
   return n;
+}
+
+// Compute-capability major of the current device (NVIDIA: 8 = Ampere, 9 =
+// Hopper; HIP reports its own numbering), 0 on failure.
+inline int current_device_cc_major() {
+  int dev = 0;
+  if (mlaGetDevice(&dev) != MLA_EXT_GPU_SUCCESS) return 0;
+  int n = 0;
+  if (mlaDeviceGetAttribute(&n, mlaDevAttrComputeCapabilityMajor, dev) != MLA_EXT_GPU_SUCCESS) return 0;
+  return n;
+}
+
+// Programmatic dependent launch (CUDA, sm_90+): a kernel launched with
+// launch_maybe_dependent(..., dependent = true, ...) may start while the
+// previous kernel of the stream is still running; it must execute
+// MLA_EXT_GRID_DEP_WAIT() before touching anything that kernel writes (the
+// wait returns once the previous grid has completed and its writes are
+// visible). MLA_EXT_GRID_DEP_LAUNCH() in the previous kernel lets the dependent
+// grid be scheduled early. Elsewhere both are no-ops and the launch is ordinary.
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+#define MLA_EXT_GRID_DEP_WAIT() asm volatile("griddepcontrol.wait;\n" ::: "memory")
+#define MLA_EXT_GRID_DEP_LAUNCH() asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory")
+#else
+#define MLA_EXT_GRID_DEP_WAIT() ((void)0)
+#define MLA_EXT_GRID_DEP_LAUNCH() ((void)0)
+#endif
+
+// True when `kernel` may be launched as a dependent launch on the current
+// device: CUDA, device and the kernel's compiled code both sm_90+ (so that the
+// kernel really contains the grid-dependency wait).
+inline bool dependent_launch_supported(const void* kernel) {
+#if defined(MLA_EXT_HIP)
+  (void)kernel;
+  return false;
+#else
+  if (current_device_cc_major() < 9) return false;
+  cudaFuncAttributes fa;
+  if (cudaFuncGetAttributes(&fa, kernel) != cudaSuccess) return false;
+  return fa.binaryVersion >= 90;
+#endif
+}
+
+template <typename... KArgs, typename... Args>
+inline gpuError_t launch_maybe_dependent(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
+                                         gpuStream_t stream, bool dependent, Args... args) {
+#if defined(MLA_EXT_HIP)
+  (void)dependent;
+  hipLaunchKernelGGL(kernel, grid, block, smem, stream, args...);
+  return hipGetLastError();
+#else
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = dependent ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, kernel, args...);
+#endif
 }
 
 }  // namespace mla_ext

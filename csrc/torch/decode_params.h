@@ -1,0 +1,261 @@
+// Argument validation of sparse_mla_decode (shared by the CPU and CUDA bindings).
+//
+// make_decode_params checks EVERY argument before anything is launched or
+// written and fills mla_ext::SparseDecodeParams; every violation throws a
+// "sparse_mla_decode: expected <arg> ..., got ..." message (RuntimeError in
+// Python). The split count is resolved here: 0 = automatic
+// (decode_num_splits(T, H, W_main + W_extra, processor count)), else 1..64.
+#pragma once
+
+#include <cmath>
+
+#include <atomic>
+#include <functional>
+#include <optional>
+#include <string>
+
+#include "common.h"
+#include "mla_ext/sparse_mla_decode.h"
+
+namespace mla_ext_torch {
+
+// Process-global switch: the CUDA path uses the portable (no tensor-core)
+// kernel while set (torch.ops.mla_ext._set_force_portable; used by tests).
+inline std::atomic<bool>& force_portable_flag() {
+  static std::atomic<bool> flag{false};
+  return flag;
+}
+
+namespace decode_detail {
+
+constexpr const char* kOp = "sparse_mla_decode";
+
+inline bool is_byte_dtype(ScalarType t) {
+  return t == ScalarType::Byte || t == ScalarType::Char || t == ScalarType::Float8_e4m3fn;
+}
+
+// A never-dereferenced, 16-byte aligned stand-in for the data pointer of an
+// empty cache (0 pages: every slot is invalid), so the main set is never "absent".
+inline const uint8_t* empty_cache_ptr() {
+  alignas(16) static const uint8_t dummy[16] = {};
+  return dummy;
+}
+
+// Validates one paged cache and fills the cache geometry of `set`.
+inline void fill_cache(const Tensor& q, const Tensor& c, const char* name, mla_ext::KvFormat fmt,
+                       const std::string& fmt_name, int d_qk, mla_ext::KvSet& set) {
+  check_same_device(kOp, q, "q", c, name);
+  MLA_CHECK(c.dim() == 3 || (c.dim() == 4 && c.size(2) == 1), kOp, "expected ", name,
+            " to be [num_pages, page_size, row] or [num_pages, page_size, 1, row], got shape ",
+            shape_str(c));
+  const int64_t row_dim = c.dim() - 1;
+  const int64_t row = c.size(row_dim);
+  const ScalarType dt = c.scalar_type();
+  int64_t want_row = 0;
+  if (fmt == mla_ext::KvFormat::kBF16) {
+    MLA_CHECK(dt == ScalarType::BFloat16, kOp, "expected ", name,
+              " to be bfloat16 for kv_format \"bf16\", got ", dtype_name(dt));
+    want_row = d_qk;
+    MLA_CHECK(row == want_row, kOp, "expected ", name, " rows of d_qk = ", d_qk,
+              " bf16 elements (q's last dim) for kv_format \"bf16\", got shape ", shape_str(c));
+  } else {
+    MLA_CHECK(is_byte_dtype(dt), kOp, "expected ", name, " to be uint8 (or int8 / float8_e4m3fn viewing ",
+              "the same bytes) for kv_format \"", fmt_name, "\", got ", dtype_name(dt));
+    want_row = fmt == mla_ext::KvFormat::kFP8DsMla ? mla_ext::kFP8DsMlaRowBytes : mla_ext::kFP8DsMlaV4RowBytes;
+    MLA_CHECK(row == want_row, kOp, "expected ", name, " rows of ", want_row, " bytes for kv_format \"",
+              fmt_name, "\", got shape ", shape_str(c));
+  }
+  MLA_CHECK(c.stride(row_dim) == 1, kOp, "expected ", name,
+            " to be contiguous in its last (row) dim, got stride ", c.stride(row_dim));
+  const int64_t num_pages = c.size(0), page_size = c.size(1);
+  MLA_CHECK(page_size >= 1, kOp, "expected ", name, " to have page_size >= 1, got shape ", shape_str(c));
+  const int64_t esize = int64_t(c.element_size());
+  if (fmt == mla_ext::KvFormat::kFP8DsMlaV4) {
+    const int64_t need = page_size * mla_ext::kFP8DsMlaV4RowBytes;
+    MLA_CHECK(num_pages <= 1 || c.stride(0) >= need, kOp, "expected ", name,
+              " page stride (stride(0), bytes) >= page_size*584 = ", need,
+              " for kv_format \"fp8_ds_mla_v4\", got ", c.stride(0));
+    // One page: its stride is never used; keep a 16-byte multiple for the GPU checks.
+    set.page_stride_bytes = num_pages > 1 ? c.stride(0) : ((need + 575) / 576) * 576;
+    set.token_stride_bytes = mla_ext::kFP8DsMlaV4RowBytes;
+  } else {
+    MLA_CHECK(page_size <= 1 || c.stride(1) >= row, kOp, "expected ", name,
+              " token stride (stride(1)) >= the row width ", row, " (rows must not overlap), got ",
+              c.stride(1));
+    set.page_stride_bytes = num_pages > 1 ? c.stride(0) * esize : page_size * c.stride(1) * esize;
+    set.token_stride_bytes = page_size > 1 ? c.stride(1) * esize : row * esize;
+  }
+  set.page_size = page_size;
+  set.num_slots = num_pages * page_size;
+  const void* ptr = c.data_ptr();
+  set.cache = (ptr != nullptr && set.num_slots > 0) ? static_cast<const uint8_t*>(ptr) : empty_cache_ptr();
+  if (set.num_slots == 0) set.cache = empty_cache_ptr();
+}
+
+inline void fill_indices(const Tensor& q, const Tensor& idx, const char* name, int64_t T, mla_ext::KvSet& set) {
+  check_same_device(kOp, q, "q", idx, name);
+  MLA_CHECK(idx.scalar_type() == ScalarType::Int, kOp, "expected ", name, " to be int32, got ",
+            dtype_name(idx.scalar_type()));
+  MLA_CHECK(idx.dim() == 2 && idx.size(0) == T, kOp, "expected ", name, " of shape [num_tokens, width] = [",
+            T, ", W], got ", shape_str(idx));
+  MLA_CHECK(idx.size(1) <= 1 || idx.stride(1) == 1, kOp, "expected ", name,
+            " to be contiguous along its width (stride(1) == 1), got stride ", idx.stride(1));
+  set.width = idx.size(1);
+  set.indices = set.width > 0 && T > 0 ? static_cast<const int32_t*>(idx.data_ptr()) : nullptr;
+  set.indices_stride_token = idx.stride(0);
+  if (set.indices == nullptr) set.width = 0;
+}
+
+inline void fill_lengths(const Tensor& q, const std::optional<Tensor>& len, const char* name, int64_t T,
+                         mla_ext::KvSet& set) {
+  if (!len.has_value()) return;
+  const Tensor& l = *len;
+  check_same_device(kOp, q, "q", l, name);
+  MLA_CHECK(l.scalar_type() == ScalarType::Int, kOp, "expected ", name, " to be int32, got ",
+            dtype_name(l.scalar_type()));
+  MLA_CHECK(l.dim() == 1 && l.size(0) == T, kOp, "expected ", name, " of shape [num_tokens] = [", T,
+            "], got ", shape_str(l));
+  set.lengths = T > 0 ? static_cast<const int32_t*>(l.data_ptr()) : nullptr;
+  set.lengths_stride = l.stride(0);
+}
+
+}  // namespace decode_detail
+
+inline mla_ext::KvFormat parse_kv_format(const std::string& s) {
+  if (s == "bf16") return mla_ext::KvFormat::kBF16;
+  if (s == "fp8_ds_mla") return mla_ext::KvFormat::kFP8DsMla;
+  if (s == "fp8_ds_mla_v4") return mla_ext::KvFormat::kFP8DsMlaV4;
+  MLA_CHECK(false, "sparse_mla_decode",
+            "expected kv_format to be one of \"bf16\", \"fp8_ds_mla\" (DeepSeek V3.2), "
+            "\"fp8_ds_mla_v4\" (DeepSeek V4), got \"", s, "\"");
+  return mla_ext::KvFormat::kBF16;
+}
+
+// Validates every argument and returns the params with num_splits resolved.
+// `processor_count` is called (after the device checks) only for num_splits == 0.
+inline mla_ext::SparseDecodeParams make_decode_params(
+    const Tensor& q, const Tensor& kv_cache, const Tensor& indices, const std::string& kv_format,
+    double softmax_scale, const Tensor& output, const Tensor& workspace,
+    const std::optional<Tensor>& lengths, const std::optional<Tensor>& extra_kv_cache,
+    const std::optional<Tensor>& extra_indices, const std::optional<Tensor>& extra_lengths,
+    const std::optional<Tensor>& attn_sink, const std::optional<Tensor>& lse, int64_t num_splits,
+    const std::function<int()>& processor_count) {
+  using namespace decode_detail;
+  mla_ext::SparseDecodeParams p;
+
+  // q
+  MLA_CHECK(q.scalar_type() == ScalarType::BFloat16, kOp, "expected q to be bfloat16, got ",
+            dtype_name(q.scalar_type()));
+  MLA_CHECK(q.dim() == 3, kOp, "expected q of shape [num_tokens, num_heads, d_qk], got ", shape_str(q));
+  const int64_t T = q.size(0), H = q.size(1), d_qk = q.size(2);
+  const mla_ext::KvFormat fmt = parse_kv_format(kv_format);
+  MLA_CHECK(d_qk == 576 || d_qk == 512, kOp,
+            "expected q's last dim d_qk to be 576 (DeepSeek V3.2) or 512 (DeepSeek V4), got shape ",
+            shape_str(q));
+  MLA_CHECK(fmt != mla_ext::KvFormat::kFP8DsMla || d_qk == 576, kOp,
+            "expected q's d_qk to be 576 for kv_format \"fp8_ds_mla\", got shape ", shape_str(q));
+  MLA_CHECK(fmt != mla_ext::KvFormat::kFP8DsMlaV4 || d_qk == 512, kOp,
+            "expected q's d_qk to be 512 for kv_format \"fp8_ds_mla_v4\", got shape ", shape_str(q));
+  MLA_CHECK(q.stride(2) == 1, kOp, "expected q to be contiguous in its last (d_qk) dim, got stride ",
+            q.stride(2));
+
+  // main set
+  fill_cache(q, kv_cache, "kv_cache", fmt, kv_format, int(d_qk), p.main);
+  fill_indices(q, indices, "indices", T, p.main);
+  fill_lengths(q, lengths, "lengths", T, p.main);
+
+  // extra set: complete or absent
+  MLA_CHECK(extra_kv_cache.has_value() == extra_indices.has_value(), kOp, "expected extra_kv_cache and ",
+            "extra_indices to be given together, got ",
+            extra_kv_cache.has_value() ? "extra_kv_cache without extra_indices"
+                                       : "extra_indices without extra_kv_cache");
+  MLA_CHECK(!extra_lengths.has_value() || extra_indices.has_value(), kOp,
+            "expected extra_lengths only together with extra_indices and extra_kv_cache, got "
+            "extra_lengths without extra_indices");
+  if (extra_kv_cache.has_value()) {
+    fill_cache(q, *extra_kv_cache, "extra_kv_cache", fmt, kv_format, int(d_qk), p.extra);
+    fill_indices(q, *extra_indices, "extra_indices", T, p.extra);
+    fill_lengths(q, extra_lengths, "extra_lengths", T, p.extra);
+  }
+
+  // sink
+  if (attn_sink.has_value()) {
+    const Tensor& s = *attn_sink;
+    check_same_device(kOp, q, "q", s, "attn_sink");
+    MLA_CHECK(s.scalar_type() == ScalarType::Float, kOp, "expected attn_sink to be float32, got ",
+              dtype_name(s.scalar_type()));
+    MLA_CHECK(s.dim() == 1 && s.size(0) == H, kOp, "expected attn_sink of shape [num_heads] = [", H,
+              "], got ", shape_str(s));
+    p.attn_sink = H > 0 ? static_cast<const float*>(s.data_ptr()) : nullptr;
+    p.attn_sink_stride = s.stride(0);
+  }
+
+  // output
+  check_same_device(kOp, q, "q", output, "output");
+  MLA_CHECK(output.scalar_type() == ScalarType::BFloat16, kOp, "expected output to be bfloat16, got ",
+            dtype_name(output.scalar_type()));
+  MLA_CHECK(output.dim() == 3 && output.size(0) == T && output.size(1) == H && output.size(2) == mla_ext::kDV,
+            kOp, "expected output of shape [num_tokens, num_heads, 512] = [", T, ", ", H, ", 512], got ",
+            shape_str(output));
+  MLA_CHECK(output.stride(2) == 1, kOp, "expected output to be contiguous in its last dim, got stride ",
+            output.stride(2));
+
+  // lse
+  if (lse.has_value()) {
+    const Tensor& l = *lse;
+    check_same_device(kOp, q, "q", l, "lse");
+    MLA_CHECK(l.scalar_type() == ScalarType::Float, kOp, "expected lse to be float32, got ",
+              dtype_name(l.scalar_type()));
+    MLA_CHECK(l.dim() == 2 && l.size(0) == T && l.size(1) == H, kOp,
+              "expected lse of shape [num_tokens, num_heads] = [", T, ", ", H, "] (any strides), got ",
+              shape_str(l));
+  }
+
+  // workspace (tensor properties; size below, once the split count is known)
+  check_same_device(kOp, q, "q", workspace, "workspace");
+  MLA_CHECK(workspace.scalar_type() == ScalarType::Byte && workspace.dim() == 1, kOp,
+            "expected workspace to be a 1-D uint8 tensor, got ", dtype_name(workspace.scalar_type()),
+            " of shape ", shape_str(workspace));
+  MLA_CHECK(workspace.numel() <= 1 || workspace.stride(0) == 1, kOp,
+            "expected workspace to be contiguous, got stride ", workspace.stride(0));
+
+  // scalars
+  MLA_CHECK(std::isfinite(softmax_scale), kOp, "expected softmax_scale to be finite, got ", softmax_scale);
+  MLA_CHECK(num_splits >= 0 && num_splits <= mla_ext::kMaxSplits, kOp,
+            "expected num_splits to be 0 (automatic) or 1..", mla_ext::kMaxSplits, ", got ", num_splits);
+
+  int S = int(num_splits);
+  if (S == 0) S = mla_ext::decode_num_splits(T, H, p.main.width + p.extra.width, processor_count());
+  if (S < 1) S = 1;
+  const size_t need = mla_ext::decode_workspace_size(T, H, S);
+  MLA_CHECK(size_t(workspace.numel()) >= need, kOp, "expected workspace of at least ", need,
+            " bytes for num_tokens=", T, ", num_heads=", H, ", num_splits=", S,
+            " (size it with mla_ext.sparse_mla_decode_workspace_size(num_tokens, num_heads, num_splits=",
+            num_splits, ", device=...)), got ", workspace.numel(), " bytes");
+  MLA_CHECK(need == 0 || (reinterpret_cast<uintptr_t>(workspace.data_ptr()) & 15u) == 0, kOp,
+            "expected workspace's data pointer to be 16-byte aligned, got address offset ",
+            int(reinterpret_cast<uintptr_t>(workspace.data_ptr()) & 15u));
+
+  // fill
+  p.kv_format = fmt;
+  p.d_qk = int(d_qk);
+  p.num_tokens = T;
+  p.num_heads = H;
+  p.softmax_scale = float(softmax_scale);
+  p.q = static_cast<const uint16_t*>(q.data_ptr());
+  p.q_stride_token = q.stride(0);
+  p.q_stride_head = q.stride(1);
+  p.output = static_cast<uint16_t*>(output.data_ptr());
+  p.output_stride_token = output.stride(0);
+  p.output_stride_head = output.stride(1);
+  if (lse.has_value()) {
+    p.lse = static_cast<float*>(lse->data_ptr());
+    p.lse_stride_token = lse->stride(0);
+    p.lse_stride_head = lse->stride(1);
+  }
+  p.num_splits = S;
+  p.force_portable = force_portable_flag().load();
+  return p;
+}
+
+}  // namespace mla_ext_torch

@@ -1,0 +1,34 @@
+// GPU side of the torch binding: kernel launches only (see gpu_ops.h).
+// Includes no torch header, throws nothing. Hipified by torch for ROCm builds.
+#include "gpu_ops.h"
+#include "mla_ext/merge_attn_states.cuh"
+#include "mla_ext/sparse_mla_decode.cuh"
+
+namespace mla_ext_gpu {
+
+int processor_count(int device) {
+  static int cache[256] = {0};
+  if (device >= 0 && device < 256 && cache[device] != 0) return cache[device];
+  int n = 0;
+  if (mlaDeviceGetAttribute(&n, mlaDevAttrMultiProcessorCount, device) != MLA_EXT_GPU_SUCCESS) {
+    (void)mlaGetLastError();
+    return 0;
+  }
+  if (device >= 0 && device < 256) cache[device] = n;
+  return n;
+}
+
+int launch_merge_attn_states(const mla_ext::MergeParams& p, int device, void* stream) {
+  return int(mla_ext::launch_merge_attn_states(p, processor_count(device),
+                                               static_cast<mla_ext::gpuStream_t>(stream)));
+}
+
+int launch_sparse_mla_decode(const mla_ext::SparseDecodeParams& p, void* workspace,
+                             size_t workspace_bytes, int device, void* stream) {
+  return int(mla_ext::launch_sparse_mla_decode(p, workspace, workspace_bytes, processor_count(device),
+                                               static_cast<mla_ext::gpuStream_t>(stream)));
+}
+
+const char* last_error_string() { return mlaGetErrorString(mlaGetLastError()); }
+
+}  // namespace mla_ext_gpu

@@ -1,0 +1,30 @@
+// The GPU launches the torch binding calls (implemented in gpu_launch.cu).
+//
+// Plain C++ with no torch and no GPU headers: the binding (ops.cpp, compiled by
+// the host compiler) validates arguments, picks the device and stream through
+// torch's stable C shim and throws on errors; the nvcc/hipcc-compiled side only
+// launches kernels and reports a status code. No exception is ever thrown from
+// GPU-compiled code.
+#pragma once
+
+#include <stddef.h>
+
+#include "mla_ext/merge_attn_states.h"
+#include "mla_ext/sparse_mla_decode.h"
+#include "mla_ext/status.h"
+
+namespace mla_ext_gpu {
+
+// Multiprocessor (CU) count of device `device`, read once per device; 0 on failure.
+int processor_count(int device);
+
+// Launch on `stream` (a cudaStream_t / hipStream_t); the device must be current.
+// Return an mla_ext::Status as int.
+int launch_merge_attn_states(const mla_ext::MergeParams& p, int device, void* stream);
+int launch_sparse_mla_decode(const mla_ext::SparseDecodeParams& p, void* workspace,
+                             size_t workspace_bytes, int device, void* stream);
+
+// The runtime's message for the last failed launch on this thread.
+const char* last_error_string();
+
+}  // namespace mla_ext_gpu

@@ -1,0 +1,212 @@
+"""Sparse MLA decode (DeepSeek V3.2 DSA / DeepSeek V4) over a paged latent KV cache.
+
+Python entry points of ``torch.ops.mla_ext.sparse_mla_decode`` and its workspace sizing, the
+fake (meta) implementation for ``torch.compile``, and :class:`DecodeWorkspace`, a caller-owned
+split-K scratch buffer reused across layers and decode steps. Contract: DESIGN.md section 4.
+"""
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import torch
+
+_ops = torch.ops.mla_ext
+
+__all__ = ["sparse_mla_decode", "sparse_mla_decode_workspace_size", "DecodeWorkspace"]
+
+DeviceLike = Union[torch.device, str, int, None]
+
+
+@torch.library.register_fake("mla_ext::sparse_mla_decode")
+def _sparse_mla_decode_fake(q, kv_cache, indices, kv_format, softmax_scale, output, workspace,
+                            lengths=None, extra_kv_cache=None, extra_indices=None, extra_lengths=None,
+                            attn_sink=None, lse=None, num_splits=0):
+    return None
+
+
+def sparse_mla_decode(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    indices: torch.Tensor,
+    *,
+    kv_format: str,
+    softmax_scale: float,
+    output: torch.Tensor,
+    workspace: torch.Tensor,
+    lengths: Optional[torch.Tensor] = None,
+    extra_kv_cache: Optional[torch.Tensor] = None,
+    extra_indices: Optional[torch.Tensor] = None,
+    extra_lengths: Optional[torch.Tensor] = None,
+    attn_sink: Optional[torch.Tensor] = None,
+    lse: Optional[torch.Tensor] = None,
+    num_splits: int = 0,
+) -> None:
+    """Sparse MLA decode attention, written in place into ``output`` (and ``lse``).
+
+    For every query token ``t`` and head ``h``, over the valid selected rows ``i`` of the main
+    set and of the optional extra set together (one softmax over their union; natural log, fp32
+    accumulation, ``q.K`` in fp32 from bf16 ``q`` and dequantised ``K``)::
+
+        s_i = softmax_scale * <q[t, h, :d_qk], K_i[:d_qk]>
+        m = max_i s_i ;  l = sum_i exp(s_i - m) ;  D = l + exp(attn_sink[h] - m)   (D = l without a sink)
+        output[t, h, :] = sum_i exp(s_i - m) * K_i[:512] / D
+        lse[t, h]       = m + log(l)                                            (sink excluded)
+
+    ``V`` is the first 512 dims of the row: DeepSeek V3.2 (d_qk 576) drops the 64 RoPE dims,
+    DeepSeek V4 (d_qk 512) uses all 512 (RoPE lanes included; the caller un-rotates).
+    A token with no valid entry gets output 0 and lse ``-inf``; ``attn_sink[h] = -inf`` means
+    no sink, ``+inf`` gives output 0 (lse unchanged).
+
+    Index validity: an entry ``indices[t, j]`` is skipped (and its row never read) when it is
+    < 0, >= ``num_pages * page_size``, or ``j >= lengths[t]``; invalid entries may appear
+    anywhere in a row. Duplicate slots count once per occurrence. Cache slots that are never
+    selected may hold anything (NaN included).
+
+    Args:
+        q: ``[num_tokens, num_heads, d_qk]`` bfloat16, d_qk = 576 (V3.2) or 512 (V4). Any token
+            and head strides; last dim stride 1 (on the GPU: 16-byte aligned rows, strides
+            multiples of 8 elements). Not mutated.
+        kv_cache: the main paged cache in ``kv_format``, ``[num_pages, page_size, row]`` or
+            ``[num_pages, page_size, 1, row]``, last dim stride 1. Not mutated.
+            ``"bf16"``: bfloat16, row = d_qk elements, any page / token strides.
+            ``"fp8_ds_mla"`` (DeepSeek V3.2): uint8, row = 656 bytes per token (512 e4m3fn +
+            4 fp32 scales, one per 128 elements + 64 bf16 RoPE values).
+            ``"fp8_ds_mla_v4"`` (DeepSeek V4): uint8 view with row = 584 whose page stride
+            ``stride(0)`` (bytes, >= ``page_size * 584``, usually padded to a multiple of 576)
+            is honoured; inside a page, ``page_size`` data rows of 576 bytes (448 e4m3fn + 64
+            bf16 RoPE) then ``page_size`` groups of 8 bytes (7 UE8M0 scales, one per 64
+            elements, + 1 pad). The FP8 formats also accept int8 or float8_e4m3fn tensors
+            viewing the same bytes. See :mod:`mla_ext.formats` for packers.
+        indices: ``[num_tokens, W]`` int32 global slot ids (``page * page_size + offset``),
+            stride 1 along ``W`` (any token stride); ``W`` may be 0. Not mutated.
+        kv_format: ``"bf16"``, ``"fp8_ds_mla"`` or ``"fp8_ds_mla_v4"`` (both sets).
+        softmax_scale: finite multiplier of ``q.K`` (V3.2: ``192**-0.5 * mscale**2``; V4:
+            ``512**-0.5``; see :mod:`mla_ext.reference`).
+        output: ``[num_tokens, num_heads, 512]`` bfloat16. **Mutated**: every element written.
+            Any token and head strides; last dim stride 1.
+        workspace: 1-D contiguous uint8 tensor on the same device, at least
+            :func:`sparse_mla_decode_workspace_size` bytes (a :class:`DecodeWorkspace`'s
+            ``.tensor``). **Mutated** (scratch for split-K partial results when more than one
+            split is used); its contents on entry do not matter.
+        lengths: optional ``[num_tokens]`` int32 (any stride): entries at positions
+            ``>= lengths[t]`` of ``indices`` are skipped (negative = 0).
+        extra_kv_cache, extra_indices, extra_lengths: optional second set (DeepSeek V4
+            compressed rows: C4 indexer top-k, C128 all rows) with its own page size, same
+            format and rules; ``extra_kv_cache`` and ``extra_indices`` ``[num_tokens, W2]``
+            come together, ``extra_lengths [num_tokens]`` only with them.
+        attn_sink: optional ``[num_heads]`` float32 (any stride) per-head sink logit (V4):
+            adds ``exp(attn_sink[h] - m)`` to the denominator only.
+        lse: optional ``[num_tokens, num_heads]`` float32, any strides (e.g. a ``.T`` view of a
+            ``[num_heads, num_tokens]`` buffer). **Mutated**: the natural-log sum-exp of the
+            scores, sink excluded.
+        num_splits: split-K count: 0 = automatic (from num_tokens, num_heads, ``W + W2`` and the
+            device's processor count, never from tensor contents, so a captured CUDA graph
+            stays valid when indices and lengths change), or 1..64 explicitly.
+
+    Runs on the tensors' device (CPU with OpenMP, or CUDA/ROCm on the current stream); no
+    allocation, no host synchronisation, CUDA-graph capturable. Offsets are 64-bit.
+
+    Raises:
+        RuntimeError: before anything is written (``output``, ``lse`` and ``workspace`` are
+            left untouched), naming the argument: wrong dtype / shape / strides of any tensor,
+            unknown ``kv_format``, a cache row that does not match the format or q's d_qk, a V4
+            page stride below ``page_size * 584`` bytes, an incomplete extra set, tensors on
+            different devices, ``num_splits`` outside 0..64, a non-finite ``softmax_scale``, or a
+            workspace smaller than needed (the message states the bytes needed).
+    """
+    _ops.sparse_mla_decode(q, kv_cache, indices, kv_format, float(softmax_scale), output, workspace,
+                           lengths, extra_kv_cache, extra_indices, extra_lengths, attn_sink, lse,
+                           int(num_splits))
+
+
+def _device_index(device: DeviceLike) -> int:
+    """-1 for the CPU, else the CUDA device index (None: current CUDA device if any, else CPU)."""
+    if device is None:
+        return torch.cuda.current_device() if torch.cuda.is_available() else -1
+    if isinstance(device, int):
+        return device
+    device = torch.device(device)
+    if device.type == "cpu":
+        return -1
+    if device.type == "cuda":
+        return device.index if device.index is not None else torch.cuda.current_device()
+    raise ValueError(f"sparse_mla_decode_workspace_size: expected a CPU or CUDA device, got {device}")
+
+
+def sparse_mla_decode_workspace_size(num_tokens: int, num_heads: int, *, num_splits: int = 0,
+                                     device: DeviceLike = None) -> int:
+    """Workspace bytes :func:`sparse_mla_decode` needs for any call with at most ``num_tokens``
+    query tokens and at most ``num_heads`` heads, under the same ``num_splits`` setting.
+
+    Args:
+        num_tokens: upper bound of the calls' num_tokens (>= 0).
+        num_heads: upper bound of the calls' num_heads (>= 0).
+        num_splits: 0 (automatic: the maximum the policy can pick over every smaller shape and
+            any index width on this device) or the explicit 1..64 the calls will pass.
+        device: where the calls run: a CPU or CUDA ``torch.device`` / string / CUDA index;
+            ``None`` = the current CUDA device when CUDA is available, else the CPU. The
+            automatic split count depends on the device's processor count (CUDA: multiprocessor
+            count; CPU: OpenMP threads).
+
+    Returns:
+        bytes (int; 0 when no split-K scratch is needed, e.g. ``num_splits=1``).
+
+    Raises:
+        RuntimeError: negative sizes, ``num_splits`` outside 0..64, a CUDA device on a CPU-only
+            build. ValueError: a device that is neither CPU nor CUDA.
+    """
+    return int(_ops.sparse_mla_decode_workspace_size(int(num_tokens), int(num_heads), int(num_splits),
+                                                     _device_index(device)))
+
+
+class DecodeWorkspace:
+    """A split-K workspace for :func:`sparse_mla_decode`, allocated once and reused across
+    layers and decode steps (allocate it before capturing a CUDA graph).
+
+    Args:
+        max_num_tokens: the most query tokens a call will have.
+        num_heads: the most heads a call will have.
+        num_splits: the ``num_splits`` the calls pass (0 = automatic).
+        device: where the calls run (CPU or CUDA).
+
+    Attributes:
+        tensor: the 1-D uint8 workspace (pass as ``workspace=``); ``nbytes`` bytes, contents
+            undefined (the op never needs it zeroed).
+        max_num_tokens, num_heads, num_splits, device, nbytes.
+    """
+
+    def __init__(self, max_num_tokens: int, num_heads: int, *, num_splits: int = 0,
+                 device: DeviceLike):
+        dev = torch.device(device) if not isinstance(device, int) else torch.device("cuda", device)
+        if dev.type == "cuda" and dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+        self.max_num_tokens = int(max_num_tokens)
+        self.num_heads = int(num_heads)
+        self.num_splits = int(num_splits)
+        self.device = dev
+        self.nbytes = sparse_mla_decode_workspace_size(self.max_num_tokens, self.num_heads,
+                                                       num_splits=self.num_splits, device=dev)
+        self.tensor = torch.empty(self.nbytes, dtype=torch.uint8, device=dev)
+
+    def check(self, num_tokens: int, num_heads: int, num_splits: Optional[int] = None) -> torch.Tensor:
+        """Return :attr:`tensor` after checking that a call with ``num_tokens`` tokens and
+        ``num_heads`` heads (and ``num_splits``, default this workspace's) fits.
+
+        Raises:
+            ValueError: the call exceeds the sizes this workspace was made for, or uses another
+                split setting that needs more bytes.
+        """
+        s = self.num_splits if num_splits is None else int(num_splits)
+        if num_tokens > self.max_num_tokens or num_heads > self.num_heads:
+            raise ValueError(
+                f"DecodeWorkspace: made for num_tokens <= {self.max_num_tokens}, num_heads <= "
+                f"{self.num_heads}, got num_tokens={num_tokens}, num_heads={num_heads}")
+        need = sparse_mla_decode_workspace_size(num_tokens, num_heads, num_splits=s, device=self.device)
+        if need > self.nbytes:
+            raise ValueError(f"DecodeWorkspace: num_splits={s} needs {need} bytes, this workspace has "
+                             f"{self.nbytes} (made for num_splits={self.num_splits})")
+        return self.tensor
+
+    def __repr__(self) -> str:
+        return (f"DecodeWorkspace(max_num_tokens={self.max_num_tokens}, num_heads={self.num_heads}, "
+                f"num_splits={self.num_splits}, device={self.device}, nbytes={self.nbytes})")

@@ -1,0 +1,651 @@
+"""sparse_mla_decode against the float64 reference on fresh random inputs (CPU always, GPU when present).
+
+Every call gets poisoned output / lse (NaN) and workspace (0xFF bytes = NaN floats), and caches whose
+unselected slots are garbage that decodes to NaN, so an unwritten element, a workspace cell read before
+being written, or a read of an unselected row shows up as NaN.
+"""
+import zlib
+
+import pytest
+import torch
+
+import mla_ext
+from mla_ext import builders, formats, reference
+from conftest import DEVICES, HAS_GPU, TOL, assert_close_rel, poison_, requires_gpu
+
+INF = float("inf")
+GEOMS = [("bf16", 576), ("bf16", 512), ("fp8_ds_mla", 576), ("fp8_ds_mla_v4", 512)]
+HEADS = [1, 8, 16, 64, 128]
+TOKENS = [1, 5, 33]
+WIDTHS = [1, 63, 65, 130, 2048]
+INVALID = ["none", "leading", "middle", "trailing", "scattered", "all_rows"]
+PAGE_SIZES = [1, 2, 61, 64, 256]
+SINKS = [None, "-inf", "finite", "+inf", "mixed"]
+SPLITS = [0, 1, 2, 7, 16, 64]
+LENGTHS = [None, "random", "zeros"]
+
+
+# ---------------------------------------------------------------------------------------------
+# helpers
+# ---------------------------------------------------------------------------------------------
+
+def make_indices(g, T, W, num_slots, invalid, lengths_mode):
+    """Random int32 [T, W] slots with invalid entries placed as asked; optional lengths [T]."""
+    idx = torch.randint(0, num_slots, (T, W), generator=g, dtype=torch.int64)
+    bad_values = torch.tensor([-1, -7, num_slots, num_slots + 5, -(2**31)], dtype=torch.int64)
+
+    def bad(n):
+        return bad_values[torch.randint(0, len(bad_values), (n,), generator=g)]
+
+    k = max(1, W // 4)
+    for t in range(T):
+        if invalid == "leading":
+            idx[t, :k] = bad(k)
+        elif invalid == "middle" and W > 2:
+            a = W // 3
+            idx[t, a:a + k] = bad(len(idx[t, a:a + k]))
+        elif invalid == "trailing":
+            idx[t, W - k:] = bad(k)
+        elif invalid == "scattered":
+            m = torch.rand(W, generator=g) < 0.3
+            idx[t, m] = bad(int(m.sum()))
+        elif invalid == "all_rows" and t % 2 == 0:
+            idx[t] = bad(W)  # every other token has no valid entry
+    lengths = None
+    if lengths_mode == "random":
+        lengths = torch.randint(0, W + 3, (T,), generator=g, dtype=torch.int32)
+    elif lengths_mode == "zeros":
+        lengths = torch.randint(0, W + 1, (T,), generator=g, dtype=torch.int32)
+        lengths[::2] = 0
+    return idx.to(torch.int32), lengths
+
+
+def make_cache(g, fmt, d_qk, num_pages, page_size, slots, device, page_stride=None):
+    """Garbage-filled cache (NaN under any reading) with random rows written only at `slots`."""
+    cache = formats.alloc_kv_cache(fmt, num_pages, page_size, d_qk, device="cpu", page_stride=page_stride)
+    s = torch.unique(slots.reshape(-1).to(torch.int64))
+    s = s[(s >= 0) & (s < num_pages * page_size)]
+    if s.numel():
+        rows = torch.randn(s.numel(), d_qk, generator=g) * 2
+        formats.write_kv_rows(cache, fmt, s, rows)
+    if device != "cpu":
+        if fmt == "fp8_ds_mla_v4":  # keep the padded page stride on the device
+            base = cache.as_strided((num_pages * cache.stride(0),), (1,), 0).to(device)
+            cache = base.as_strided(cache.shape, cache.stride(), 0)
+        else:
+            cache = cache.to(device)
+    return cache
+
+
+def make_sink(g, H, mode):
+    if mode is None:
+        return None
+    if mode == "-inf":
+        return torch.full((H,), -INF)
+    if mode == "+inf":
+        return torch.full((H,), INF)
+    s = torch.randn(H, generator=g) * 2
+    if mode == "mixed":
+        s[0::3] = -INF
+        s[1::3] = INF
+    return s
+
+
+def ws_size(T, H, S, device):
+    return mla_ext.sparse_mla_decode_workspace_size(T, H, num_splits=S, device=device)
+
+
+def poisoned_buffers(T, H, S, device):
+    out = poison_(torch.empty(T, H, 512, dtype=torch.bfloat16, device=device))
+    lse = poison_(torch.empty(T, H, device=device))
+    ws = torch.full((ws_size(T, H, S, device),), 0xFF, dtype=torch.uint8, device=device)
+    return out, lse, ws
+
+
+def check_lse(lse, ref_lse, what="lse"):
+    lse = lse.double().cpu()
+    assert not torch.isnan(lse).any(), f"{what}: NaN (unwritten or wrong)"
+    inf = torch.isneginf(ref_lse)
+    assert torch.equal(torch.isneginf(lse), inf), f"{what}: -inf pattern differs from the reference"
+    fin = ~inf
+    if fin.any():
+        err = (lse[fin] - ref_lse[fin]).abs().max().item()
+        assert err <= 1e-3, f"{what}: max abs error {err:.3g} > 1e-3"
+
+
+def run_check(q, cache, idx, *, fmt, scale, device, num_splits=0, lengths=None, extra=None, sink=None,
+              out=None, lse=None, ws=None, check=True):
+    """Call the op on poisoned buffers (unless given) and compare with the float64 reference."""
+    T, H = q.shape[0], q.shape[1]
+    extra = extra or {}
+    if out is None:
+        out, lse, ws = poisoned_buffers(T, H, num_splits, device)
+    dev = lambda x: None if x is None else x.to(device)
+    kw = dict(kv_format=fmt, softmax_scale=scale, lengths=dev(lengths),
+              extra_kv_cache=extra.get("cache"), extra_indices=dev(extra.get("indices")),
+              extra_lengths=dev(extra.get("lengths")), attn_sink=dev(sink))
+    mla_ext.sparse_mla_decode(q.to(device), cache, idx.to(device), output=out, workspace=ws, lse=lse,
+                              num_splits=num_splits, **kw)
+    if check:
+        ref_o, ref_l = reference.sparse_mla_decode(
+            q.cpu(), cache.cpu() if fmt != "fp8_ds_mla_v4" else _cpu_v4(cache), idx.cpu(),
+            kv_format=fmt, softmax_scale=scale, lengths=lengths,
+            extra_kv_cache=None if not extra else (extra["cache"].cpu() if fmt != "fp8_ds_mla_v4"
+                                                   else _cpu_v4(extra["cache"])),
+            extra_indices=extra.get("indices"), extra_lengths=extra.get("lengths"), attn_sink=sink)
+        assert_close_rel(out, ref_o, torch.bfloat16)
+        if lse is not None:
+            check_lse(lse, ref_l)
+    return out, lse, ws
+
+
+def _cpu_v4(cache):
+    if cache.device.type == "cpu":
+        return cache
+    n = cache.shape[0] * cache.stride(0)
+    base = cache.as_strided((n,), (1,), cache.storage_offset()).cpu()
+    return base.as_strided(cache.shape, cache.stride(), 0)
+
+
+# ---------------------------------------------------------------------------------------------
+# a covering subset of geometry x heads x tokens x width x invalid x pages x sinks x splits
+# ---------------------------------------------------------------------------------------------
+
+def _covering_cases(n=48):
+    """Each dimension cycles with its own stride (co-prime lengths spread the combinations);
+    the costliest combinations are trimmed so the CPU run stays short."""
+    dims = [GEOMS, HEADS, TOKENS, WIDTHS, INVALID, PAGE_SIZES, SINKS, SPLITS, LENGTHS, [False, True]]
+    cases = []
+    for i in range(n):
+        c = [d[(i * (j + 1) + i // len(d)) % len(d)] for j, d in enumerate(dims)]
+        (fmt, d_qk), H, T, W, inv, ps, sink, S, lmode, extra = c
+        if T * H * W > 33 * 16 * 2048:  # keep the float64 reference cheap
+            H = max(1, (33 * 16 * 2048) // (T * W))
+            H = max(h for h in HEADS if h <= H) if H >= 1 else 1
+        cases.append(pytest.param(fmt, d_qk, H, T, W, inv, ps, sink, S, lmode, extra,
+                                  id=f"{fmt}-{d_qk}-H{H}-T{T}-W{W}-{inv}-ps{ps}-sink{sink}-S{S}-len{lmode}"
+                                     f"{'-extra' if extra else ''}"))
+    return cases
+
+
+@pytest.mark.parametrize("fmt,d_qk,H,T,W,invalid,page_size,sink_mode,S,lengths_mode,with_extra", _covering_cases())
+def test_covering(device, fmt, d_qk, H, T, W, invalid, page_size, sink_mode, S, lengths_mode, with_extra):
+    g = torch.Generator().manual_seed(zlib.crc32(repr((fmt, d_qk, H, T, W, invalid, page_size, S)).encode()))
+    num_pages = max(2, -(-min(W * T, 4096) // page_size) + 3)
+    num_slots = num_pages * page_size
+    idx, lengths = make_indices(g, T, W, num_slots, invalid, lengths_mode)
+    page_stride = None
+    if fmt == "fp8_ds_mla_v4" and page_size % 2:
+        page_stride = formats.default_v4_page_stride(page_size) + 576  # extra padding
+    cache = make_cache(g, fmt, d_qk, num_pages, page_size, idx, device, page_stride)
+    extra = None
+    if with_extra:
+        eps = [2, 64, 1, 61][W % 4]
+        W2 = [7, 64, 130][T % 3]
+        e_pages = -(-W2 * T // eps) + 2
+        e_idx, e_len = make_indices(g, T, W2, e_pages * eps, ["scattered", "trailing", "none"][H % 3],
+                                    ["random", None, "zeros"][W % 3])
+        extra = dict(cache=make_cache(g, fmt, d_qk, e_pages, eps, e_idx, device), indices=e_idx, lengths=e_len)
+    q = torch.randn(T, H, d_qk, generator=g).to(torch.bfloat16)
+    sink = make_sink(g, H, sink_mode)
+    run_check(q, cache, idx, fmt=fmt, scale=d_qk ** -0.5, device=device, num_splits=S, lengths=lengths,
+              extra=extra, sink=sink)
+
+
+# ---------------------------------------------------------------------------------------------
+# splits, extra set, strides, duplicates
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("S", [1, 2, 7, 16, 64, 0])
+@pytest.mark.parametrize("fmt,d_qk", [("fp8_ds_mla_v4", 512), ("fp8_ds_mla", 576)])
+def test_explicit_splits(device, S, fmt, d_qk):
+    """Includes more splits than valid entries (W=5 with lengths down to 0: most splits empty)."""
+    g = torch.Generator().manual_seed(10 + S)
+    T, H, ps = 5, 16, 64
+    for W in (5, 200):
+        idx, lengths = make_indices(g, T, W, 20 * ps, "scattered", "random")
+        cache = make_cache(g, fmt, d_qk, 20, ps, idx, device)
+        q = torch.randn(T, H, d_qk, generator=g).to(torch.bfloat16)
+        run_check(q, cache, idx, fmt=fmt, scale=0.07, device=device, num_splits=S, lengths=lengths,
+                  sink=make_sink(g, H, "finite"))
+
+
+def test_splits_agree(device):
+    """Every split count gives the same result up to fp32 rounding (same semantics through the workspace)."""
+    g = torch.Generator().manual_seed(3)
+    T, H, W, ps, fmt = 3, 8, 300, 64, "fp8_ds_mla_v4"
+    idx, lengths = make_indices(g, T, W, 30 * ps, "middle", "random")
+    cache = make_cache(g, fmt, 512, 30, ps, idx, device)
+    q = torch.randn(T, H, 512, generator=g).to(torch.bfloat16).to(device)
+    outs = []
+    for S in (1, 2, 7, 64):
+        out, lse, _ = run_check(q, cache, idx, fmt=fmt, scale=0.05, device=device, num_splits=S,
+                                lengths=lengths, check=False)
+        outs.append((out.float(), lse))
+    for o, l in outs[1:]:
+        assert (o - outs[0][0]).abs().max() <= 2e-2 * outs[0][0].abs().max()
+        fin = torch.isfinite(outs[0][1])
+        assert torch.allclose(l[fin], outs[0][1][fin], atol=1e-4)
+
+
+@pytest.mark.parametrize("fmt,d_qk", GEOMS)
+def test_extra_set_own_page_size(device, fmt, d_qk):
+    g = torch.Generator().manual_seed(5)
+    T, H, W, W2 = 5, 16, 128, 96
+    idx, lengths = make_indices(g, T, W, 3 * 256, "trailing", "random")
+    cache = make_cache(g, fmt, d_qk, 3, 256, idx, device)
+    e_idx, e_len = make_indices(g, T, W2, 200 * 2, "scattered", "zeros")
+    e_cache = make_cache(g, fmt, d_qk, 200, 2, e_idx, device)
+    q = torch.randn(T, H, d_qk, generator=g).to(torch.bfloat16)
+    for S in (1, 5):
+        run_check(q, cache, idx, fmt=fmt, scale=d_qk ** -0.5, device=device, num_splits=S, lengths=lengths,
+                  extra=dict(cache=e_cache, indices=e_idx, lengths=e_len), sink=make_sink(g, H, "mixed"))
+    # extra set without extra_lengths, main set without lengths
+    run_check(q, cache, idx, fmt=fmt, scale=d_qk ** -0.5, device=device, num_splits=3,
+              extra=dict(cache=e_cache, indices=e_idx))
+
+
+def test_v4_padded_page_stride_and_4d(device):
+    g = torch.Generator().manual_seed(6)
+    T, H, W, ps = 4, 8, 100, 61
+    idx, lengths = make_indices(g, T, W, 10 * ps, "none", None)
+    stride = formats.default_v4_page_stride(ps) + 3 * 576
+    cache = make_cache(g, "fp8_ds_mla_v4", 512, 10, ps, idx, device, page_stride=stride)
+    assert cache.stride(0) == stride
+    q = torch.randn(T, H, 512, generator=g).to(torch.bfloat16)
+    run_check(q, cache, idx, fmt="fp8_ds_mla_v4", scale=0.05, device=device, num_splits=2)
+    run_check(q, cache.unsqueeze(2), idx, fmt="fp8_ds_mla_v4", scale=0.05, device=device, num_splits=1)
+    # the same bytes viewed as float8_e4m3fn / int8
+    for dt in (torch.float8_e4m3fn, torch.int8):
+        run_check(q, cache.view(dt), idx, fmt="fp8_ds_mla_v4", scale=0.05, device=device, num_splits=3,
+                  check=False)
+
+
+def test_duplicates_and_nan_unselected(device):
+    """Duplicate slots count once each; every unselected slot is NaN garbage (never read)."""
+    g = torch.Generator().manual_seed(7)
+    T, H, fmt = 3, 16, "fp8_ds_mla"
+    idx = torch.tensor([[5, 5, 5, 9], [9, -1, 9, 70], [70, 70, 70, 70]], dtype=torch.int32)
+    cache = make_cache(g, fmt, 576, 2, 64, idx, device)
+    q = torch.randn(T, H, 576, generator=g).to(torch.bfloat16)
+    for S in (1, 2, 4):
+        run_check(q, cache, idx, fmt=fmt, scale=0.05, device=device, num_splits=S)
+
+
+def test_strided_views_nothing_outside_written(device):
+    g = torch.Generator().manual_seed(8)
+    T, H, W, fmt = 6, 8, 70, "fp8_ds_mla_v4"
+    idx_full, _ = make_indices(g, T, W + 9, 8 * 64, "scattered", None)
+    idx = idx_full[:, 3:3 + W]  # token stride W + 9
+    cache = make_cache(g, fmt, 512, 8, 64, idx, device)
+    q = torch.randn(H, T, 512 + 64, generator=g).to(torch.bfloat16).transpose(0, 1)[..., :512]
+    out_buf = poison_(torch.empty(T + 2, H, 2, 512 + 8, dtype=torch.bfloat16, device=device))
+    out = out_buf[1:T + 1, :, 1, :512]
+    lse_buf = poison_(torch.empty(H, T + 3, device=device))
+    lse = lse_buf[:, 1:T + 1].T
+    lengths_buf = torch.randint(0, W + 1, (T, 2), generator=g, dtype=torch.int32)
+    sink_buf = torch.randn(H, 2, generator=g)
+    for S in (1, 3):
+        ws = torch.full((ws_size(T, H, S, device),), 0xFF, dtype=torch.uint8, device=device)
+        mla_ext.sparse_mla_decode(q.to(device), cache, idx.to(device), kv_format=fmt, softmax_scale=0.05,
+                                  output=out, workspace=ws, lse=lse, num_splits=S,
+                                  lengths=lengths_buf.to(device)[:, 1], attn_sink=sink_buf.to(device)[:, 0])
+        ref_o, ref_l = reference.sparse_mla_decode(q, _cpu_v4(cache), idx, kv_format=fmt, softmax_scale=0.05,
+                                                   lengths=lengths_buf[:, 1], attn_sink=sink_buf[:, 0])
+        assert_close_rel(out, ref_o, torch.bfloat16)
+        check_lse(lse, ref_l)
+    # nothing outside the views was written
+    mask = torch.ones(out_buf.shape, dtype=torch.bool, device=device)
+    mask[1:T + 1, :, 1, :512] = False
+    assert out_buf[mask].isnan().all()
+    assert lse_buf[:, 0].isnan().all() and lse_buf[:, T + 1:].isnan().all()
+
+
+def test_edge_sinks_and_empty(device):
+    """+inf sink -> 0 output (lse unchanged); empty rows -> 0 / -inf; W = 0; T = 0."""
+    g = torch.Generator().manual_seed(9)
+    T, H, fmt = 4, 8, "bf16"
+    idx = torch.tensor([[1, 2], [-1, -1], [3, 400], [0, 0]], dtype=torch.int32)
+    cache = make_cache(g, fmt, 512, 4, 64, idx, device)
+    q = torch.randn(T, H, 512, generator=g).to(torch.bfloat16)
+    sink = make_sink(g, H, "mixed")
+    for S in (1, 2):
+        out, lse, _ = run_check(q, cache, idx, fmt=fmt, scale=0.05, device=device, num_splits=S, sink=sink)
+        assert (out[:, 1::3] == 0).all()          # +inf sink heads
+        assert (out[1] == 0).all() and torch.isneginf(lse[1]).all()
+    # W = 0: every row empty
+    idx0 = torch.empty(T, 0, dtype=torch.int32)
+    out, lse, _ = run_check(q, cache, idx0, fmt=fmt, scale=0.05, device=device, num_splits=0)
+    assert (out == 0).all() and torch.isneginf(lse).all()
+    # T = 0
+    out0 = torch.empty(0, H, 512, dtype=torch.bfloat16, device=device)
+    mla_ext.sparse_mla_decode(q[:0].to(device), cache, idx[:0].to(device), kv_format=fmt, softmax_scale=0.05,
+                              output=out0, workspace=torch.empty(0, dtype=torch.uint8, device=device))
+
+
+# ---------------------------------------------------------------------------------------------
+# realistic DeepSeek inputs
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind,kv_format", [("v4_swa", None), ("v4_c4", None), ("v4_c128", None), ("v32", None),
+                                            ("v4_c4", "bf16"), ("v32", "bf16")])
+def test_builder_layers(device, kind, kv_format):
+    inp = builders.build_decode_inputs(kind, batch=3, num_heads=16, context_len=(200, 1500), mtp=1,
+                                       kv_format=kv_format, topk=256 if kind in ("v4_c4", "v32") else None,
+                                       device=device, seed=11)
+    T, H = inp.num_tokens, inp.num_heads
+    ref_o, ref_l = inp.reference()
+    for S in (0, 1, 4):
+        out, lse, ws = poisoned_buffers(T, H, S, device)
+        mla_ext.sparse_mla_decode(inp.q, inp.kv_cache, inp.indices, output=out, workspace=ws, lse=lse,
+                                  num_splits=S, **inp.op_kwargs())
+        assert_close_rel(out, ref_o, torch.bfloat16)
+        check_lse(lse, ref_l.cpu())
+
+
+# ---------------------------------------------------------------------------------------------
+# workspace sizing, DecodeWorkspace, opcheck, torch.compile
+# ---------------------------------------------------------------------------------------------
+
+def test_workspace_size_monotonic_and_sufficient(device):
+    for S in (0, 1, 2, 7, 64):
+        prev = -1
+        for T in (1, 2, 5, 33, 100):
+            sizes = [ws_size(T, H, S, device) for H in (1, 8, 16, 64, 65, 128)]
+            assert sizes == sorted(sizes), (S, T, sizes)
+            assert sizes[-1] >= prev
+            prev = sizes[-1]
+    # a call with fewer tokens / heads under auto fits in the size for more
+    g = torch.Generator().manual_seed(12)
+    big = mla_ext.DecodeWorkspace(40, 128, device=device)
+    assert big.tensor.numel() == big.nbytes == ws_size(40, 128, 0, device)
+    for T, H, W in [(1, 8, 2048), (2, 128, 700), (5, 16, 4096), (40, 64, 64)]:
+        ws = big.check(T, H)
+        ws.fill_(0xFF)
+        idx, _ = make_indices(g, T, W, 40 * 64, "none", None)
+        cache = make_cache(g, "fp8_ds_mla_v4", 512, 40, 64, idx, device)
+        q = torch.randn(T, H, 512, generator=g).to(torch.bfloat16)
+        out, lse, _ = poisoned_buffers(T, H, 1, device)
+        run_check(q, cache, idx, fmt="fp8_ds_mla_v4", scale=0.05, device=device, num_splits=0,
+                  out=out, lse=lse, ws=ws, check=(T * H * W <= 2 * 128 * 700))
+    with pytest.raises(ValueError):
+        big.check(41, 8)
+    assert ws_size(0, 8, 0, device) == 0 and ws_size(8, 8, 1, device) == 0
+    with pytest.raises(RuntimeError, match="num_splits"):
+        mla_ext.sparse_mla_decode_workspace_size(4, 4, num_splits=65, device=device)
+
+
+def _opcheck_args(device, S):
+    g = torch.Generator().manual_seed(13)
+    T, H, W = 3, 8, 40
+    idx, lengths = make_indices(g, T, W, 4 * 64, "scattered", "random")
+    cache = make_cache(g, "fp8_ds_mla_v4", 512, 4, 64, idx, device)
+    e_idx, e_len = make_indices(g, T, 16, 8 * 2, "none", "random")
+    e_cache = make_cache(g, "fp8_ds_mla_v4", 512, 8, 2, e_idx, device)
+    q = torch.randn(T, H, 512, generator=g).to(torch.bfloat16).to(device)
+    out = torch.zeros(T, H, 512, dtype=torch.bfloat16, device=device)
+    lse = torch.zeros(T, H, device=device)
+    ws = torch.zeros(ws_size(T, H, S, device), dtype=torch.uint8, device=device)
+    return (q, cache, idx.to(device), "fp8_ds_mla_v4", 0.05, out, ws, lengths.to(device), e_cache,
+            e_idx.to(device), e_len.to(device), torch.randn(H, generator=g).to(device), lse, S)
+
+
+@pytest.mark.parametrize("S", [1, 3])
+def test_opcheck(device, S):
+    torch.library.opcheck(torch.ops.mla_ext.sparse_mla_decode.default, _opcheck_args(device, S))
+
+
+def test_torch_compile_fullgraph(device):
+    args = _opcheck_args(device, 2)
+    (q, cache, idx, fmt, scale, out, ws, lengths, e_cache, e_idx, e_len, sink, lse, S) = args
+
+    @torch.compile(fullgraph=True, backend="inductor" if device == "cpu" or HAS_GPU else "eager")
+    def step(q, out, lse):
+        mla_ext.sparse_mla_decode(q * 1, cache, idx, kv_format=fmt, softmax_scale=scale, output=out, workspace=ws,
+                                  lengths=lengths, extra_kv_cache=e_cache, extra_indices=e_idx,
+                                  extra_lengths=e_len, attn_sink=sink, lse=lse, num_splits=S)
+        return out.float().sum()
+
+    poison_(out), poison_(lse)
+    step(q, out, lse)
+    ref_o, ref_l = reference.sparse_mla_decode(q.cpu(), _cpu_v4(cache), idx.cpu(), kv_format=fmt, softmax_scale=scale,
+                                               lengths=lengths.cpu(), extra_kv_cache=_cpu_v4(e_cache),
+                                               extra_indices=e_idx.cpu(), extra_lengths=e_len.cpu(),
+                                               attn_sink=sink.cpu())
+    assert_close_rel(out, ref_o, torch.bfloat16)
+    check_lse(lse, ref_l)
+
+
+# ---------------------------------------------------------------------------------------------
+# errors: raised before anything is written
+# ---------------------------------------------------------------------------------------------
+
+def _valid(device):
+    g = torch.Generator().manual_seed(14)
+    T, H, W = 4, 8, 16
+    idx, lengths = make_indices(g, T, W, 4 * 64, "none", "random")
+    cache = make_cache(g, "fp8_ds_mla_v4", 512, 4, 64, idx, device)
+    e_idx, e_len = make_indices(g, T, 8, 4 * 64, "none", "random")
+    e_cache = make_cache(g, "fp8_ds_mla_v4", 512, 4, 64, e_idx, device)
+    out, lse, ws = poisoned_buffers(T, H, 2, device)
+    return dict(q=torch.randn(T, H, 512, generator=g).to(torch.bfloat16).to(device), kv_cache=cache,
+                indices=idx.to(device), kv_format="fp8_ds_mla_v4", softmax_scale=0.05, output=out, workspace=ws,
+                lengths=lengths.to(device), extra_kv_cache=e_cache, extra_indices=e_idx.to(device),
+                extra_lengths=e_len.to(device), attn_sink=torch.randn(H, generator=g).to(device), lse=lse,
+                num_splits=2)
+
+
+def _bf16_cache(a, d):
+    return torch.randn(4, 64, d, device=a["q"].device).to(torch.bfloat16)
+
+
+ERROR_CASES = {
+    "q dtype": (lambda a: a.update(q=a["q"].float()), "expected q to be bfloat16"),
+    "q not 3-D": (lambda a: a.update(q=a["q"].flatten(1)), "expected q of shape"),
+    "q d_qk": (lambda a: a.update(q=a["q"][..., :256]), "d_qk"),
+    "q d_qk vs format": (lambda a: a.update(q=torch.zeros(4, 8, 576, dtype=torch.bfloat16, device=a["q"].device)),
+                         "d_qk to be 512"),
+    "q last dim strided": (lambda a: a.update(q=torch.zeros(4, 8, 1024, dtype=torch.bfloat16,
+                                                            device=a["q"].device)[..., ::2]), "q to be contiguous"),
+    "kv_format unknown": (lambda a: a.update(kv_format="fp8"), "kv_format"),
+    "kv_cache dtype": (lambda a: a.update(kv_cache=a["kv_cache"].float()), "kv_cache to be uint8"),
+    "kv_cache row": (lambda a: a.update(kv_cache=torch.zeros(4, 64, 656, dtype=torch.uint8, device=a["q"].device)),
+                     "kv_cache rows of 584"),
+    "kv_cache dims": (lambda a: a.update(kv_cache=a["kv_cache"].flatten(0, 1)), "kv_cache to be"),
+    "kv_cache 4-D head 2": (lambda a: a.update(kv_cache=torch.zeros(4, 64, 2, 584, dtype=torch.uint8,
+                                                                    device=a["q"].device)), "kv_cache to be"),
+    "v4 page stride": (lambda a: a.update(kv_cache=torch.zeros(4 * 64 * 584, dtype=torch.uint8, device=a["q"].device)
+                                          .as_strided((4, 64, 584), (64 * 576, 584, 1))), "page stride"),
+    "bf16 cache width": (lambda a: a.update(kv_format="bf16", kv_cache=_bf16_cache(a, 576),
+                                            extra_kv_cache=_bf16_cache(a, 512)), "kv_cache rows of d_qk"),
+    "bf16 cache dtype": (lambda a: a.update(kv_format="bf16", kv_cache=_bf16_cache(a, 512).half(),
+                                            extra_kv_cache=_bf16_cache(a, 512)), "kv_cache to be bfloat16"),
+    "indices dtype": (lambda a: a.update(indices=a["indices"].long()), "indices to be int32"),
+    "indices shape": (lambda a: a.update(indices=a["indices"][:2]), "indices of shape"),
+    "indices stride": (lambda a: a.update(indices=a["indices"].repeat(1, 2)[:, ::2]), "indices to be contiguous"),
+    "lengths dtype": (lambda a: a.update(lengths=a["lengths"].long()), "lengths to be int32"),
+    "lengths shape": (lambda a: a.update(lengths=a["lengths"][:3]), "lengths of shape"),
+    "extra cache alone": (lambda a: a.update(extra_indices=None, extra_lengths=None), "extra_kv_cache and extra_indices"),
+    "extra indices alone": (lambda a: a.update(extra_kv_cache=None, extra_lengths=None), "extra_kv_cache and extra_indices"),
+    "extra lengths alone": (lambda a: a.update(extra_kv_cache=None, extra_indices=None), "extra_lengths"),
+    "extra cache format": (lambda a: a.update(extra_kv_cache=torch.zeros(4, 64, 656, dtype=torch.uint8,
+                                                                         device=a["q"].device)), "extra_kv_cache rows"),
+    "extra indices shape": (lambda a: a.update(extra_indices=a["extra_indices"][:1]), "extra_indices of shape"),
+    "extra lengths dtype": (lambda a: a.update(extra_lengths=a["extra_lengths"].float()), "extra_lengths to be int32"),
+    "sink dtype": (lambda a: a.update(attn_sink=a["attn_sink"].double()), "attn_sink to be float32"),
+    "sink shape": (lambda a: a.update(attn_sink=a["attn_sink"][:3]), "attn_sink of shape"),
+    "output dtype": (lambda a: a.update(output=poison_(torch.empty(4, 8, 512, device=a["q"].device))), "output to be bfloat16"),
+    "output shape": (lambda a: a.update(output=poison_(torch.empty(4, 8, 448, dtype=torch.bfloat16,
+                                                                   device=a["q"].device))), "output of shape"),
+    "output last dim strided": (lambda a: a.update(output=poison_(torch.empty(4, 8, 1024, dtype=torch.bfloat16,
+                                                                              device=a["q"].device))[..., ::2]),
+                                "output to be contiguous"),
+    "lse dtype": (lambda a: a.update(lse=poison_(torch.empty(4, 8, dtype=torch.float64, device=a["q"].device))),
+                  "lse to be float32"),
+    "lse shape": (lambda a: a.update(lse=poison_(torch.empty(8, 4, device=a["q"].device))), "lse of shape"),
+    "workspace dtype": (lambda a: a.update(workspace=a["workspace"].view(torch.int8)), "workspace to be a 1-D uint8"),
+    "workspace 2-D": (lambda a: a.update(workspace=a["workspace"].view(1, -1)), "workspace to be a 1-D uint8"),
+    "workspace strided": (lambda a: a.update(workspace=torch.full((2 * a["workspace"].numel(),), 0xFF, dtype=torch.uint8,
+                                                                  device=a["q"].device)[::2]), "workspace to be contiguous"),
+    "workspace small": (lambda a: a.update(workspace=a["workspace"][:-1]), "sparse_mla_decode_workspace_size"),
+    "workspace small auto": (lambda a: a.update(workspace=a["workspace"][:0], num_splits=16), "bytes"),
+    "num_splits 65": (lambda a: a.update(num_splits=65), "num_splits"),
+    "num_splits -1": (lambda a: a.update(num_splits=-1), "num_splits"),
+    "softmax_scale nan": (lambda a: a.update(softmax_scale=float("nan")), "softmax_scale"),
+    "softmax_scale inf": (lambda a: a.update(softmax_scale=INF), "softmax_scale"),
+}
+if HAS_GPU:
+    ERROR_CASES["devices differ"] = (lambda a: a.update(attn_sink=a["attn_sink"].cpu() if a["q"].is_cuda
+                                                        else a["attn_sink"].cuda()), "same device")
+
+
+@pytest.mark.parametrize("case", list(ERROR_CASES))
+def test_errors_before_write(device, case):
+    args = _valid(device)
+    mutate, needle = ERROR_CASES[case]
+    mutate(args)
+    out, lse, ws = args["output"], args["lse"], args["workspace"]
+    before = (out.clone(), lse.clone(), ws.clone())
+    with pytest.raises(RuntimeError, match=needle):
+        mla_ext.sparse_mla_decode(args.pop("q"), args.pop("kv_cache"), args.pop("indices"), **args)
+    assert torch.equal(out.isnan(), before[0].isnan()) and torch.equal(lse.isnan(), before[1].isnan())
+    assert torch.equal(ws, before[2])
+
+
+def test_valid_args_pass(device):
+    args = _valid(device)
+    mla_ext.sparse_mla_decode(args.pop("q"), args.pop("kv_cache"), args.pop("indices"), **args)
+    assert not args["output"].isnan().any() and not args["lse"].isnan().any()
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU only
+# ---------------------------------------------------------------------------------------------
+
+@requires_gpu
+@pytest.mark.parametrize("fmt,d_qk", GEOMS)
+@pytest.mark.parametrize("H", [8, 16, 64, 128])
+def test_gpu_portable_vs_tensor_core(fmt, d_qk, H):
+    g = torch.Generator().manual_seed(20 + H)
+    T, W = 7, 700
+    idx, lengths = make_indices(g, T, W, 60 * 64, "scattered", "random")
+    cache = make_cache(g, fmt, d_qk, 60, 64, idx, "cuda")
+    q = torch.randn(T, H, d_qk, generator=g).to(torch.bfloat16)
+    sink = make_sink(g, H, "finite")
+    prev = torch.ops.mla_ext._set_force_portable(True)
+    try:
+        for S in (1, 4):
+            run_check(q, cache, idx, fmt=fmt, scale=d_qk ** -0.5, device="cuda", num_splits=S,
+                      lengths=lengths, sink=sink)
+    finally:
+        torch.ops.mla_ext._set_force_portable(prev)
+    for S in (1, 4):
+        run_check(q, cache, idx, fmt=fmt, scale=d_qk ** -0.5, device="cuda", num_splits=S,
+                  lengths=lengths, sink=sink)
+
+
+@requires_gpu
+def test_gpu_c128_8192_entries():
+    g = torch.Generator().manual_seed(21)
+    T, H = 2, 64
+    idx, lengths = make_indices(g, T, 128, 256 * 2, "none", "random")
+    cache = make_cache(g, "fp8_ds_mla_v4", 512, 2, 256, idx, "cuda")
+    e_idx = torch.arange(8192, dtype=torch.int32).repeat(T, 1)
+    e_len = torch.tensor([8192, 5000], dtype=torch.int32)
+    e_cache = make_cache(g, "fp8_ds_mla_v4", 512, 4096 + 2, 2, e_idx, "cuda")
+    q = torch.randn(T, H, 512, generator=g).to(torch.bfloat16)
+    for S in (0, 1, 64):
+        run_check(q, cache, idx, fmt="fp8_ds_mla_v4", scale=512 ** -0.5, device="cuda", num_splits=S,
+                  lengths=lengths, extra=dict(cache=e_cache, indices=e_idx, lengths=e_len),
+                  sink=make_sink(g, H, "finite"))
+
+
+@requires_gpu
+@pytest.mark.parametrize("kind", ["v4_c4", "v32"])
+def test_gpu_many_tokens(kind):
+    inp = builders.build_decode_inputs(kind, batch=256, num_heads=16, context_len=(100, 3000), mtp=1,
+                                       device="cuda", seed=22)
+    assert inp.num_tokens == 512
+    out, lse, ws = poisoned_buffers(512, 16, 0, "cuda")
+    mla_ext.sparse_mla_decode(inp.q, inp.kv_cache, inp.indices, output=out, workspace=ws, lse=lse, **inp.op_kwargs())
+    ref_o, ref_l = inp.reference(dtype=torch.float64)
+    assert_close_rel(out, ref_o, torch.bfloat16)
+    check_lse(lse, ref_l.cpu())
+
+
+@requires_gpu
+def test_gpu_cuda_graph_replay_with_new_indices():
+    g = torch.Generator().manual_seed(23)
+    T, H, W, fmt = 8, 64, 512, "fp8_ds_mla_v4"
+    num_pages, ps = 40, 64
+    idx, lengths = make_indices(g, T, W, num_pages * ps, "none", "random")
+    all_slots = torch.arange(num_pages * ps)
+    cache = make_cache(g, fmt, 512, num_pages, ps, all_slots, "cuda")
+    q = torch.randn(T, H, 512, generator=g).to(torch.bfloat16).cuda()
+    idx_d, len_d = idx.cuda(), lengths.cuda()
+    out, lse, ws = poisoned_buffers(T, H, 0, "cuda")
+    sink = torch.randn(H, generator=g).cuda()
+    kw = dict(kv_format=fmt, softmax_scale=0.05, output=out, workspace=ws, lse=lse, lengths=len_d, attn_sink=sink)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        mla_ext.sparse_mla_decode(q, cache, idx_d, **kw)  # warm-up
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=side):
+            mla_ext.sparse_mla_decode(q, cache, idx_d, **kw)
+    torch.cuda.current_stream().wait_stream(side)
+    for rep in range(3):
+        new_idx, new_len = make_indices(g, T, W, num_pages * ps, ["scattered", "trailing", "all_rows"][rep], "random")
+        idx_d.copy_(new_idx)
+        len_d.copy_(new_len)
+        poison_(out), poison_(lse), ws.fill_(0xFF)
+        graph.replay()
+        torch.cuda.synchronize()
+        ref_o, ref_l = reference.sparse_mla_decode(q.cpu(), _cpu_v4(cache), new_idx, kv_format=fmt, softmax_scale=0.05,
+                                                   lengths=new_len, attn_sink=sink.cpu())
+        assert_close_rel(out, ref_o, torch.bfloat16)
+        check_lse(lse, ref_l)
+
+
+@requires_gpu
+def test_gpu_deterministic_with_poisoned_workspace():
+    inp = builders.build_decode_inputs("v4_c4", batch=8, num_heads=64, device="cuda", seed=24)
+    T, H = inp.num_tokens, inp.num_heads
+    results = []
+    for _ in range(2):
+        out, lse, ws = poisoned_buffers(T, H, 16, "cuda")
+        mla_ext.sparse_mla_decode(inp.q, inp.kv_cache, inp.indices, output=out, workspace=ws, lse=lse,
+                                  num_splits=16, **inp.op_kwargs())
+        results.append((out.clone(), lse.clone()))
+    assert torch.equal(results[0][0].view(torch.int16), results[1][0].view(torch.int16))
+    assert torch.equal(results[0][1].view(torch.int32), results[1][1].view(torch.int32))
+    ref_o, _ = inp.reference()
+    assert_close_rel(results[0][0], ref_o, torch.bfloat16)
+
+
+@requires_gpu
+def test_gpu_cache_over_2gib():
+    free, _ = torch.cuda.mem_get_info()
+    ps = 64
+    page_bytes = formats.default_v4_page_stride(ps)
+    num_pages = (2**31 + 2**28) // page_bytes + 1
+    if free < num_pages * page_bytes + 2**30:
+        pytest.skip("not enough GPU memory for a > 2 GiB cache")
+    g = torch.Generator().manual_seed(25)
+    T, H = 3, 16
+    num_slots = num_pages * ps
+    idx = torch.randint(num_slots - 3 * ps, num_slots, (T, 100), generator=g, dtype=torch.int32)
+    idx[:, :3] = torch.tensor([0, 1, num_slots - 1], dtype=torch.int32)
+    buf = torch.full((num_pages * page_bytes,), 0xFF, dtype=torch.uint8, device="cuda")
+    cache = buf.as_strided((num_pages, ps, 584), (page_bytes, 584, 1), 0)
+    slots = torch.unique(idx.reshape(-1).long())
+    formats.write_kv_rows(cache, "fp8_ds_mla_v4", slots.cuda(), torch.randn(slots.numel(), 512, generator=g).cuda())
+    q = torch.randn(T, H, 512, generator=g).to(torch.bfloat16)
+    out, lse, ws = poisoned_buffers(T, H, 0, "cuda")
+    mla_ext.sparse_mla_decode(q.cuda(), cache, idx.cuda(), kv_format="fp8_ds_mla_v4", softmax_scale=0.05,
+                              output=out, workspace=ws, lse=lse)
+    # reference on the selected rows only (gathered on the GPU)
+    ref_o, ref_l = reference.sparse_mla_decode(q.cuda(), cache, idx.cuda(), kv_format="fp8_ds_mla_v4",
+                                               softmax_scale=0.05)
+    assert_close_rel(out, ref_o, torch.bfloat16)
+    check_lse(lse, ref_l.cpu())
