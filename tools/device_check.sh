@@ -15,11 +15,11 @@ python3 -m pip install -q --no-build-isolation --no-deps -e . > "$OUT/build.log"
   || { tail -50 "$OUT/build.log"; exit 1; }
 echo "build: $(( $(date +%s) - t0 )) s"
 mla-ext info > "$OUT/info.txt" 2>&1
-python3 -m pytest -q -x -p no:cacheprovider "$@" tests > "$OUT/pytest.log" 2>&1
+python3 -X faulthandler -m pytest -q -rfE -p no:cacheprovider --timeout=300 "$@" tests > "$OUT/pytest.log" 2>&1
 echo "pytest rc=$? ($(tail -1 "$OUT/pytest.log"))"
 for b in ${BENCH:-}; do
   python3 benchmarks/bench_$b.py --json "$OUT/bench_$b.json" > "$OUT/bench_$b.log" 2>&1
   echo "bench_$b rc=$?"
 done
-grep -E "FAILED|Error" "$OUT/pytest.log" | head -20
+grep -E "^(FAILED|ERROR)|Fatal|Segmentation" "$OUT/pytest.log" | head -30
 for b in ${BENCH:-}; do tail -25 "$OUT/bench_$b.log"; done
