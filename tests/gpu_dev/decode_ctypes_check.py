@@ -376,8 +376,38 @@ def big_offset_check(lib, dev):
     return sum(e > 1e-2 for e in errs)
 
 
+def nan_code_check(lib, dev):
+    """A selected, valid row holding the e4m3 NaN code (0x7f / 0xff) must give NaN
+    output (numerics.h decodes them to NaN; the CPU twin does too)."""
+    gen = torch.Generator().manual_seed(11)
+    runner = Runner(lib, torch.cuda.get_device_properties(dev).multi_processor_count)
+    bad = 0
+    for fmt, d_qk, ps in (("fp8_ds_mla", 576, 64), ("fp8_ds_mla_v4", 512, 64)):
+        for code in (0x7F, 0xFF):
+            cache = Cache(fmt, d_qk, num_pages=4, page_size=ps, gen=gen, dev=dev, poison_frac=0.0)
+            slot = 5
+            if fmt == "fp8_ds_mla":
+                cache.store[slot // ps, slot % ps, 3] = code
+            else:
+                cache.store[slot // ps, (slot % ps) * 576 + 3] = code
+            idx = torch.tensor([[1, 2, slot, 7, 9]], dtype=torch.int32, device=dev)
+            q = torch.randn(1, 8, d_qk, generator=gen).to(torch.bfloat16).to(dev)
+            out = torch.zeros(1, 8, 512, dtype=torch.bfloat16, device=dev)
+            for portable in (False, True):
+                out.zero_()
+                p, ws, wsb, S = runner.prepare(fmt, d_qk, q, [(cache, idx, None)], d_qk ** -0.5, None, 1,
+                                               portable, out, None)
+                runner.launch(p, ws, wsb)
+                torch.cuda.synchronize()
+                ok = bool(torch.isnan(out.float()).any())
+                bad += not ok
+                print(f"nan-code {fmt:14s} 0x{code:02x} {'portable' if portable else 'mma':8s}: "
+                      f"{'NaN ok' if ok else 'FAIL (finite output)'}")
+    return bad
+
+
 # ----------------------------------------------------------------------------- timing
-def bench(lib, dev, reps=50, heads=(16, 64, 128), tokens=(1, 64), paths=(False, True)):
+def bench(lib, dev, reps=50, heads=(16, 64, 128), tokens=(1, 64), paths=(False, True), splits="auto"):
     gen = torch.Generator().manual_seed(99)
     nsm = torch.cuda.get_device_properties(dev).multi_processor_count
     runner = Runner(lib, nsm)
@@ -406,7 +436,7 @@ def bench(lib, dev, reps=50, heads=(16, 64, 128), tokens=(1, 64), paths=(False, 
         out = torch.empty(T, H, 512, dtype=torch.bfloat16, device=dev)
         lse = torch.empty(T, H, dtype=torch.float32, device=dev)
         for portable in paths:
-            p, ws, wsb, S = runner.prepare(fmt, d_qk, q, sets, d_qk ** -0.5, sink, "auto", portable, out, lse)
+            p, ws, wsb, S = runner.prepare(fmt, d_qk, q, sets, d_qk ** -0.5, sink, splits, portable, out, lse)
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):
@@ -457,6 +487,7 @@ def main():
     ap.add_argument("--bench-heads", type=int, nargs="*", default=[16, 64, 128])
     ap.add_argument("--bench-tokens", type=int, nargs="*", default=[1, 64])
     ap.add_argument("--bench-mma-only", action="store_true")
+    ap.add_argument("--bench-splits", default="auto", help="'auto' or a fixed split count for the timing table")
     args = ap.parse_args()
     args.splits = [s if s == "auto" else int(s) for s in args.splits]
     dev = torch.device("cuda")
@@ -466,10 +497,12 @@ def main():
         t0 = time.time()
         fails += check(args, lib, dev)
         fails += big_offset_check(lib, dev)
+        fails += nan_code_check(lib, dev)
         print(f"checks took {time.time() - t0:.1f} s")
     if not args.no_bench:
         bench(lib, dev, args.reps, args.bench_heads, args.bench_tokens,
-              (False,) if args.bench_mma_only else (False, True))
+              (False,) if args.bench_mma_only else (False, True),
+              args.bench_splits if args.bench_splits == "auto" else int(args.bench_splits))
     sys.exit(1 if fails else 0)
 
 
