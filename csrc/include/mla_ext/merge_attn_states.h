@@ -82,14 +82,14 @@ MLA_EXT_HD MergeRow merge_row(float prefix_lse, float suffix_lse) {
     r.lse = b;
   } else {
     float m = a > b ? a : b;
-    float wa = expf(a - m);
-    float wb = expf(b - m);
+    float wa = fast_exp(a - m);
+    float wb = fast_exp(b - m);
     float sum = wa + wb;
     float inv = 1.f / sum;
     r.mode = MergeMode::kMix;
     r.prefix_weight = wa * inv;
     r.suffix_weight = wb * inv;
-    r.lse = m + logf(sum);
+    r.lse = m + fast_log(sum);
   }
   return r;
 }

@@ -6,6 +6,7 @@
 // hipcc 5.2 included) compile the same functions and round the same way.
 #pragma once
 
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -49,12 +50,36 @@ MLA_EXT_HD bool is_nan(float x) { return x != x; }
 // ---- bf16 (bits) ----
 MLA_EXT_HD float bf16_to_float(uint16_t h) { return bits_to_float(uint32_t(h) << 16); }
 
-// Round to nearest even; NaN stays a quiet NaN.
+// Round to nearest even; NaN stays a quiet NaN. One instruction on sm_80+.
 MLA_EXT_HD uint16_t float_to_bf16(float f) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 800)
+  uint16_t h;
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
+  return h;
+#endif
   uint32_t u = float_to_bits(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x0040u);
   u += 0x7fffu + ((u >> 16) & 1u);
   return uint16_t(u >> 16);
+}
+
+// exp/log for LSE arithmetic: the hardware approximations on the GPU (a few
+// ulp; memory-bound kernels cannot afford the accurate software sequences),
+// the C library on the host.
+MLA_EXT_HD float fast_exp(float x) {
+#if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__)
+  return __expf(x);
+#else
+  return expf(x);
+#endif
+}
+
+MLA_EXT_HD float fast_log(float x) {
+#if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__)
+  return __logf(x);
+#else
+  return logf(x);
+#endif
 }
 
 // ---- fp16 (bits), IEEE binary16 ----
