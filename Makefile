@@ -4,7 +4,7 @@
 PYTHON ?= python3
 export MAX_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 
-.PHONY: setup run test compile-check bench wheel clean
+.PHONY: setup run test compile-check cmake-check hipify-check wheel-size bench wheel clean
 
 setup:
 	$(PYTHON) tools/bootstrap.py numpy tabulate tqdm pytest setuptools wheel
@@ -18,6 +18,19 @@ test: setup
 
 compile-check: setup
 	tools/compile_check.sh
+
+# CMake package (CUDA, compile + link only) and examples/cpp built against it.
+cmake-check:
+	tools/cmake_check.sh
+
+# torch's hipify over the GPU sources, then Debian's hipcc on the result.
+hipify-check:
+	$(PYTHON) tools/bootstrap.py
+	tools/hipify_check.sh
+
+# Size of the built extension per kernel family (builds nothing; run `make setup` first).
+wheel-size:
+	$(PYTHON) tools/wheel_size.py
 
 bench: setup
 	$(PYTHON) benchmarks/bench_merge.py

@@ -1,14 +1,111 @@
-// mla_ext C entry points (see mla_ext_capi.h).
+// mla_ext C entry points (see mla_ext_capi.h): copy the C structs field by
+// field into the C++ params of the header-only launchers and launch. The C
+// structs mirror the C++ ones in order and type (the ctypes harness in
+// tests/gpu_dev relies on it); the size checks below catch a field added to a
+// C++ params struct without its C mirror.
 #include "mla_ext_capi.h"
 
+#include "mla_ext/merge_attn_states.cuh"
 #include "mla_ext/sparse_mla_decode.cuh"
+
+static_assert(sizeof(mla_ext_merge_params) == sizeof(mla_ext::MergeParams),
+              "mla_ext_merge_params (mla_ext_capi.h) no longer mirrors mla_ext::MergeParams");
+static_assert(sizeof(mla_ext_kv_set) == sizeof(mla_ext::KvSet),
+              "mla_ext_kv_set (mla_ext_capi.h) no longer mirrors mla_ext::KvSet");
+static_assert(sizeof(mla_ext_sparse_decode_params) == sizeof(mla_ext::SparseDecodeParams),
+              "mla_ext_sparse_decode_params (mla_ext_capi.h) no longer mirrors mla_ext::SparseDecodeParams");
+static_assert(int(mla_ext::Status::kUnsupported) == MLA_EXT_STATUS_UNSUPPORTED, "status codes drifted");
+static_assert(int(mla_ext::KvFormat::kFP8DsMlaV4) == MLA_EXT_KV_FP8_DS_MLA_V4, "kv formats drifted");
+static_assert(int(mla_ext::DType::kBFloat16) == MLA_EXT_DTYPE_BFLOAT16, "dtypes drifted");
+
+namespace {
+
+int resolve_sms(int num_sms) { return num_sms > 0 ? num_sms : mla_ext::current_device_sm_count(); }
+
+mla_ext::KvSet to_cpp(const mla_ext_kv_set& c) {
+  mla_ext::KvSet s;
+  s.cache = c.cache;
+  s.page_stride_bytes = c.page_stride_bytes;
+  s.token_stride_bytes = c.token_stride_bytes;
+  s.page_size = c.page_size;
+  s.num_slots = c.num_slots;
+  s.indices = c.indices;
+  s.indices_stride_token = c.indices_stride_token;
+  s.width = c.width;
+  s.lengths = c.lengths;
+  s.lengths_stride = c.lengths_stride;
+  return s;
+}
+
+}  // namespace
 
 extern "C" {
 
-int mla_ext_sparse_mla_decode(const mla_ext::SparseDecodeParams* p, void* workspace, size_t workspace_bytes,
+int mla_ext_merge_attn_states(const mla_ext_merge_params* c, int num_sms, void* stream) {
+  if (c == nullptr) return MLA_EXT_STATUS_INVALID_ARGUMENT;
+  if (c->dtype < MLA_EXT_DTYPE_FLOAT32 || c->dtype > MLA_EXT_DTYPE_BFLOAT16) return MLA_EXT_STATUS_INVALID_ARGUMENT;
+  mla_ext::MergeParams p;
+  p.dtype = static_cast<mla_ext::DType>(c->dtype);
+  p.num_tokens = c->num_tokens;
+  p.num_heads = c->num_heads;
+  p.head_size = c->head_size;
+  p.output = c->output;
+  p.output_stride_token = c->output_stride_token;
+  p.output_stride_head = c->output_stride_head;
+  p.output_lse = c->output_lse;
+  p.output_lse_stride_token = c->output_lse_stride_token;
+  p.output_lse_stride_head = c->output_lse_stride_head;
+  p.prefix_output = c->prefix_output;
+  p.prefix_stride_token = c->prefix_stride_token;
+  p.prefix_stride_head = c->prefix_stride_head;
+  p.prefix_lse = c->prefix_lse;
+  p.prefix_lse_stride_token = c->prefix_lse_stride_token;
+  p.prefix_lse_stride_head = c->prefix_lse_stride_head;
+  p.suffix_output = c->suffix_output;
+  p.suffix_stride_token = c->suffix_stride_token;
+  p.suffix_stride_head = c->suffix_stride_head;
+  p.suffix_lse = c->suffix_lse;
+  p.suffix_lse_stride_token = c->suffix_lse_stride_token;
+  p.suffix_lse_stride_head = c->suffix_lse_stride_head;
+  if (p.num_tokens > 0 && p.num_heads > 0 && p.head_size > 0 &&
+      (p.output == nullptr || p.prefix_output == nullptr || p.suffix_output == nullptr ||
+       p.prefix_lse == nullptr || p.suffix_lse == nullptr))
+    return MLA_EXT_STATUS_INVALID_ARGUMENT;
+  return int(mla_ext::launch_merge_attn_states(p, resolve_sms(num_sms), static_cast<mla_ext::gpuStream_t>(stream)));
+}
+
+int mla_ext_sparse_mla_decode(const mla_ext_sparse_decode_params* c, void* workspace, size_t workspace_bytes,
                               int num_sms, void* stream) {
-  if (p == nullptr) return int(mla_ext::Status::kInvalidArgument);
-  return int(mla_ext::launch_sparse_mla_decode(*p, workspace, workspace_bytes, num_sms,
+  if (c == nullptr) return MLA_EXT_STATUS_INVALID_ARGUMENT;
+  if (c->kv_format < MLA_EXT_KV_BF16 || c->kv_format > MLA_EXT_KV_FP8_DS_MLA_V4) return MLA_EXT_STATUS_INVALID_ARGUMENT;
+  if (c->num_splits < 0) return MLA_EXT_STATUS_INVALID_ARGUMENT;
+  mla_ext::SparseDecodeParams p;
+  p.kv_format = static_cast<mla_ext::KvFormat>(c->kv_format);
+  p.d_qk = c->d_qk;
+  p.num_tokens = c->num_tokens;
+  p.num_heads = c->num_heads;
+  p.softmax_scale = c->softmax_scale;
+  p.q = c->q;
+  p.q_stride_token = c->q_stride_token;
+  p.q_stride_head = c->q_stride_head;
+  p.main = to_cpp(c->main);
+  p.extra = to_cpp(c->extra);
+  p.attn_sink = c->attn_sink;
+  p.attn_sink_stride = c->attn_sink_stride;
+  p.output = c->output;
+  p.output_stride_token = c->output_stride_token;
+  p.output_stride_head = c->output_stride_head;
+  p.lse = c->lse;
+  p.lse_stride_token = c->lse_stride_token;
+  p.lse_stride_head = c->lse_stride_head;
+  p.force_portable = c->force_portable != 0;
+  const int sms = resolve_sms(num_sms);
+  p.num_splits = c->num_splits;
+  if (p.num_splits == 0) {
+    const int64_t width = p.main.width + (p.extra.cache != nullptr ? p.extra.width : 0);
+    p.num_splits = mla_ext::decode_num_splits(p.num_tokens, p.num_heads, width, sms);
+  }
+  return int(mla_ext::launch_sparse_mla_decode(p, workspace, workspace_bytes, sms,
                                                static_cast<mla_ext::gpuStream_t>(stream)));
 }
 
@@ -16,15 +113,32 @@ size_t mla_ext_sparse_mla_decode_workspace_size(long long num_tokens, long long 
   return mla_ext::decode_workspace_size(num_tokens, num_heads, num_splits);
 }
 
-int mla_ext_sparse_mla_decode_num_splits(long long num_tokens, long long num_heads, long long total_width,
-                                         int num_sms) {
-  return mla_ext::decode_num_splits(num_tokens, num_heads, total_width, num_sms);
+size_t mla_ext_sparse_mla_decode_workspace_size_for(long long num_tokens, long long num_heads, int num_splits,
+                                                    int num_sms) {
+  return mla_ext::decode_workspace_size_for(num_tokens, num_heads, num_splits, resolve_sms(num_sms));
 }
 
-size_t mla_ext_sparse_decode_params_size(void) { return sizeof(mla_ext::SparseDecodeParams); }
+int mla_ext_sparse_mla_decode_num_splits(long long num_tokens, long long num_heads, long long total_width,
+                                         int num_sms) {
+  return mla_ext::decode_num_splits(num_tokens, num_heads, total_width, resolve_sms(num_sms));
+}
+
+size_t mla_ext_sparse_decode_params_size(void) { return sizeof(mla_ext_sparse_decode_params); }
+
+size_t mla_ext_merge_params_size(void) { return sizeof(mla_ext_merge_params); }
 
 const char* mla_ext_status_string(int status) {
   return mla_ext::status_string(static_cast<mla_ext::Status>(status));
+}
+
+int mla_ext_capi_version(void) { return MLA_EXT_CAPI_VERSION; }
+
+const char* mla_ext_gpu_runtime(void) {
+#if defined(MLA_EXT_HIP)
+  return "hip";
+#else
+  return "cuda";
+#endif
 }
 
 }  // extern "C"

@@ -1,17 +1,21 @@
-// mla_ext C entry points: a stable, torch-free C ABI over the header-only
-// launchers (used by C/C++ engines through a shared library, and by the
-// ctypes developer harness in tests/gpu_dev).
-#pragma once
+/* mla_ext C API: a stable, torch-free C ABI over the header-only launchers
+ * (csrc/include/mla_ext, the .cuh files), for C and C++ engines linking the shared
+ * library mla_ext::mla_ext (CMake: find_package(mla_ext)) and for ctypes.
+ *
+ * Plain C (C99 or later) and C++: no C++ types, no GPU runtime types. Streams
+ * are passed as void* (a cudaStream_t or hipStream_t; NULL = the legacy default
+ * stream). Every call is asynchronous on that stream: no allocation, no host
+ * synchronisation, CUDA-graph capturable. Every pointer is a device pointer
+ * unless stated otherwise. Strides are in elements of the tensor they belong to.
+ * Every function returns an mla_ext_status value (0 = success); bad input is
+ * rejected before anything is launched.
+ *
+ * Semantics: DESIGN.md §3 (merge_attn_states) and §4 (sparse_mla_decode). */
+#ifndef MLA_EXT_CAPI_H_
+#define MLA_EXT_CAPI_H_
 
 #include <stddef.h>
-
-#ifdef __cplusplus
-#include "mla_ext/sparse_mla_decode.h"
-#define MLA_EXT_CAPI_PARAMS const mla_ext::SparseDecodeParams
-extern "C" {
-#else
-#define MLA_EXT_CAPI_PARAMS const void
-#endif
+#include <stdint.h>
 
 #if defined(_WIN32)
 #define MLA_EXT_CAPI_EXPORT __declspec(dllexport)
@@ -19,28 +23,156 @@ extern "C" {
 #define MLA_EXT_CAPI_EXPORT __attribute__((visibility("default")))
 #endif
 
-// Sparse MLA decode (DESIGN.md §4). `p` points to a mla_ext::SparseDecodeParams
-// with num_splits resolved (1..64); `workspace` needs
-// decode_workspace_size(T, H, num_splits) bytes when num_splits > 1; `stream` is
-// a cudaStream_t / hipStream_t (NULL = legacy default stream). Returns a
-// mla_ext::Status value (0 = success). Asynchronous: no host sync.
-MLA_EXT_CAPI_EXPORT int mla_ext_sparse_mla_decode(MLA_EXT_CAPI_PARAMS* p, void* workspace,
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Bumped when a struct below or a signature changes (fields are only ever appended). */
+#define MLA_EXT_CAPI_VERSION 1
+
+/* Status codes (the values of mla_ext::Status). */
+enum mla_ext_status {
+  MLA_EXT_STATUS_SUCCESS = 0,
+  MLA_EXT_STATUS_INVALID_ARGUMENT = 1,     /* a params field is out of its documented range */
+  MLA_EXT_STATUS_WORKSPACE_TOO_SMALL = 2,  /* workspace_bytes < what the call needs */
+  MLA_EXT_STATUS_LAUNCH_FAILED = 3,        /* the GPU runtime rejected the launch */
+  MLA_EXT_STATUS_UNSUPPORTED = 4           /* this build has no kernel for the request */
+};
+
+/* Element types of merge_attn_states values (mla_ext::DType). */
+enum mla_ext_dtype { MLA_EXT_DTYPE_FLOAT32 = 0, MLA_EXT_DTYPE_FLOAT16 = 1, MLA_EXT_DTYPE_BFLOAT16 = 2 };
+
+/* KV cache formats of sparse_mla_decode (mla_ext::KvFormat, DESIGN.md §4). */
+enum mla_ext_kv_format {
+  MLA_EXT_KV_BF16 = 0,          /* [num_pages, page_size, d_qk] bf16 */
+  MLA_EXT_KV_FP8_DS_MLA = 1,    /* DeepSeek V3.2: 656 B/token inline, d_qk 576 */
+  MLA_EXT_KV_FP8_DS_MLA_V4 = 2  /* DeepSeek V4: 584 B/token, data rows then scale rows per page, d_qk 512 */
+};
+
+/* ------------------------------------------------------------------------ */
+/* merge_attn_states (DESIGN.md §3)                                          */
+/* ------------------------------------------------------------------------ */
+
+/* Values [num_tokens, num_heads, head_size] of `dtype` with any token and head
+ * strides (last dim contiguous); LSEs [num_tokens, num_heads] fp32 (natural
+ * log, +inf = empty) with any strides. `output` may alias prefix_output or
+ * suffix_output; `output_lse` may be NULL. Zero-initialise, then fill. */
+typedef struct mla_ext_merge_params {
+  int32_t dtype; /* enum mla_ext_dtype */
+  int64_t num_tokens;
+  int64_t num_heads;
+  int64_t head_size;
+
+  void* output;
+  int64_t output_stride_token, output_stride_head;
+  float* output_lse; /* optional */
+  int64_t output_lse_stride_token, output_lse_stride_head;
+
+  const void* prefix_output;
+  int64_t prefix_stride_token, prefix_stride_head;
+  const float* prefix_lse;
+  int64_t prefix_lse_stride_token, prefix_lse_stride_head;
+
+  const void* suffix_output;
+  int64_t suffix_stride_token, suffix_stride_head;
+  const float* suffix_lse;
+  int64_t suffix_lse_stride_token, suffix_lse_stride_head;
+} mla_ext_merge_params;
+
+/* out = merge(prefix, suffix). num_sms: the device's multiprocessor count
+ * (sizes the grid); <= 0 queries the current device. */
+MLA_EXT_CAPI_EXPORT int mla_ext_merge_attn_states(const mla_ext_merge_params* p, int num_sms, void* stream);
+
+/* ------------------------------------------------------------------------ */
+/* sparse_mla_decode (DESIGN.md §4)                                          */
+/* ------------------------------------------------------------------------ */
+
+/* One index set (main or extra) over one paged cache. Field order and types
+ * mirror mla_ext::KvSet (the C++ struct of sparse_mla_decode.h). */
+typedef struct mla_ext_kv_set {
+  const uint8_t* cache;         /* base of the cache (bytes), 16-byte aligned; NULL = set absent */
+  int64_t page_stride_bytes;    /* bytes between pages (tensor stride(0) * element size), multiple of 16 */
+  int64_t token_stride_bytes;   /* bytes between tokens inside a page (bf16 / fp8_ds_mla), multiple of 16 */
+  int64_t page_size;            /* tokens per page */
+  int64_t num_slots;            /* num_pages * page_size; slots >= this are skipped */
+  const int32_t* indices;       /* [num_tokens, width] slot ids (page * page_size + offset), < 0 = skipped */
+  int64_t indices_stride_token; /* elements */
+  int64_t width;
+  const int32_t* lengths;       /* optional [num_tokens]; positions >= lengths[t] are skipped */
+  int64_t lengths_stride;       /* elements */
+} mla_ext_kv_set;
+
+/* Field order and types mirror mla_ext::SparseDecodeParams. */
+typedef struct mla_ext_sparse_decode_params {
+  int32_t kv_format; /* enum mla_ext_kv_format */
+  int32_t d_qk;      /* 576 (V3.2) or 512 (V4); V = the first 512 dims */
+  int64_t num_tokens;
+  int64_t num_heads;
+  float softmax_scale;
+
+  const uint16_t* q; /* bf16 bits [num_tokens, num_heads, d_qk], 16-byte aligned rows */
+  int64_t q_stride_token, q_stride_head;
+
+  mla_ext_kv_set main;  /* required */
+  mla_ext_kv_set extra; /* optional (extra.cache == NULL when absent); shares main's softmax */
+
+  const float* attn_sink; /* optional [num_heads] fp32 logits */
+  int64_t attn_sink_stride;
+
+  uint16_t* output; /* bf16 bits [num_tokens, num_heads, 512], written in place */
+  int64_t output_stride_token, output_stride_head;
+  float* lse; /* optional [num_tokens, num_heads] fp32, natural log, sink excluded */
+  int64_t lse_stride_token, lse_stride_head;
+
+  int32_t num_splits;     /* 1..64, or 0 = automatic (mla_ext_sparse_mla_decode_num_splits) */
+  uint8_t force_portable; /* nonzero: the portable (no tensor-core) GPU path */
+} mla_ext_sparse_decode_params;
+
+/* Decode into p->output (and p->lse). With num_splits > 1 (after resolving 0),
+ * `workspace` needs mla_ext_sparse_mla_decode_workspace_size(T, H, num_splits)
+ * bytes of device memory (any contents; the caller owns and reuses it).
+ * num_sms: the device's multiprocessor count (used by num_splits == 0); <= 0
+ * queries the current device. */
+MLA_EXT_CAPI_EXPORT int mla_ext_sparse_mla_decode(const mla_ext_sparse_decode_params* p, void* workspace,
                                                   size_t workspace_bytes, int num_sms, void* stream);
 
-// Workspace bytes for (num_tokens, num_heads, num_splits), 0 when num_splits <= 1.
-MLA_EXT_CAPI_EXPORT size_t mla_ext_sparse_mla_decode_workspace_size(long long num_tokens,
-                                                                    long long num_heads, int num_splits);
+/* Workspace bytes for (num_tokens, num_heads, num_splits); 0 when num_splits <= 1. */
+MLA_EXT_CAPI_EXPORT size_t mla_ext_sparse_mla_decode_workspace_size(long long num_tokens, long long num_heads,
+                                                                    int num_splits);
 
-// The automatic split count (shapes and processor count only).
+/* Workspace bytes that serve every call with at most num_tokens tokens and
+ * num_heads heads at this split setting (0 = automatic), for one allocation
+ * reused across layers and steps. num_sms <= 0 queries the current device. */
+MLA_EXT_CAPI_EXPORT size_t mla_ext_sparse_mla_decode_workspace_size_for(long long num_tokens,
+                                                                        long long num_heads, int num_splits,
+                                                                        int num_sms);
+
+/* The automatic split count: shapes and processor count only (never tensor
+ * contents), so a captured graph replays with new indices. total_width = main
+ * width + extra width. num_sms <= 0 queries the current device. */
 MLA_EXT_CAPI_EXPORT int mla_ext_sparse_mla_decode_num_splits(long long num_tokens, long long num_heads,
                                                              long long total_width, int num_sms);
 
-// sizeof(mla_ext::SparseDecodeParams), so bindings can check their mirror.
-MLA_EXT_CAPI_EXPORT size_t mla_ext_sparse_decode_params_size(void);
+/* ------------------------------------------------------------------------ */
+/* Misc                                                                      */
+/* ------------------------------------------------------------------------ */
 
-// Human-readable text for a status value.
+/* sizeof(mla_ext_sparse_decode_params) / sizeof(mla_ext_merge_params), so
+ * bindings (ctypes, other languages) can check their mirrors. */
+MLA_EXT_CAPI_EXPORT size_t mla_ext_sparse_decode_params_size(void);
+MLA_EXT_CAPI_EXPORT size_t mla_ext_merge_params_size(void);
+
+/* Human-readable text for a status value (a static string). */
 MLA_EXT_CAPI_EXPORT const char* mla_ext_status_string(int status);
+
+/* MLA_EXT_CAPI_VERSION of the library (compare with the header's). */
+MLA_EXT_CAPI_EXPORT int mla_ext_capi_version(void);
+
+/* "cuda" or "hip": the GPU runtime this library was built for. */
+MLA_EXT_CAPI_EXPORT const char* mla_ext_gpu_runtime(void);
 
 #ifdef __cplusplus
 }
 #endif
+
+#endif /* MLA_EXT_CAPI_H_ */
