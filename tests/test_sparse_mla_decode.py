@@ -103,6 +103,9 @@ def poisoned_buffers(T, H, S, device):
 
 
 def check_lse(lse, ref_lse, what="lse"):
+    # CPU: fp32 throughout. GPU: the tensor-core path rounds dequantised V3.2 keys (fp8 x fp32
+    # scale) to bf16 before Q.K, so scores, hence lse, carry bf16 rounding (~1e-3 relative).
+    tol = 1e-3 if lse.device.type == "cpu" else 1e-2
     lse = lse.double().cpu()
     assert not torch.isnan(lse).any(), f"{what}: NaN (unwritten or wrong)"
     inf = torch.isneginf(ref_lse)
@@ -110,7 +113,7 @@ def check_lse(lse, ref_lse, what="lse"):
     fin = ~inf
     if fin.any():
         err = (lse[fin] - ref_lse[fin]).abs().max().item()
-        assert err <= 1e-3, f"{what}: max abs error {err:.3g} > 1e-3"
+        assert err <= tol, f"{what}: max abs error {err:.3g} > {tol}"
 
 
 def run_check(q, cache, idx, *, fmt, scale, device, num_splits=0, lengths=None, extra=None, sink=None,

@@ -8,7 +8,8 @@
 
 #include <optional>
 #include <stdexcept>
-#include <sstream>
+#include <cstdio>
+#include <type_traits>
 #include <string>
 
 #include "mla_ext/merge_attn_states.h"
@@ -34,28 +35,47 @@ inline const char* dtype_name(ScalarType t) {
   }
 }
 
+// Message text. No iostreams: inserting an integer into a std::ostringstream
+// from this library crashed the process under torch 2.11 (gcc 13 build) on
+// the GPU machine, while plain strings went through; std::to_string and
+// snprintf are used instead.
+inline void append_text(std::string& s, const char* x) { s += x; }
+inline void append_text(std::string& s, const std::string& x) { s += x; }
+inline void append_text(std::string& s, char x) { s += x; }
+inline void append_text(std::string& s, bool x) { s += x ? "true" : "false"; }
+inline void append_text(std::string& s, double x) {
+  char buf[32];
+  snprintf(buf, sizeof(buf), "%g", x);
+  s += buf;
+}
+template <typename T, typename std::enable_if<std::is_integral<T>::value, int>::type = 0>
+inline void append_text(std::string& s, T x) {
+  s += std::to_string(x);
+}
+
+template <typename... Args>
+inline std::string cat(const Args&... args) {
+  std::string s;
+  (append_text(s, args), ...);
+  return s;
+}
+
 inline std::string shape_str(const Tensor& t) {
-  std::ostringstream os;
-  os << "[";
-  for (int64_t i = 0; i < t.dim(); ++i) os << (i ? ", " : "") << t.size(i);
-  os << "]";
-  return os.str();
+  std::string s = "[";
+  for (int64_t i = 0; i < t.dim(); ++i) s += cat(i ? ", " : "", t.size(i));
+  return s + "]";
 }
 
 inline std::string device_str(const Tensor& t) {
   if (t.is_cpu()) return "cpu";
-  std::ostringstream os;
-  os << (t.is_cuda() ? "cuda:" : "device:") << int(t.get_device_index());
-  return os.str();
+  return cat(t.is_cuda() ? "cuda:" : "device:", int(t.get_device_index()));
 }
 
 // Error helper: every message starts with the op name and names the argument.
 // Thrown as std::runtime_error; torch surfaces it as a Python RuntimeError.
 template <typename... Args>
 [[noreturn]] inline void fail(const Args&... args) {
-  std::ostringstream os;
-  (os << ... << args);
-  throw std::runtime_error(os.str());
+  throw std::runtime_error(cat(args...));
 }
 #define MLA_CHECK(cond, op, ...)                     \
   do {                                               \

@@ -411,7 +411,10 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
 
   // Softmax row ownership: row = tid / TPR (fixed for the whole block), running m, l.
   const int srow = tid / TPR, ssub = tid % TPR;
-  float row_m = neg_inf(), row_l = 0.f;
+  // row_l sums the probabilities as the P.V product sees them (bf16 on the
+  // tensor-core path), so the output's normaliser matches its numerator;
+  // row_le sums them unrounded, for the lse.
+  float row_m = neg_inf(), row_l = 0.f, row_le = 0.f;
 
   // Accumulators.
   constexpr int kAcc = MMA ? MT * 8 * 4 : (HTp / 4) * 8;
@@ -540,11 +543,12 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
       const float m_new = fmaxf(row_m, lmax);
       const float m_use = m_new == neg_inf() ? 0.f : m_new;
       const float alpha = exp2f(row_m - m_use);
-      float lsum = 0.f;
+      float lsum = 0.f, lsum_exact = 0.f;
 #pragma unroll
       for (int i = 0; i < CPT; ++i) {
         const int col = ssub + TPR * i;
         float pv = exp2f(sv[i] - m_use);
+        lsum_exact += pv;
         if (MMA) {
           const uint16_t pb = uint16_t(pack_bf16x2(pv, 0.f) & 0xffffu);
           Ps[srow * PST + col] = pb;
@@ -555,8 +559,12 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
         lsum += pv;
       }
 #pragma unroll
-      for (int o = TPR / 2; o > 0; o >>= 1) lsum += MLA_EXT_SHFL_XOR(lsum, o);
+      for (int o = TPR / 2; o > 0; o >>= 1) {
+        lsum += MLA_EXT_SHFL_XOR(lsum, o);
+        lsum_exact += MLA_EXT_SHFL_XOR(lsum_exact, o);
+      }
       row_l = row_l * alpha + lsum;
+      row_le = row_le * alpha + lsum_exact;
       row_m = m_new;
       if (ssub == 0) alpha_s[srow] = alpha;
     }
@@ -621,7 +629,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
   if (ssub == 0) {
     float inv = 0.f, lse = neg_inf();
     if (row_l > 0.f) {
-      lse = row_m * kLn2 + logf(row_l);
+      lse = row_m * kLn2 + logf(row_le);
       float den = row_l;
       if (final_out && p.attn_sink != nullptr && srow < nh) {
         const float sink = p.attn_sink[(h0 + srow) * p.attn_sink_stride];
