@@ -188,3 +188,180 @@ def measure_merge(T: int, H: int, D: int, *, dtype=torch.bfloat16, device="cuda"
         row["us"] = us
         row["GB/s"] = nbytes / us / 1e3
     return row
+
+
+# ---------------------------------------------------------------------------------------------
+# sparse_mla_decode
+# ---------------------------------------------------------------------------------------------
+
+# Layer configurations of the benchmark (DESIGN.md §4): (label, builder kind, top-k, context range).
+DECODE_LAYERS = {
+    "v4_swa": ("v4_swa", None, (32768, 65536)),
+    "v4_c4_flash": ("v4_c4", 512, (32768, 65536)),
+    "v4_c4_pro": ("v4_c4", 1024, (32768, 65536)),
+    "v4_c128": ("v4_c128", None, (1 << 20, 1 << 20)),
+    "v4_c128_mixed": ("v4_c128", None, (1 << 20, 1 << 20)),  # one token 8192 rows, the rest ~500
+    "v32": ("v32", 2048, (32768, 65536)),
+}
+
+
+def decode_flops(inp) -> int:
+    """2 * H * (d_qk + d_v) per selected row (QK^T and PV)."""
+    d_qk = inp.q.shape[-1]
+    return 2 * inp.num_heads * (d_qk + 512) * inp.num_selected
+
+
+def _valid_count(indices, lengths, num_slots):
+    ok = (indices >= 0) & (indices < num_slots)
+    if lengths is not None:
+        pos = torch.arange(indices.shape[1], device=indices.device)
+        ok &= pos[None, :] < lengths[:, None].long()
+    return ok
+
+
+def _num_slots(cache):
+    return cache.shape[0] * cache.shape[1]
+
+
+def make_mixed(inp, rows: int = 500, seed: int = 0):
+    """Straggler batch from a C128 build: token 0 keeps all its compressed rows, every other
+    token keeps about ``rows`` of them (extra_lengths cut to 450..550)."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    T = inp.num_tokens
+    cut = torch.randint(rows - 50, rows + 51, (T,), generator=g).to(inp.extra_lengths.device)
+    cut[0] = inp.extra_lengths[0]
+    inp.extra_lengths = torch.minimum(inp.extra_lengths, cut.to(inp.extra_lengths.dtype))
+    valid = _valid_count(inp.indices, inp.lengths, _num_slots(inp.kv_cache)).sum()
+    valid += _valid_count(inp.extra_indices, inp.extra_lengths, _num_slots(inp.extra_kv_cache)).sum()
+    inp.num_selected = int(valid)
+    from .formats import kv_bytes_per_row
+
+    inp.num_kv_bytes = inp.num_selected * kv_bytes_per_row(inp.kv_format, inp.q.shape[-1])
+    return inp
+
+
+def _slice_tokens(inp, t0: int, t1: int) -> dict:
+    """op kwargs for tokens [t0, t1) of one build (each slice touches its own requests' rows)."""
+    sl = lambda x: None if x is None else x[t0:t1]
+    return dict(q=inp.q[t0:t1], kv_cache=inp.kv_cache, indices=inp.indices[t0:t1], kv_format=inp.kv_format,
+                softmax_scale=inp.softmax_scale, lengths=sl(inp.lengths), extra_kv_cache=inp.extra_kv_cache,
+                extra_indices=sl(inp.extra_indices), extra_lengths=sl(inp.extra_lengths), attn_sink=inp.attn_sink)
+
+
+_GATHER_SRC = r"""
+extern "C" __global__ void gather_rows(const unsigned char* base, const long long* data_off, int data_bytes,
+                                       const long long* scale_off, int n, unsigned int* out) {
+  // One warp per row: the row's data bytes with 16-byte loads, plus an 8-byte scale row if any.
+  int row = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
+  if (row >= n) return;
+  const uint4* d = reinterpret_cast<const uint4*>(base + data_off[row]);
+  unsigned int acc = 0;
+  for (int i = lane; i < data_bytes / 16; i += 32) { uint4 v = d[i]; acc ^= v.x ^ v.y ^ v.z ^ v.w; }
+  if (scale_off != nullptr && lane == 0) {
+    uint2 s = *reinterpret_cast<const uint2*>(base + scale_off[row]);
+    acc ^= s.x ^ s.y;
+  }
+  for (int o = 16; o > 0; o >>= 1) acc ^= __shfl_xor_sync(0xffffffffu, acc, o);
+  if (lane == 0) out[row] = acc;
+}
+"""
+
+
+def gather_ceiling_us(inp, n_rows: int, rotations: int) -> float:
+    """µs for a plain warp-per-row kernel (CuPy) to gather ``n_rows`` random rows of the main
+    cache's format (16-byte loads), L2-cold over ``rotations`` sets; NaN when CuPy is missing."""
+    try:
+        import cupy
+    except Exception:
+        return float("nan")
+    cache = inp.extra_kv_cache if inp.extra_kv_cache is not None else inp.kv_cache
+    fmt, d_qk = inp.kv_format, inp.q.shape[-1]
+    num_pages, page_size = cache.shape[0], cache.shape[1]
+    stride = cache.stride(0) * cache.element_size()
+    if fmt == "fp8_ds_mla_v4":
+        data_bytes, tok = 576, 576
+    else:
+        data_bytes = 656 if fmt == "fp8_ds_mla" else 2 * d_qk
+        tok = cache.stride(1) * cache.element_size()
+    base_ptr = cache.data_ptr()
+    kernel = cupy.RawKernel(_GATHER_SRC, "gather_rows")
+    sets = []
+    for r in range(rotations):
+        slots = torch.randint(0, num_pages * page_size, (n_rows,), device=cache.device)
+        page, p = slots // page_size, slots % page_size
+        doff = page * stride + p * tok
+        soff = page * stride + page_size * 576 + p * 8 if fmt == "fp8_ds_mla_v4" else None
+        sets.append((doff, soff))
+    out = torch.empty(n_rows, dtype=torch.int32, device=cache.device)
+    threads = 256
+    blocks = (n_rows * 32 + threads - 1) // threads
+
+    def call(doff, soff):
+        stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+        with stream:
+            kernel((blocks,), (threads,), (cupy.uint64(base_ptr), cupy.uint64(doff.data_ptr()),
+                                          cupy.int32(data_bytes),
+                                          cupy.uint64(0 if soff is None else soff.data_ptr()),
+                                          cupy.int32(n_rows), cupy.uint64(out.data_ptr())))
+
+    return time_graph([lambda d=d, s=s: call(d, s) for d, s in sets])
+
+
+def measure_decode(layer: str, num_heads: int, num_tokens: int, *, copy_gbs: float, mm_tflops: float,
+                   device="cuda", with_gather: bool = True, verify: bool = True, seed: int = 0) -> dict:
+    """Build, verify (a sample of tokens vs the float64 reference) and time one decode shape."""
+    from ._decode import sparse_mla_decode, sparse_mla_decode_workspace_size
+    from .builders import build_decode_inputs
+    from .formats import kv_bytes_per_row
+
+    kind, topk, ctx = DECODE_LAYERS[layer]
+    row_bytes = kv_bytes_per_row(build_kind_format(kind), 576 if kind == "v32" else 512)
+    per_call = num_tokens * (8320 if kind == "v4_c128" else (topk or 128) + 128) * row_bytes
+    rot = num_rotations(per_call, cap=16)
+    inp = build_decode_inputs(kind, batch=num_tokens * rot, num_heads=num_heads, context_len=ctx,
+                              topk=topk, device=device, seed=seed)
+    if layer.endswith("mixed"):
+        inp = make_mixed(inp)
+    T = num_tokens
+    ws = torch.empty(sparse_mla_decode_workspace_size(T, num_heads, device=torch.device(device)),
+                     dtype=torch.uint8, device=device)
+    outs = [torch.empty(T, num_heads, 512, dtype=torch.bfloat16, device=device) for _ in range(rot)]
+    lses = [torch.empty(T, num_heads, device=device) for _ in range(rot)]
+    calls = [lambda r=r: sparse_mla_decode(**_slice_tokens(inp, r * T, (r + 1) * T), output=outs[r],
+                                           workspace=ws, lse=lses[r]) for r in range(rot)]
+    row = dict(layer=layer, H=num_heads, T=T, kv_format=inp.kv_format)
+    if verify:
+        outs[0].fill_(float("nan"))
+        calls[0]()
+        sample = sorted({0, T // 2, T - 1})
+        from . import reference
+
+        k = _slice_tokens(inp, 0, T)
+        pick = lambda x: None if x is None else x[sample]
+        ref_o, ref_l = reference.sparse_mla_decode(
+            k["q"][sample], k["kv_cache"], k["indices"][sample], kv_format=k["kv_format"],
+            softmax_scale=k["softmax_scale"], lengths=pick(k["lengths"]), extra_kv_cache=k["extra_kv_cache"],
+            extra_indices=pick(k["extra_indices"]), extra_lengths=pick(k["extra_lengths"]),
+            attn_sink=k["attn_sink"])
+        got = outs[0][sample].double().cpu()
+        row["max_rel_err"] = ((got - ref_o.cpu()).abs().max() / ref_o.abs().max().clamp_min(1e-30)).item()
+    us = time_graph(calls)
+    sel = inp.num_selected / rot
+    kv_bytes = inp.num_kv_bytes / rot
+    flops = decode_flops(inp) / rot
+    row.update(us=us, rows=int(sel), kv_MB=kv_bytes / 1e6, GBps=kv_bytes / us / 1e3, TFLOPs=flops / us / 1e6)
+    floor_us = max(kv_bytes / (copy_gbs * 1e3), flops / (mm_tflops * 1e6))
+    row["pct_roofline"] = 100.0 * floor_us / us
+    if with_gather:
+        g_us = gather_ceiling_us(inp, int(sel), rot)
+        row["gather_us"] = g_us
+        row["pct_gather"] = 100.0 * g_us / us
+    del inp, outs, lses, ws
+    torch.cuda.empty_cache()
+    return row
+
+
+def build_kind_format(kind: str) -> str:
+    from .builders import LAYER_KINDS
+
+    return LAYER_KINDS[kind].default_format

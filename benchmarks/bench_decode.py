@@ -1,0 +1,57 @@
+"""sparse_mla_decode benchmark (GPU), with its ceilings measured in the same run.
+
+Per shape: median µs per call under CUDA-graph replay with L2-cold inputs (the graph cycles over
+token slices of one build, each slice selecting its own requests' rows), GB/s of KV bytes
+gathered, TFLOP/s (2·H·(d_qk + 512) per selected row), % of the roofline
+max(bytes / copy bandwidth, flops / bf16 matmul rate), and the time of a plain warp-per-row
+kernel gathering as many random rows of the same cache (16-byte loads) as a third ceiling.
+
+Layers (DESIGN.md §4): v4_swa (sliding window 128, page 256), v4_c4_flash / v4_c4_pro (window +
+top-k 512 / 1024 of 4:1 rows, page 64, sink), v4_c128 (window + 8192 128:1 rows, page 2),
+v4_c128_mixed (one token 8192 rows, the others ~500), v32 (top-k 2048, page 64, fp8_ds_mla).
+
+Usage: python benchmarks/bench_decode.py [--quick] [--json FILE]
+"""
+import argparse
+import json
+
+import torch
+from tabulate import tabulate
+
+from mla_ext.bench import DECODE_LAYERS, copy_bandwidth_gbs, matmul_tflops, measure_decode
+
+FULL = dict(heads=[8, 16, 64, 128], tokens=[1, 16, 64, 128, 512])
+QUICK = dict(heads=[16, 128], tokens=[1, 64])
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="heads {16,128} x tokens {1,64}")
+    ap.add_argument("--layers", default=",".join(DECODE_LAYERS))
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    grid = QUICK if args.quick else FULL
+    bw = copy_bandwidth_gbs(nbytes=512 << 20)
+    mm = matmul_tflops()
+    rows = []
+    for layer in args.layers.split(","):
+        for h in grid["heads"]:
+            for t in grid["tokens"]:
+                try:
+                    rows.append(measure_decode(layer, h, t, copy_gbs=bw, mm_tflops=mm))
+                except torch.OutOfMemoryError:
+                    rows.append(dict(layer=layer, H=h, T=t, us=float("nan")))
+                    torch.cuda.empty_cache()
+                print(rows[-1], flush=True)
+    cols = ["layer", "H", "T", "rows", "us", "GBps", "TFLOPs", "pct_roofline", "gather_us", "pct_gather",
+            "max_rel_err"]
+    print(f"\nsparse_mla_decode, {torch.cuda.get_device_name()}: copy {bw:.0f} GB/s, bf16 matmul {mm:.0f} TFLOP/s")
+    print(tabulate([[r.get(c, "") for c in cols] for r in rows], headers=cols, floatfmt=".3g"))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"copy_GBps": bw, "matmul_TFLOPs": mm, "device": torch.cuda.get_device_name(),
+                       "rows": rows}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
