@@ -28,9 +28,15 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="heads {16,128} x tokens {1,64}")
     ap.add_argument("--layers", default=",".join(DECODE_LAYERS))
+    ap.add_argument("--heads", help="comma list, overrides the grid's heads")
+    ap.add_argument("--tokens", help="comma list, overrides the grid's num_tokens")
     ap.add_argument("--json")
     args = ap.parse_args()
-    grid = QUICK if args.quick else FULL
+    grid = dict(QUICK if args.quick else FULL)
+    if args.heads:
+        grid["heads"] = [int(x) for x in args.heads.split(",")]
+    if args.tokens:
+        grid["tokens"] = [int(x) for x in args.tokens.split(",")]
     bw = copy_bandwidth_gbs(nbytes=512 << 20)
     mm = matmul_tflops()
     rows = []
