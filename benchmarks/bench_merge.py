@@ -26,14 +26,14 @@ def main():
     ap.add_argument("--json")
     args = ap.parse_args()
     assert torch.cuda.is_available(), "this benchmark needs a GPU"
-    bw = copy_bandwidth_gbs()
+    bw = copy_bandwidth_gbs(nbytes=512 << 20)
     rows = []
     for layout in ("contiguous", "strided"):
         for T, H, D in SHAPES:
             rows.append(measure_merge(T, H, D, layout=layout, host=(layout == "contiguous" and T == 1)))
     cols = ["layout", "T", "H", "D", "bytes", "us", "copy_us", "pct_copy", "GB/s", "max_rel_err", "host_us"]
     print(f"\nmerge_attn_states, bf16, {torch.cuda.get_device_name()}, copy bandwidth {bw:.0f} GB/s "
-          f"(2 GiB, read+write)")
+          f"(512 MiB, read+write)")
     print(tabulate([[r.get(c, "") for c in cols] for r in rows], headers=cols, floatfmt=".4g"))
     if args.json:
         with open(args.json, "w") as f:

@@ -78,7 +78,7 @@ def copy_ceiling_us(total_bytes: int, device="cuda") -> float:
     return us
 
 
-def copy_bandwidth_gbs(device="cuda", nbytes: int = 2 << 30) -> float:
+def copy_bandwidth_gbs(device="cuda", nbytes: int = 512 << 20) -> float:
     """Measured device-to-device copy bandwidth in GB/s (bytes read + written)."""
     us = copy_ceiling_us(nbytes, device)
     return nbytes / us / 1e3
