@@ -44,16 +44,6 @@ namespace {
 constexpr int kChunk = 32;  // rows dequantised per tile
 constexpr int kHB = 4;      // heads per register block
 
-// Split-K partition, shared with the GPU kernel (sparse_mla_decode.cuh, decode_body):
-// a token's effective positions are the main set's first min(W_main, max(lengths[t], 0))
-// entries followed by the extra set's first min(W_extra, max(extra_lengths[t], 0)) ones,
-// E in total; split s of S owns the contiguous positions [E*s/S, E*(s+1)/S) (floor
-// division, int64). Empty for s when E*s/S == E*(s+1)/S (e.g. S > E).
-inline void decode_split_range(int64_t num_positions, int s, int num_splits, int64_t* lo, int64_t* hi) {
-  *lo = num_positions * s / num_splits;
-  *hi = num_positions * (s + 1) / num_splits;
-}
-
 // e4m3fn byte -> fp32, built once from numerics.h (identical values, a table lookup).
 struct E4m3Table {
   float v[256];
@@ -118,15 +108,6 @@ MLA_EXT_ALWAYS_INLINE inline void dequant_row(KvFormat f, int d_qk, const uint8_
   }
 }
 
-inline int64_t effective_len(const KvSet& s, int64_t t) {
-  if (s.cache == nullptr || s.width <= 0) return 0;
-  int64_t n = s.width;
-  if (s.lengths != nullptr) {
-    const int64_t l = s.lengths[t * s.lengths_stride];
-    n = l < 0 ? 0 : (l < n ? l : n);
-  }
-  return n;
-}
 
 // 8 x fp32 (GCC/Clang vector extension: two SSE registers on baseline x86-64).
 typedef float f8 __attribute__((vector_size(32)));

@@ -338,15 +338,6 @@ __device__ __forceinline__ void row_address(const SparseDecodeParams& p, int64_t
   }
 }
 
-__device__ __forceinline__ int64_t effective_len(const KvSet& s, int64_t t) {
-  if (s.cache == nullptr || s.width <= 0) return 0;
-  int64_t n = s.width;
-  if (s.lengths != nullptr) {
-    const int64_t l = s.lengths[t * s.lengths_stride];
-    n = l < 0 ? 0 : (l < n ? l : n);
-  }
-  return n;
-}
 
 // ---- the split kernel body ----
 template <int MT, int DQK, KvFormat F, bool MMA>
@@ -386,8 +377,8 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
   const int64_t em = effective_len(p.main, t);
   const int64_t ee = effective_len(p.extra, t);
   const int64_t E = em + ee;
-  const int64_t p_lo = E * s / S;
-  const int64_t p_hi = E * (s + 1) / S;
+  int64_t p_lo, p_hi;
+  decode_split_range(E, s, S, &p_lo, &p_hi);
   const int ntiles = int((p_hi - p_lo + BN - 1) / BN);
 
   const uint16_t* qt = p.q + t * p.q_stride_token + h0 * p.q_stride_head;

@@ -8,6 +8,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "mla_ext/numerics.h"  // MLA_EXT_HD
+
 namespace mla_ext {
 
 enum class KvFormat : int {
@@ -104,6 +106,30 @@ inline int decode_num_splits(int64_t num_tokens, int64_t num_heads, int64_t tota
   if (by_width < 1) by_width = 1;
   if (int64_t(s) > by_width) s = int(by_width);
   return s;
+}
+
+// ---------------------------------------------------------------------------
+// Split-K partition of one token (shared by the GPU kernel and the CPU twin).
+// A token's effective positions are the main set's first
+// min(W_main, max(lengths[t], 0)) entries followed by the extra set's first
+// min(W_extra, max(extra_lengths[t], 0)), E in total; split s of S owns the
+// contiguous positions [E*s/S, E*(s+1)/S) (floor division), empty when S > E.
+// Content-dependent, but only inside a block: the grid depends on shapes only.
+// ---------------------------------------------------------------------------
+MLA_EXT_HD int64_t effective_len(const KvSet& s, int64_t t) {
+  if (s.cache == nullptr || s.width <= 0) return 0;
+  int64_t n = s.width;
+  if (s.lengths != nullptr) {
+    const int64_t l = s.lengths[t * s.lengths_stride];
+    n = l < 0 ? 0 : (l < n ? l : n);
+  }
+  return n;
+}
+
+MLA_EXT_HD void decode_split_range(int64_t num_positions, int64_t s, int64_t num_splits, int64_t* lo,
+                                   int64_t* hi) {
+  *lo = num_positions * s / num_splits;
+  *hi = num_positions * (s + 1) / num_splits;
 }
 
 // ---------------------------------------------------------------------------
