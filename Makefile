@@ -7,11 +7,11 @@ export MAX_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 .PHONY: setup run test compile-check cmake-check hipify-check wheel-size bench wheel clean
 
 setup:
-	$(PYTHON) tools/bootstrap.py numpy tabulate tqdm pytest setuptools wheel
-	$(PYTHON) -m pip install -q --no-build-isolation --no-deps -e .
+	$(PYTHON) tools/bootstrap.py numpy tabulate tqdm pytest setuptools wheel ninja
+	$(PYTHON) tools/needs_build.py || $(PYTHON) -m pip install -q --no-build-isolation --no-deps -e .
 
 run: setup
-	mla-ext merge
+	$(PYTHON) -m mla_ext.cli merge
 
 test: setup
 	$(PYTHON) -m pytest -q tests

@@ -63,7 +63,7 @@ def main():
         os.environ.setdefault("PYTORCH_ROCM_ARCH", DEFAULT_ROCM_ARCH)
 
     common = ["-O3", "-std=c++17", f"-DTORCH_TARGET_VERSION={STABLE_ABI_TARGET}"]
-    cxx = common + ["-fopenmp", "-fvisibility=hidden"]
+    cxx = common + ["-fopenmp", "-fvisibility=hidden", "-g0"]  # -g0: Python's CFLAGS add -g
     groups = read_sources()
     include_dirs = [str(ROOT / d) for d in groups["include"]]
     sources = list(groups["cpu"])

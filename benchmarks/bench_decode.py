@@ -52,7 +52,7 @@ def main():
     cols = ["layer", "H", "T", "rows", "us", "GBps", "TFLOPs", "pct_roofline", "gather_us", "pct_gather",
             "max_rel_err"]
     print(f"\nsparse_mla_decode, {torch.cuda.get_device_name()}: copy {bw:.0f} GB/s, bf16 matmul {mm:.0f} TFLOP/s")
-    print(tabulate([[r.get(c, "") for c in cols] for r in rows], headers=cols, floatfmt=".3g"))
+    print(tabulate([[r.get(c, "") for c in cols] for r in rows], headers=cols, floatfmt=".5g"))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"copy_GBps": bw, "matmul_TFLOPs": mm, "device": torch.cuda.get_device_name(),

@@ -34,7 +34,7 @@ def main():
     cols = ["layout", "T", "H", "D", "bytes", "us", "copy_us", "pct_copy", "GB/s", "max_rel_err", "host_us"]
     print(f"\nmerge_attn_states, bf16, {torch.cuda.get_device_name()}, copy bandwidth {bw:.0f} GB/s "
           f"(512 MiB, read+write)")
-    print(tabulate([[r.get(c, "") for c in cols] for r in rows], headers=cols, floatfmt=".4g"))
+    print(tabulate([[r.get(c, "") for c in cols] for r in rows], headers=cols, floatfmt=".5g"))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"copy_GBps": bw, "device": torch.cuda.get_device_name(), "rows": rows}, f, indent=2)

@@ -10,6 +10,8 @@ from typing import Optional, Union
 
 import torch
 
+from ._ops import check_same_device
+
 _ops = torch.ops.mla_ext
 
 __all__ = ["sparse_mla_decode", "sparse_mla_decode_workspace_size", "DecodeWorkspace"]
@@ -21,6 +23,9 @@ DeviceLike = Union[torch.device, str, int, None]
 def _sparse_mla_decode_fake(q, kv_cache, indices, kv_format, softmax_scale, output, workspace,
                             lengths=None, extra_kv_cache=None, extra_indices=None, extra_lengths=None,
                             attn_sink=None, lse=None, num_splits=0):
+    check_same_device("sparse_mla_decode", q=q, kv_cache=kv_cache, indices=indices, output=output,
+                      workspace=workspace, lengths=lengths, extra_kv_cache=extra_kv_cache,
+                      extra_indices=extra_indices, extra_lengths=extra_lengths, attn_sink=attn_sink, lse=lse)
     return None
 
 
@@ -129,7 +134,12 @@ def _device_index(device: DeviceLike) -> int:
     if device.type == "cpu":
         return -1
     if device.type == "cuda":
-        return device.index if device.index is not None else torch.cuda.current_device()
+        if device.index is not None:
+            return device.index
+        if not torch.cuda.is_available():
+            raise RuntimeError(f"sparse_mla_decode_workspace_size: expected device 'cpu' or an available "
+                               f"CUDA device, got {device!r} but torch {torch.__version__} sees no CUDA device")
+        return torch.cuda.current_device()
     raise ValueError(f"sparse_mla_decode_workspace_size: expected a CPU or CUDA device, got {device}")
 
 

@@ -10,8 +10,26 @@ _ops = torch.ops.mla_ext
 _merge_op = torch.ops.mla_ext.merge_attn_states.default
 
 
+def check_same_device(op: str, **tensors) -> None:
+    """Raise RuntimeError when the given tensors (None skipped) are not all on one device.
+
+    Used by the fake (meta) implementations: a mix of meta and real tensors dispatches there,
+    and must fail like the real kernels do instead of silently writing nothing."""
+    first = None
+    for name, t in tensors.items():
+        if t is None:
+            continue
+        if first is None:
+            first = (name, t.device)
+        elif t.device != first[1]:
+            raise RuntimeError(f"{op}: expected {name} on the same device as {first[0]} ({first[1]}), "
+                               f"got {t.device}")
+
+
 @torch.library.register_fake("mla_ext::merge_attn_states")
 def _merge_attn_states_fake(output, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse):
+    check_same_device("merge_attn_states", output=output, output_lse=output_lse, prefix_output=prefix_output,
+                      prefix_lse=prefix_lse, suffix_output=suffix_output, suffix_lse=suffix_lse)
     return None
 
 

@@ -23,7 +23,7 @@ def _int_list(text: str):
     return [int(x) for x in text.split(",") if x]
 
 
-def _print_table(rows, columns, floatfmt=".3g"):
+def _print_table(rows, columns, floatfmt=".5g"):
     from tabulate import tabulate
 
     table = [[r.get(c, "") for c in columns] for r in rows]

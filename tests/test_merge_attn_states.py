@@ -288,3 +288,20 @@ def test_offsets_past_2_pow_32():
     run_and_check(out, out_lse, pa, la, pb, lb, torch.bfloat16)
     del big
     torch.cuda.empty_cache()
+
+
+def test_meta_and_real_tensors_mixed_raise():
+    """A meta tensor among real ones dispatches to the fake implementation: it must raise too."""
+    args = _valid("cpu")
+    args["suffix_output"] = args["suffix_output"].to("meta")
+    with pytest.raises(RuntimeError, match="suffix_output.*same device"):
+        mla_ext.merge_attn_states(**args)
+
+
+def test_vllm_compat_lse_shape_message():
+    T, H, D = 5, 3, 16
+    pa, la, pb, lb = make_case(T, H, D, torch.bfloat16, "cpu", gen_seed=6)
+    out = poison_(torch.empty(T, H, D, dtype=torch.bfloat16))
+    with pytest.raises(RuntimeError, match=r"prefix_lse of shape \[num_heads, num_tokens\] = \[3, 5\]"):
+        mla_ext.compat.vllm.merge_attn_states(out, pa, la, pb, lb.T)  # prefix_lse given as [T, H]
+    assert out.isnan().all()

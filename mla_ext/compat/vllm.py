@@ -33,5 +33,11 @@ def merge_attn_states(
         RuntimeError: as :func:`mla_ext.merge_attn_states` (shapes are checked on
             the transposed ``[num_tokens, num_heads]`` views).
     """
+    if output.dim() == 3:
+        want = (output.shape[1], output.shape[0])
+        for name, lse in (("prefix_lse", prefix_lse), ("suffix_lse", suffix_lse), ("output_lse", output_lse)):
+            if lse is not None and tuple(lse.shape) != want:
+                raise RuntimeError(f"merge_attn_states (vLLM layout): expected {name} of shape "
+                                   f"[num_heads, num_tokens] = [{want[0]}, {want[1]}], got {list(lse.shape)}")
     _merge(output, None if output_lse is None else output_lse.transpose(0, 1),
            prefix_output, prefix_lse.transpose(0, 1), suffix_output, suffix_lse.transpose(0, 1))
