@@ -668,3 +668,16 @@ def test_gpu_cache_over_2gib():
                                                softmax_scale=0.05)
     assert_close_rel(out, ref_o, torch.bfloat16)
     check_lse(lse, ref_l.cpu())
+
+
+@pytest.mark.parametrize("name", ["output", "workspace", "lse", "q"])
+def test_meta_and_real_tensors_mixed_raise(name):
+    """A meta tensor among real ones dispatches to the fake implementation: it must raise too."""
+    a = _valid("cpu")
+    a[name] = a[name].to("meta")
+    out, lse = a["output"], a["lse"]
+    with pytest.raises(RuntimeError, match=f"{name}.*same device|same device.*{name}"):
+        mla_ext.sparse_mla_decode(**a)
+    for t in (out, lse):
+        if t.device.type == "cpu":
+            assert t.isnan().all()
