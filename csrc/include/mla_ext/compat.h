@@ -89,65 +89,17 @@ inline int current_device_sm_count() {
 }
 
 // Compute-capability major of the current device (NVIDIA: 8 = Ampere, 9 =
-// Hopper; HIP reports its own numbering), 0 on failure.
+// Hopper; HIP reports its own numbering), 0 on failure. Read once per device:
+// launchers call it on every launch.
 inline int current_device_cc_major() {
+  static int cache[64] = {};
   int dev = 0;
   if (mlaGetDevice(&dev) != MLA_EXT_GPU_SUCCESS) return 0;
+  if (dev >= 0 && dev < 64 && cache[dev] != 0) return cache[dev];
   int n = 0;
   if (mlaDeviceGetAttribute(&n, mlaDevAttrComputeCapabilityMajor, dev) != MLA_EXT_GPU_SUCCESS) return 0;
+  if (dev >= 0 && dev < 64) cache[dev] = n;
   return n;
-}
-
-// Programmatic dependent launch (CUDA, sm_90+): a kernel launched with
-// launch_maybe_dependent(..., dependent = true, ...) may start while the
-// previous kernel of the stream is still running; it must execute
-// MLA_EXT_GRID_DEP_WAIT() before touching anything that kernel writes (the
-// wait returns once the previous grid has completed and its writes are
-// visible). MLA_EXT_GRID_DEP_LAUNCH() in the previous kernel lets the dependent
-// grid be scheduled early. Elsewhere both are no-ops and the launch is ordinary.
-#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
-#define MLA_EXT_GRID_DEP_WAIT() asm volatile("griddepcontrol.wait;\n" ::: "memory")
-#define MLA_EXT_GRID_DEP_LAUNCH() asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory")
-#else
-#define MLA_EXT_GRID_DEP_WAIT() ((void)0)
-#define MLA_EXT_GRID_DEP_LAUNCH() ((void)0)
-#endif
-
-// True when `kernel` may be launched as a dependent launch on the current
-// device: CUDA, device and the kernel's compiled code both sm_90+ (so that the
-// kernel really contains the grid-dependency wait).
-inline bool dependent_launch_supported(const void* kernel) {
-#if defined(MLA_EXT_HIP)
-  (void)kernel;
-  return false;
-#else
-  if (current_device_cc_major() < 9) return false;
-  cudaFuncAttributes fa;
-  if (cudaFuncGetAttributes(&fa, kernel) != cudaSuccess) return false;
-  return fa.binaryVersion >= 90;
-#endif
-}
-
-template <typename... KArgs, typename... Args>
-inline gpuError_t launch_maybe_dependent(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
-                                         gpuStream_t stream, bool dependent, Args... args) {
-#if defined(MLA_EXT_HIP)
-  (void)dependent;
-  hipLaunchKernelGGL(kernel, grid, block, smem, stream, args...);
-  return hipGetLastError();
-#else
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = dependent ? 1 : 0;
-  return cudaLaunchKernelEx(&cfg, kernel, args...);
-#endif
 }
 
 }  // namespace mla_ext

@@ -59,17 +59,6 @@
 #define MLA_EXT_DECODE_MT1_MIN_BLOCKS 2
 #endif
 
-// Tuning knobs, both off (measured on an H200, CUDA graph of 10 launches, T=1,
-// 64 splits: PDL 36.4 us vs 30.9 us off at H=16, batched reduce loads 37.2 vs
-// 30.9 us; both slower at every split count > 10): launch the split reduce as a
-// programmatic dependent grid (sm_90+), and batch the reduce loop's loads.
-#ifndef MLA_EXT_DECODE_PDL
-#define MLA_EXT_DECODE_PDL 0
-#endif
-#ifndef MLA_EXT_DECODE_REDUCE_BATCH
-#define MLA_EXT_DECODE_REDUCE_BATCH 0
-#endif
-
 namespace mla_ext {
 namespace decode_detail {
 
@@ -358,11 +347,6 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
 
   const SparseDecodeParams& p = a.p;
   const int tid = threadIdx.x;
-  // The reduce kernel (launched as a dependent grid when S > 1) may be
-  // scheduled now; it waits for this grid's completion before reading.
-#if MLA_EXT_DECODE_PDL
-  MLA_EXT_GRID_DEP_LAUNCH();
-#endif
   const int HG = a.head_groups;
   const int S = p.num_splits;
   uint32_t bid = blockIdx.x;
@@ -716,10 +700,6 @@ __global__ void __launch_bounds__(kReduceThreads) decode_reduce_kernel(const Red
   const int S = p.num_splits;
   const int64_t row = blockIdx.x;  // t * H + h
   const int64_t t = row / H, h = row - (row / H) * H;
-  // Launched as a dependent grid: wait for the split kernel's writes.
-#if MLA_EXT_DECODE_PDL
-  MLA_EXT_GRID_DEP_WAIT();
-#endif
   const float* lse = a.ws_lse + row * S;
   float mx = neg_inf();
 #pragma unroll 4
@@ -729,21 +709,11 @@ __global__ void __launch_bounds__(kReduceThreads) decode_reduce_kernel(const Red
   float out_lse = neg_inf();
   if (mx != neg_inf()) {
     float L = 0.f;
-#if MLA_EXT_DECODE_REDUCE_BATCH
-    // Unconditional loads (several in flight), weight-0 splits selected away.
-#pragma unroll 4
-    for (int i = 0; i < S; ++i) {
-      const float w = expf(lse[i] - mx);
-      L += w;
-      const float4 v = *reinterpret_cast<const float4*>(a.ws_out + (row * S + i) * kDV + col);
-      if (w > 0.f) {
-#else
     for (int i = 0; i < S; ++i) {
       const float w = expf(lse[i] - mx);
       L += w;
       if (w > 0.f) {
         const float4 v = *reinterpret_cast<const float4*>(a.ws_out + (row * S + i) * kDV + col);
-#endif
         o[0] = fmaf(w, v.x, o[0]);
         o[1] = fmaf(w, v.y, o[1]);
         o[2] = fmaf(w, v.z, o[2]);
@@ -902,19 +872,10 @@ inline Status launch_sparse_mla_decode(const SparseDecodeParams& p, void* worksp
   r.ws_lse = a.ws_lse;
   r.out_vec4 = (reinterpret_cast<uintptr_t>(p.output) & 7u) == 0 && (p.output_stride_token & 3) == 0 &&
                (p.output_stride_head & 3) == 0;
-  // Dependent launch where supported (sm_90+): the reduce grid's launch latency
-  // overlaps the split kernel's tail.
-  static signed char pdl_ok[64] = {};  // 0 unknown, 1 yes, -1 no (per device)
-  int dev = 0;
-  bool pdl = false;
-  if (MLA_EXT_DECODE_PDL && mlaGetDevice(&dev) == MLA_EXT_GPU_SUCCESS && dev >= 0 && dev < 64) {
-    if (pdl_ok[dev] == 0)
-      pdl_ok[dev] = dependent_launch_supported(reinterpret_cast<const void*>(decode_reduce_kernel<0>)) ? 1 : -1;
-    pdl = pdl_ok[dev] > 0;
-  }
-  if (launch_maybe_dependent(decode_reduce_kernel<0>, dim3(uint32_t(T * H)), dim3(kReduceThreads), 0, stream, pdl,
-                             r) != MLA_EXT_GPU_SUCCESS)
-    return Status::kLaunchFailed;
+  // A programmatic dependent launch of this reduce (overlapping its launch with
+  // the split kernel's tail) was measured slower on the H200 (31 -> 36 us at
+  // T = 1, 64 splits), so it is an ordinary launch.
+  decode_reduce_kernel<0><<<dim3(uint32_t(T * H)), dim3(kReduceThreads), 0, stream>>>(r);
   return check_launch();
 }
 
