@@ -219,10 +219,6 @@ def _valid_count(indices, lengths, num_slots):
     return ok
 
 
-def _num_slots(cache):
-    return cache.shape[0] * cache.shape[1]
-
-
 def make_mixed(inp, rows: int = 500, seed: int = 0):
     """Straggler batch from a C128 build: token 0 keeps all its compressed rows, every other
     token keeps about ``rows`` of them (extra_lengths cut to 450..550)."""
@@ -231,6 +227,8 @@ def make_mixed(inp, rows: int = 500, seed: int = 0):
     cut = torch.randint(rows - 50, rows + 51, (T,), generator=g).to(inp.extra_lengths.device)
     cut[0] = inp.extra_lengths[0]
     inp.extra_lengths = torch.minimum(inp.extra_lengths, cut.to(inp.extra_lengths.dtype))
+    from .reference import _num_slots
+
     valid = _valid_count(inp.indices, inp.lengths, _num_slots(inp.kv_cache)).sum()
     valid += _valid_count(inp.extra_indices, inp.extra_lengths, _num_slots(inp.extra_kv_cache)).sum()
     inp.num_selected = int(valid)
