@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device session: build for sm_90a, run the test suite on the GPU, run benchmarks.
 # Usage (on the GPU machine, from the repository root):
-#   tools/device_check.sh [pytest args...]      BENCH="merge decode" to choose benchmarks
+#   tools/device_check.sh [pytest args...]      BENCH="merge decode" to choose benchmarks,
+#   SANITIZE="memcheck racecheck" to run compute-sanitizer on tests/gpu_dev/sanitize_case.py
 # Logs go to $OUT (or ./device_out); a short table is printed last.
 set -uo pipefail
 OUT=${OUT:-$PWD/device_out}
@@ -17,6 +18,13 @@ echo "build: $(( $(date +%s) - t0 )) s"
 mla-ext info > "$OUT/info.txt" 2>&1
 python3 -X faulthandler -m pytest -q -rfE -p no:cacheprovider --timeout=300 "$@" tests > "$OUT/pytest.log" 2>&1
 echo "pytest rc=$? ($(tail -1 "$OUT/pytest.log"))"
+if [ -n "${SANITIZE:-}" ]; then  # SANITIZE="memcheck racecheck synccheck"
+  for tool in $SANITIZE; do
+    timeout 240 compute-sanitizer --tool "$tool" --error-exitcode 9 python3 tests/gpu_dev/sanitize_case.py \
+      > "$OUT/sanitize_$tool.log" 2>&1
+    echo "compute-sanitizer $tool rc=$? ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize_$tool.log" | tail -1))"
+  done
+fi
 for b in ${BENCH:-}; do
   python3 benchmarks/bench_$b.py --json "$OUT/bench_$b.json" > "$OUT/bench_$b.log" 2>&1
   echo "bench_$b rc=$?"

@@ -1,0 +1,61 @@
+"""Small GPU cases for compute-sanitizer (memcheck / racecheck / synccheck).
+
+Runs merge_attn_states (vector and narrow paths) and sparse_mla_decode (every layer kind, the
+mma.sync and the portable paths, one and several splits, sink and lse) once each on tiny shapes,
+then checks each result against the float64 reference so a sanitizer run also proves the values.
+Usage: compute-sanitizer --tool memcheck python3 tests/gpu_dev/sanitize_case.py
+"""
+import sys
+
+import torch
+
+import mla_ext
+from mla_ext import reference
+from mla_ext.builders import build_decode_inputs
+
+import os
+dev = os.environ.get("MLA_EXT_DEVICE", "cuda")
+bad = 0
+
+# merge: 16-byte path (D=128) and narrow path (D=7), with output_lse
+for D in (128, 7):
+    T, H = 5, 3
+    po, so = torch.randn(T, H, D, device=dev, dtype=torch.bfloat16), torch.randn(T, H, D, device=dev, dtype=torch.bfloat16)
+    pl, sl = torch.randn(T, H, device=dev), torch.randn(T, H, device=dev)
+    out = torch.full((T, H, D), float("nan"), device=dev, dtype=torch.bfloat16)
+    ol = torch.full((T, H), float("nan"), device=dev)
+    mla_ext.merge_attn_states(out, ol, po, pl, so, sl)
+    ro, rl = reference.merge_attn_states(po, pl, so, sl)
+    err = ((out.double() - ro.to(dev)).abs().max() / ro.abs().max()).item()
+    print(f"merge D={D}: max err {err:.3g}")
+    bad += not err < 2e-2
+
+for kind in ("v4_swa", "v4_c4", "v4_c128", "v32"):
+    for heads in (16, 64):
+        inp = build_decode_inputs(kind, batch=2, num_heads=heads, context_len=(300, 700), mtp=1,
+                                  topk=128 if kind in ("v4_c4", "v32") else None, device=dev, seed=3)
+        ref_o, ref_l = inp.reference()
+        for portable in (False, True):
+            for splits in (1, 3):
+                T, H = inp.num_tokens, inp.num_heads
+                out = torch.full((T, H, 512), float("nan"), device=dev, dtype=torch.bfloat16)
+                lse = torch.full((T, H), float("nan"), device=dev)
+                ws = torch.empty(mla_ext.sparse_mla_decode_workspace_size(T, H, num_splits=splits, device=dev),
+                                 dtype=torch.uint8, device=dev).fill_(0xFF)
+                prev = torch.ops.mla_ext._set_force_portable(portable)
+                try:
+                    mla_ext.sparse_mla_decode(inp.q, inp.kv_cache, inp.indices, output=out, workspace=ws,
+                                              lse=lse, num_splits=splits, **inp.op_kwargs())
+                    if dev == "cuda":
+                        torch.cuda.synchronize()
+                finally:
+                    torch.ops.mla_ext._set_force_portable(prev)
+                eo = ((out.double() - ref_o.to(dev)).abs().max() / ref_o.abs().max()).item()  # relative to max |ref|
+                el = (lse.double() - ref_l.to(dev)).abs().max().item()
+                tol_o, tol_l = (4e-2, 0.25) if (kind == "v32" and dev == "cuda") else (1e-2, 1e-2)
+                ok = eo < tol_o and el < tol_l
+                bad += not ok
+                print(f"decode {kind:8s} H={heads:3d} portable={portable!s:5s} splits={splits}: "
+                      f"out err {eo:.3g} lse err {el:.3g} {'ok' if ok else 'FAIL'}")
+print("FAILED" if bad else "all ok")
+sys.exit(1 if bad else 0)
