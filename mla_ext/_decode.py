@@ -112,9 +112,11 @@ def sparse_mla_decode(
     allocation, no host synchronisation, CUDA-graph capturable. Offsets are 64-bit.
 
     Precision: the CPU computes in fp32 from exactly dequantised keys. The GPU's tensor-core path
-    feeds keys and probabilities to the MMA as bf16: exact for bf16 caches and for V4 keys (e4m3
-    times a power of two), but V3.2 keys (e4m3 times an fp32 scale) are rounded to bf16, so V3.2
-    lse on the GPU can be off by ~0.1 (measured up to 0.14 on N(0,1) latents at 512 tokens).
+    feeds keys and probabilities to the MMA as bf16 with fp32 accumulation. Keys are exact there:
+    bf16 caches and V4 keys (e4m3 times a power of two) are bf16 values, and V3.2 keys enter as
+    their raw e4m3 values with the fp32 scales applied to the per-128-dim partial scores after the
+    MMA (and folded into the probabilities for the value product), so only the probabilities are
+    rounded to bf16 (relative 2^-9 each).
 
     Raises:
         RuntimeError: before anything is written (``output``, ``lse`` and ``workspace`` are

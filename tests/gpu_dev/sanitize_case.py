@@ -52,7 +52,7 @@ for kind in ("v4_swa", "v4_c4", "v4_c128", "v32"):
                     torch.ops.mla_ext._set_force_portable(prev)
                 eo = ((out.double() - ref_o.to(dev)).abs().max() / ref_o.abs().max()).item()  # relative to max |ref|
                 el = (lse.double() - ref_l.to(dev)).abs().max().item()
-                tol_o, tol_l = (4e-2, 0.25) if (kind == "v32" and dev == "cuda") else (1e-2, 1e-2)
+                tol_o, tol_l = 1.6e-2, 1e-2
                 ok = eo < tol_o and el < tol_l
                 bad += not ok
                 print(f"decode {kind:8s} H={heads:3d} portable={portable!s:5s} splits={splits}: "

@@ -17,8 +17,11 @@
 //      positions past the split end -> nullptr; such rows are never read);
 //   2. loads the raw row bytes with 16-byte loads into registers (issued one
 //      tile ahead, so the loads of tile j+1 fly during the math of tile j);
-//   3. dequantises them (FP8 e4m3fn x scale, exact bit decode, then bf16) into
-//      a shared bf16 tile K[BN][d_qk] (invalid rows -> zeros);
+//   3. dequantises them into a shared bf16 tile K[BN][d_qk] (invalid rows ->
+//      zeros): V4 e4m3fn x power-of-two scale (exact in bf16); V3.2 the raw
+//      e4m3fn values (exact) with the fp32 scales in their own [4][BN] array,
+//      applied to each 128-dim group's partial Q.K sum after the product and
+//      to a per-group copy of P before the P.V product (keys never rounded);
 //   4. S = Q K^T into shared fp32, masked online softmax (exp2 domain), P;
 //   5. O = O*alpha + P V with V = the first 512 columns of the same tile.
 // Tensor-core path (NVIDIA sm_80+): BN = 64, Q staged in shared memory, S and
@@ -89,7 +92,10 @@ struct Fmt<KvFormat::kFP8DsMlaV4, 512> {
 };
 
 // ---- shared-memory layout ----
-template <int MT, int DQK, bool MMA>
+// SCALED (fp8_ds_mla): the K tile holds the raw e4m3 values (exact in bf16) and
+// the fp32 scales sit in their own array; the scales multiply the per-group
+// QK^T partial sums and a per-group copy of P (4 copies, one per 128 V dims).
+template <int MT, int DQK, bool MMA, bool SCALED = false>
 struct Cfg {
   static constexpr int HTp = 16 * MT;         // padded head rows
   static constexpr int BN = MMA ? 64 : 32;    // KV rows per tile
@@ -100,10 +106,12 @@ struct Cfg {
   static constexpr size_t qOff = kOff + size_t(BN) * KST * 2;
   static constexpr size_t sOff = qOff + (MMA ? size_t(HTp) * KST * 2 : 0);
   static constexpr size_t pOff = sOff + size_t(HTp) * SST * 4;
-  static constexpr size_t aOff = pOff + (MMA ? size_t(HTp) * PST * 2 : 0);
+  static constexpr int kPCopies = SCALED ? 4 : 1;  // P copies (one per V scale group)
+  static constexpr size_t aOff = pOff + (MMA ? size_t(kPCopies) * HTp * PST * 2 : 0);
   static constexpr size_t invOff = aOff + size_t(HTp) * 4;
   static constexpr size_t metaOff = invOff + size_t(HTp) * 4;
-  static constexpr size_t bytes = metaOff + size_t(4) * BN * sizeof(void*);
+  static constexpr size_t scOff = metaOff + size_t(4) * BN * sizeof(void*);  // float [4][BN]
+  static constexpr size_t bytes = scOff + (SCALED ? size_t(4) * BN * 4 : 0);
   static constexpr int TPR = kThreads / HTp;  // softmax threads per head row
   static constexpr int CPT = BN / TPR;        // softmax columns per thread
 };
@@ -271,7 +279,10 @@ struct Gather {
     }
   }
 
-  __device__ __forceinline__ void store(uint16_t* K, int kst, int tid) const {
+  // kScaled (fp8_ds_mla): K gets the raw e4m3 values (exact in bf16) and ksc[g * BN + row]
+  // the fp32 scale of 128-element group g; otherwise K gets value x scale rounded to bf16.
+  static constexpr bool kScaled = F == KvFormat::kFP8DsMla;
+  __device__ __forceinline__ void store(uint16_t* K, int kst, float* ksc, int tid) const {
 #pragma unroll
     for (int k = 0; k < kUPT; ++k) {
       const int u = tid + k * kThreads;
@@ -284,7 +295,13 @@ struct Gather {
       } else if (c < FT::kFp8Chunks) {
         // invalid rows: raw bytes and scale bits are 0 -> +0 * 2^-127 = 0
         const uint32_t sb = sraw[kFp8 ? k : 0];
-        const float s = F == KvFormat::kFP8DsMlaV4 ? ue8m0_to_float(uint8_t(sb)) : bits_to_float(sb);
+        float s;
+        if (F == KvFormat::kFP8DsMlaV4) {
+          s = ue8m0_to_float(uint8_t(sb));
+        } else {
+          if ((c & 7) == 0) ksc[(c >> 3) * BN + row] = bits_to_float(sb);
+          s = 1.f;
+        }
         uint4 lo, hi;
         dequant4(raw[k].x, s, lo.x, lo.y);
         dequant4(raw[k].y, s, lo.z, lo.w);
@@ -331,7 +348,8 @@ __device__ __forceinline__ void row_address(const SparseDecodeParams& p, int64_t
 // ---- the split kernel body ----
 template <int MT, int DQK, KvFormat F, bool MMA>
 __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
-  using C = Cfg<MT, DQK, MMA>;
+  constexpr bool SC = F == KvFormat::kFP8DsMla;  // scales applied after the products
+  using C = Cfg<MT, DQK, MMA, SC>;
   using G = Gather<F, DQK, C::BN>;
   constexpr int HTp = C::HTp, BN = C::BN, KST = C::KST, SST = C::SST, PST = C::PST;
   constexpr int TPR = C::TPR, CPT = C::CPT;
@@ -344,6 +362,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
   float* inv_s = reinterpret_cast<float*>(smem + C::invOff);
   const uint8_t** meta_d = reinterpret_cast<const uint8_t**>(smem + C::metaOff);  // [2][BN]
   const uint8_t** meta_s = meta_d + 2 * BN;                                        // [2][BN]
+  float* ksc = reinterpret_cast<float*>(smem + C::scOff);                          // [4][BN] (SC)
 
   const SparseDecodeParams& p = a.p;
   const int tid = threadIdx.x;
@@ -413,7 +432,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
 
   for (int j = 0; j < ntiles; ++j) {
     const int cur = j & 1, nxt = cur ^ 1;
-    g.store(Ks, KST, tid);
+    g.store(Ks, KST, ksc, tid);
     if (tid < BN) {
       row_address<F>(p, p_lo + int64_t(j + 1) * BN + tid, em, idx_next, meta_d[nxt * BN + tid],
                      meta_s[nxt * BN + tid]);
@@ -430,43 +449,67 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
       const int mt = warp % MT;
       const int nt0 = (warp / MT) * MT;
       // NACC independent accumulator sets (k-steps alternate between them) so the
-      // dependent mma chain is DQK/16/NACC long instead of DQK/16.
+      // dependent mma chain is DQK/16/NACC long instead of DQK/16. SC: the k loop
+      // runs in 5 groups (4 x 128 latent dims, each times its per-row fp32 scale
+      // when folded into sc, then the unscaled RoPE dims).
       constexpr int NACC = MT <= 2 ? 2 : 1;
-      float sc[MT][4], sc2[NACC][MT][4];
-#pragma unroll
-      for (int v = 0; v < NACC; ++v)
-#pragma unroll
-        for (int i = 0; i < MT; ++i) sc2[v][i][0] = sc2[v][i][1] = sc2[v][i][2] = sc2[v][i][3] = 0.f;
+      constexpr int NGRP = SC ? 5 : 1;
+      float sc[MT][4];
       const uint16_t* qa = Qs + (mt * 16 + (lane & 15)) * KST + (lane >> 4) * 8;
-#pragma unroll 4
-      for (int kk = 0; kk < DQK / 16; ++kk) {
-        const int v = NACC == 1 ? 0 : (kk & (NACC - 1));
-        uint32_t af[4];
-        ldsm_x4(af, qa + kk * 16);
-        if (MT == 1) {
-          uint32_t bf[2];
-          ldsm_x2(bf, Ks + (nt0 * 8 + (lane & 7)) * KST + kk * 16 + ((lane >> 3) & 1) * 8);
-          mma16816(sc2[v][0], af, bf[0], bf[1]);
-        } else {
 #pragma unroll
-          for (int np = 0; np < MT / 2; ++np) {
-            uint32_t bf[4];
-            ldsm_x4(bf, Ks + ((nt0 + 2 * np) * 8 + ((lane >> 4) & 1) * 8 + (lane & 7)) * KST + kk * 16 +
-                            ((lane >> 3) & 1) * 8);
-            mma16816(sc2[v][2 * np], af, bf[0], bf[1]);
-            mma16816(sc2[v][2 * np + 1], af, bf[2], bf[3]);
+      for (int grp = 0; grp < NGRP; ++grp) {
+        const int k0 = SC ? grp * 8 : 0;
+        const int k1 = (SC && grp < 4) ? k0 + 8 : DQK / 16;
+        float sc2[NACC][MT][4];
+#pragma unroll
+        for (int v = 0; v < NACC; ++v)
+#pragma unroll
+          for (int i = 0; i < MT; ++i) sc2[v][i][0] = sc2[v][i][1] = sc2[v][i][2] = sc2[v][i][3] = 0.f;
+#pragma unroll 4
+        for (int kk = k0; kk < k1; ++kk) {
+          const int v = NACC == 1 ? 0 : (kk & (NACC - 1));
+          uint32_t af[4];
+          ldsm_x4(af, qa + kk * 16);
+          if (MT == 1) {
+            uint32_t bf[2];
+            ldsm_x2(bf, Ks + (nt0 * 8 + (lane & 7)) * KST + kk * 16 + ((lane >> 3) & 1) * 8);
+            mma16816(sc2[v][0], af, bf[0], bf[1]);
+          } else {
+#pragma unroll
+            for (int np = 0; np < MT / 2; ++np) {
+              uint32_t bf[4];
+              ldsm_x4(bf, Ks + ((nt0 + 2 * np) * 8 + ((lane >> 4) & 1) * 8 + (lane & 7)) * KST + kk * 16 +
+                              ((lane >> 3) & 1) * 8);
+              mma16816(sc2[v][2 * np], af, bf[0], bf[1]);
+              mma16816(sc2[v][2 * np + 1], af, bf[2], bf[3]);
+            }
+          }
+        }
+#pragma unroll
+        for (int i = 0; i < MT; ++i) {
+          float x[4];
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            x[e] = sc2[0][i][e];
+#pragma unroll
+            for (int v = 1; v < NACC; ++v) x[e] += sc2[v][i][e];
+          }
+          if constexpr (SC) {
+            // columns (key rows) of this fragment: c[0], c[2] -> col, c[1], c[3] -> col + 1
+            float2 ks = make_float2(1.f, 1.f);
+            if (grp < 4) ks = *reinterpret_cast<const float2*>(ksc + grp * BN + (nt0 + i) * 8 + (lane & 3) * 2);
+            if (grp == 0) {
+              sc[i][0] = x[0] * ks.x; sc[i][1] = x[1] * ks.y; sc[i][2] = x[2] * ks.x; sc[i][3] = x[3] * ks.y;
+            } else {
+              sc[i][0] = fmaf(x[0], ks.x, sc[i][0]); sc[i][1] = fmaf(x[1], ks.y, sc[i][1]);
+              sc[i][2] = fmaf(x[2], ks.x, sc[i][2]); sc[i][3] = fmaf(x[3], ks.y, sc[i][3]);
+            }
+          } else {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) sc[i][e] = x[e];
           }
         }
       }
-#pragma unroll
-      for (int i = 0; i < MT; ++i)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          float x = sc2[0][i][e];
-#pragma unroll
-          for (int v = 1; v < NACC; ++v) x += sc2[v][i][e];
-          sc[i][e] = x;
-        }
       const int r0 = mt * 16 + (lane >> 2);
 #pragma unroll
       for (int i = 0; i < MT; ++i) {
@@ -485,6 +528,13 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
       for (int c = 0; c < DQK / 8; ++c) {
         float kf[8];
         bf16x8_to_float(*reinterpret_cast<const uint4*>(krow + 8 * c), kf);
+        if constexpr (SC) {
+          if (c < 64) {
+            const float ks = ksc[(c >> 4) * BN + r];
+#pragma unroll
+            for (int e = 0; e < 8; ++e) kf[e] *= ks;
+          }
+        }
 #pragma unroll
         for (int i = 0; i < NHQ; ++i) {
           const int hr = hq + 8 * i;
@@ -524,7 +574,13 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
         const int col = ssub + TPR * i;
         float pv = exp2f(sv[i] - m_use);
         lsum_exact += pv;
-        if (MMA) {
+        if (MMA && SC) {
+          // one P copy per 128-dim V group, times that group's scale of key row col;
+          // the normaliser sums the unrounded probabilities
+#pragma unroll
+          for (int g4 = 0; g4 < 4; ++g4)
+            Ps[g4 * HTp * PST + srow * PST + col] = uint16_t(pack_bf16x2(pv * ksc[g4 * BN + col], 0.f) & 0xffffu);
+        } else if (MMA) {
           const uint16_t pb = uint16_t(pack_bf16x2(pv, 0.f) & 0xffffu);
           Ps[srow * PST + col] = pb;
           pv = bf16_to_float(pb);
@@ -563,7 +619,8 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
         uint32_t af[MT][4];
 #pragma unroll
         for (int m = 0; m < MT; ++m)
-          ldsm_x4(af[m], Ps + (m * 16 + (lane & 15)) * PST + kk * 16 + (lane >> 4) * 8);
+          ldsm_x4(af[m], Ps + (SC ? (warp >> 1) * HTp * PST : 0) + (m * 16 + (lane & 15)) * PST + kk * 16 +
+                             (lane >> 4) * 8);
 #pragma unroll
         for (int np = 0; np < 4; ++np) {
           uint32_t bf[4];
@@ -588,6 +645,11 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
       for (int r = 0; r < BN; ++r) {
         float vf[8];
         bf16x8_to_float(*reinterpret_cast<const uint4*>(Ks + r * KST + dg * 8), vf);
+        if constexpr (SC) {
+          const float vs = ksc[(dg >> 4) * BN + r];
+#pragma unroll
+          for (int e = 0; e < 8; ++e) vf[e] *= vs;
+        }
 #pragma unroll
         for (int i = 0; i < NH4; ++i) {
           const float pv = Ss[(hq + 4 * i) * SST + r];
@@ -756,7 +818,7 @@ inline bool ensure_smem(bool (&done)[64], const void* kernel, size_t bytes) {
 
 template <int MT, int DQK, KvFormat F, bool MMA>
 inline Status launch_split(const DecodeArgs& a, uint32_t blocks, gpuStream_t stream) {
-  using C = Cfg<MT, DQK, MMA>;
+  using C = Cfg<MT, DQK, MMA, F == KvFormat::kFP8DsMla>;
   static bool done[64] = {};
   if constexpr (MMA) {
     if (!ensure_smem(done, reinterpret_cast<const void*>(decode_split_mma_kernel<MT, DQK, F>), C::bytes))
