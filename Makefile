@@ -7,10 +7,13 @@ export MAX_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 .PHONY: setup run test compile-check cmake-check hipify-check wheel-size bench wheel clean
 
 setup:
-	$(PYTHON) tools/bootstrap.py numpy tabulate tqdm pytest setuptools wheel ninja
+	$(PYTHON) tools/bootstrap.py numpy tabulate tqdm pytest setuptools wheel ninja --optional matplotlib
 	$(PYTHON) tools/needs_build.py || $(PYTHON) -m pip install -q --no-build-isolation --no-deps -e .
 
+# The main job: the attention of one DeepSeek decode step (default: V4 Flash, TP 8; small
+# sizes on a CPU, realistic ones on a GPU), verified and timed; then merge_attn_states.
 run: setup
+	$(PYTHON) -m mla_ext.cli decode
 	$(PYTHON) -m mla_ext.cli merge
 
 test: setup

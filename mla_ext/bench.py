@@ -9,9 +9,10 @@ quoted as ratios against them.
 """
 from __future__ import annotations
 
+import functools
 import statistics
 import time
-from typing import Callable, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
@@ -68,8 +69,13 @@ def time_cpu(fn: Callable[[], None], *, repeat: int = 5, min_seconds: float = 0.
 
 
 def copy_ceiling_us(total_bytes: int, device="cuda") -> float:
-    """µs of a device-to-device copy moving ``total_bytes`` (read + write), L2-cold."""
+    """µs of a device-to-device copy moving ``total_bytes`` (read + write), L2-cold on a GPU;
+    on the CPU a host memcpy of the same bytes (median of :func:`time_cpu`)."""
     n = max(1, total_bytes // 2)
+    if torch.device(device).type == "cpu":
+        src = torch.empty(n, dtype=torch.uint8).random_(0, 255)
+        dst = torch.empty(n, dtype=torch.uint8)
+        return time_cpu(lambda: dst.copy_(src), repeat=3, min_seconds=0.02)
     sets = num_rotations(2 * n)
     src = [torch.empty(n, dtype=torch.uint8, device=device).random_(0, 255) for _ in range(sets)]
     dst = [torch.empty(n, dtype=torch.uint8, device=device) for _ in range(sets)]
@@ -79,17 +85,29 @@ def copy_ceiling_us(total_bytes: int, device="cuda") -> float:
 
 
 def copy_bandwidth_gbs(device="cuda", nbytes: int = 512 << 20) -> float:
-    """Measured device-to-device copy bandwidth in GB/s (bytes read + written)."""
+    """Measured copy bandwidth in GB/s (bytes read + written): device-to-device on a GPU,
+    host memcpy on the CPU (pass a smaller ``nbytes`` there, e.g. 64 MiB)."""
     us = copy_ceiling_us(nbytes, device)
     return nbytes / us / 1e3
 
 
+def matmul_dtype(device) -> torch.dtype:
+    """Dtype of the matmul ceiling: bf16 on a GPU (the decode's MMA inputs), fp32 on the CPU
+    (the CPU decode computes in fp32)."""
+    return torch.float32 if torch.device(device).type == "cpu" else torch.bfloat16
+
+
 def matmul_tflops(device="cuda", n: int = 8192) -> float:
-    """Measured dense bf16 matmul rate (TFLOP/s) on random data."""
-    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
-    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
-    c = torch.empty(n, n, device=device, dtype=torch.bfloat16)
-    us = time_graph([lambda: torch.matmul(a, b, out=c)], replays=10)
+    """Measured dense matmul rate (TFLOP/s) on random data, in :func:`matmul_dtype` (pass a
+    smaller ``n`` on the CPU, e.g. 1024)."""
+    dtype = matmul_dtype(device)
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    c = torch.empty(n, n, device=device, dtype=dtype)
+    if torch.device(device).type == "cpu":
+        us = time_cpu(lambda: torch.matmul(a, b, out=c), repeat=3, min_seconds=0.02)
+    else:
+        us = time_graph([lambda: torch.matmul(a, b, out=c)], replays=10)
     return 2 * n**3 / us / 1e6
 
 
@@ -246,6 +264,178 @@ def _slice_tokens(inp, t0: int, t1: int) -> dict:
                 extra_indices=sl(inp.extra_indices), extra_lengths=sl(inp.extra_lengths), attn_sink=inp.attn_sink)
 
 
+def decode_rows_per_token(kind: str, context_len: int, topk: Optional[int] = None) -> int:
+    """Upper estimate of the rows one query token selects in a layer of ``kind`` at
+    ``context_len`` tokens (sizes the L2-cold rotation before anything is built)."""
+    from .builders import LAYER_KINDS
+
+    k = LAYER_KINDS[kind]
+    top = k.topk if topk is None else topk
+    window = k.window or 0
+    if kind == "v32":
+        return min(top, context_len)
+    if k.compress_ratio is None:
+        return window
+    compressed = context_len // k.compress_ratio
+    return window + (min(top, compressed) if k.topk is not None else compressed)
+
+
+def decode_num_sets(kind: str, num_tokens: int, context_len: int, topk: Optional[int] = None,
+                    kv_format: Optional[str] = None, cap: int = 16) -> int:
+    """Input sets one GPU timing cycles through so that they exceed the L2 cache
+    (:func:`num_rotations` of the estimated KV bytes per call, at most ``cap``)."""
+    from .builders import LAYER_KINDS
+    from .formats import kv_bytes_per_row
+
+    k = LAYER_KINDS[kind]
+    row_bytes = kv_bytes_per_row(kv_format or k.default_format, k.d_qk)
+    return num_rotations(num_tokens * decode_rows_per_token(kind, context_len, topk) * row_bytes, cap=cap)
+
+
+class DecodeSets:
+    """``sets`` independent inputs of one layer kind with preallocated outputs: the token slices
+    ``[r * T, (r + 1) * T)`` of one :func:`mla_ext.builders.build_decode_inputs` build of
+    ``batch * sets`` requests, so each set has its own requests, pages and rows (an engine's
+    different layers, or L2-cold rotations of one call).
+
+    Attributes:
+        kind: builder layer kind. inp: the whole build (:class:`mla_ext.builders.DecodeInputs`).
+        num_tokens: T per set (batch x (1 + mtp)). num_heads: H. sets: number of sets.
+        outputs: per set ``[T, H, 512]`` bf16; lses: per set ``[T, H]`` fp32 (written by
+            :meth:`call`).
+        kwargs: per set the op's input keyword arguments.
+    """
+
+    def __init__(self, kind: str, inp, num_tokens: int, sets: int):
+        from ._decode import sparse_mla_decode
+
+        self._op = sparse_mla_decode
+        self.kind = kind
+        self.inp = inp
+        self.num_tokens = num_tokens
+        self.num_heads = inp.num_heads
+        self.sets = sets
+        dev = inp.q.device
+        self.outputs = [torch.empty(num_tokens, self.num_heads, 512, dtype=torch.bfloat16, device=dev)
+                        for _ in range(sets)]
+        self.lses = [torch.empty(num_tokens, self.num_heads, device=dev) for _ in range(sets)]
+        self.kwargs = [_slice_tokens(inp, r * num_tokens, (r + 1) * num_tokens) for r in range(sets)]
+
+    def call(self, r: int, workspace: torch.Tensor) -> None:
+        """One ``sparse_mla_decode`` on set ``r``, written into ``outputs[r]`` / ``lses[r]``."""
+        self._op(**self.kwargs[r], output=self.outputs[r], workspace=workspace, lse=self.lses[r])
+
+    def calls(self, workspace: torch.Tensor) -> List[Callable[[], None]]:
+        return [functools.partial(self.call, r, workspace) for r in range(self.sets)]
+
+    def poison(self) -> None:
+        """NaN into every output and lse (an element the op does not write stays NaN)."""
+        for t in self.outputs + self.lses:
+            t.fill_(float("nan"))
+
+    @property
+    def rows_per_call(self) -> float:
+        return self.inp.num_selected / self.sets
+
+    @property
+    def kv_bytes_per_call(self) -> float:
+        return self.inp.num_kv_bytes / self.sets
+
+    @property
+    def flops_per_call(self) -> float:
+        return decode_flops(self.inp) / self.sets
+
+    @property
+    def cache_bytes(self) -> int:
+        """Bytes of the cache tensors' storage (both sets of a V4 layer)."""
+        caches = [c for c in (self.inp.kv_cache, self.inp.extra_kv_cache) if c is not None]
+        return sum(c.untyped_storage().nbytes() for c in caches)
+
+
+def build_decode_sets(kind: str, *, batch: int, num_heads: int, context_len, sets: int = 1, mtp: int = 0,
+                      kv_format: Optional[str] = None, topk: Optional[int] = None, device="cpu",
+                      seed: int = 0, mixed: bool = False) -> DecodeSets:
+    """Build :class:`DecodeSets`: ``sets`` inputs of ``batch`` requests (``1 + mtp`` query tokens
+    each) of layer ``kind``; arguments as :func:`mla_ext.builders.build_decode_inputs`.
+    ``mixed``: apply :func:`make_mixed` (C128 straggler batch)."""
+    from .builders import build_decode_inputs
+
+    inp = build_decode_inputs(kind, batch=batch * sets, num_heads=num_heads, context_len=context_len,
+                              mtp=mtp, kv_format=kv_format, topk=topk, device=device, seed=seed)
+    if mixed:
+        inp = make_mixed(inp)
+    return DecodeSets(kind, inp, batch * (1 + mtp), sets)
+
+
+def verify_decode_sets(ds: DecodeSets, samples: Dict[int, Sequence[int]]) -> List[dict]:
+    """Compare sampled tokens of the sets' outputs with the float64 reference.
+
+    Args:
+        ds: the sets, after the op wrote ``ds.outputs`` / ``ds.lses``.
+        samples: set index -> token indices (within the set) to check.
+
+    Returns:
+        one dict per sampled token: ``set``, ``token``, ``out_err`` (max |out - ref| relative to
+        max |ref| over that set's sampled tokens), ``lse_err`` (max abs over finite reference
+        entries), ``out_tol`` / ``lse_tol`` (:func:`mla_ext.reference.decode_tolerances`),
+        ``ok`` and ``problem`` (why not ok, else "").
+    """
+    from . import reference
+
+    out_tol, lse_tol = reference.decode_tolerances(ds.outputs[0].device.type, ds.inp.kv_format)
+    results = []
+    for r, tokens in sorted(samples.items()):
+        tok = sorted(set(int(t) for t in tokens))
+        k = ds.kwargs[r]
+        pick = lambda x: None if x is None else x[tok]
+        ref_o, ref_l = reference.sparse_mla_decode(
+            k["q"][tok], k["kv_cache"], k["indices"][tok], kv_format=k["kv_format"],
+            softmax_scale=k["softmax_scale"], lengths=pick(k["lengths"]), extra_kv_cache=k["extra_kv_cache"],
+            extra_indices=pick(k["extra_indices"]), extra_lengths=pick(k["extra_lengths"]),
+            attn_sink=k["attn_sink"])
+        ref_o, ref_l = ref_o.cpu(), ref_l.cpu()
+        got_o = ds.outputs[r][tok].double().cpu()
+        got_l = ds.lses[r][tok].double().cpu()
+        scale = ref_o.abs().max().clamp_min(1e-30)
+        for i, t in enumerate(tok):
+            out_err = ((got_o[i] - ref_o[i]).abs().max() / scale).item()
+            fin = ~torch.isneginf(ref_l[i])
+            lse_err = (got_l[i][fin] - ref_l[i][fin]).abs().max().item() if bool(fin.any()) else 0.0
+            problem = ""
+            if bool(torch.isnan(got_o[i]).any()) or bool(torch.isnan(got_l[i]).any()):
+                problem = "NaN in output or lse (unwritten or wrong)"
+            elif not torch.equal(torch.isneginf(got_l[i]), ~fin):
+                problem = "lse -inf pattern differs from the reference"
+            elif not out_err <= out_tol:
+                problem = f"output error {out_err:.3g} (relative to max |ref|) > {out_tol:g}"
+            elif not lse_err <= lse_tol:
+                problem = f"lse error {lse_err:.3g} > {lse_tol:g}"
+            results.append(dict(set=r, token=t, out_err=out_err, lse_err=lse_err, out_tol=out_tol,
+                                lse_tol=lse_tol, ok=not problem, problem=problem))
+    return results
+
+
+def decode_metrics(us: float, kv_bytes: float, flops: float, copy_gbs: Optional[float] = None,
+                   mm_tflops: Optional[float] = None) -> dict:
+    """Rates of one decode call taking ``us`` µs: ``GBps`` (KV bytes gathered / time),
+    ``TFLOPs``, and with both ceilings ``roofline_us`` = max(kv_bytes / copy bandwidth, flops /
+    matmul rate), ``pct_roofline`` = 100 x roofline_us / us and ``bound`` ("memory"/"compute")."""
+    row = dict(us=us, GBps=kv_bytes / us / 1e3, TFLOPs=flops / us / 1e6)
+    if copy_gbs and mm_tflops:
+        mem_us, mma_us = kv_bytes / (copy_gbs * 1e3), flops / (mm_tflops * 1e6)
+        row.update(roofline_us=max(mem_us, mma_us), pct_roofline=100.0 * max(mem_us, mma_us) / us,
+                   bound="memory" if mem_us >= mma_us else "compute")
+    return row
+
+
+def time_calls(calls: Sequence[Callable[[], None]], device, *, replays: int = 30) -> float:
+    """Median µs per call of ``calls`` run in order: CUDA-graph replay (:func:`time_graph`) on a
+    GPU, :func:`time_cpu` over the whole sequence on the CPU."""
+    if torch.device(device).type == "cpu":
+        return time_cpu(lambda: [fn() for fn in calls], repeat=3, min_seconds=0.02) / len(calls)
+    return time_graph(calls, replays=replays)
+
+
 _GATHER_SRC = r"""
 extern "C" __global__ void gather_rows(const unsigned char* base, const long long* data_off, int data_bytes,
                                        const long long* scale_off, int n, unsigned int* out) {
@@ -307,59 +497,243 @@ def gather_ceiling_us(inp, n_rows: int, rotations: int) -> float:
 
 def measure_decode(layer: str, num_heads: int, num_tokens: int, *, copy_gbs: float, mm_tflops: float,
                    device="cuda", with_gather: bool = True, verify: bool = True, seed: int = 0) -> dict:
-    """Build, verify (a sample of tokens vs the float64 reference) and time one decode shape."""
-    from ._decode import sparse_mla_decode, sparse_mla_decode_workspace_size
-    from .builders import build_decode_inputs
-    from .formats import kv_bytes_per_row
+    """Build, verify (a sample of tokens vs the float64 reference) and time one decode shape
+    of :data:`DECODE_LAYERS` (on a GPU over L2-cold rotations, as :func:`time_calls`)."""
+    from ._decode import DecodeWorkspace
 
     kind, topk, ctx = DECODE_LAYERS[layer]
-    row_bytes = kv_bytes_per_row(build_kind_format(kind), 576 if kind == "v32" else 512)
-    per_call = num_tokens * (8320 if kind == "v4_c128" else (topk or 128) + 128) * row_bytes
-    rot = num_rotations(per_call, cap=16)
-    inp = build_decode_inputs(kind, batch=num_tokens * rot, num_heads=num_heads, context_len=ctx,
-                              topk=topk, device=device, seed=seed)
-    if layer.endswith("mixed"):
-        inp = make_mixed(inp)
+    gpu = torch.device(device).type != "cpu"
+    sets = decode_num_sets(kind, num_tokens, ctx[1], topk) if gpu else 1
+    ds = build_decode_sets(kind, batch=num_tokens, num_heads=num_heads, context_len=ctx, sets=sets,
+                           topk=topk, device=device, seed=seed, mixed=layer.endswith("mixed"))
     T = num_tokens
-    ws = torch.empty(sparse_mla_decode_workspace_size(T, num_heads, device=torch.device(device)),
-                     dtype=torch.uint8, device=device)
-    outs = [torch.empty(T, num_heads, 512, dtype=torch.bfloat16, device=device) for _ in range(rot)]
-    lses = [torch.empty(T, num_heads, device=device) for _ in range(rot)]
-    calls = [lambda r=r: sparse_mla_decode(**_slice_tokens(inp, r * T, (r + 1) * T), output=outs[r],
-                                           workspace=ws, lse=lses[r]) for r in range(rot)]
-    row = dict(layer=layer, H=num_heads, T=T, kv_format=inp.kv_format)
+    ws = DecodeWorkspace(T, num_heads, device=device)
+    row = dict(layer=layer, H=num_heads, T=T, kv_format=ds.inp.kv_format)
     if verify:
-        outs[0].fill_(float("nan"))
-        calls[0]()
-        sample = sorted({0, T // 2, T - 1})
-        from . import reference
-
-        k = _slice_tokens(inp, 0, T)
-        pick = lambda x: None if x is None else x[sample]
-        ref_o, ref_l = reference.sparse_mla_decode(
-            k["q"][sample], k["kv_cache"], k["indices"][sample], kv_format=k["kv_format"],
-            softmax_scale=k["softmax_scale"], lengths=pick(k["lengths"]), extra_kv_cache=k["extra_kv_cache"],
-            extra_indices=pick(k["extra_indices"]), extra_lengths=pick(k["extra_lengths"]),
-            attn_sink=k["attn_sink"])
-        got = outs[0][sample].double().cpu()
-        row["max_rel_err"] = ((got - ref_o.cpu()).abs().max() / ref_o.abs().max().clamp_min(1e-30)).item()
-    us = time_graph(calls)
-    sel = inp.num_selected / rot
-    kv_bytes = inp.num_kv_bytes / rot
-    flops = decode_flops(inp) / rot
-    row.update(us=us, rows=int(sel), kv_MB=kv_bytes / 1e6, GBps=kv_bytes / us / 1e3, TFLOPs=flops / us / 1e6)
-    floor_us = max(kv_bytes / (copy_gbs * 1e3), flops / (mm_tflops * 1e6))
-    row["pct_roofline"] = 100.0 * floor_us / us
-    if with_gather:
-        g_us = gather_ceiling_us(inp, int(sel), rot)
+        ds.poison()
+        ds.call(0, ws.tensor)
+        row["max_rel_err"] = max(v["out_err"] for v in verify_decode_sets(ds, {0: [0, T // 2, T - 1]}))
+    us = time_calls(ds.calls(ws.tensor), device)
+    row.update(rows=int(ds.rows_per_call), kv_MB=ds.kv_bytes_per_call / 1e6)
+    row.update(decode_metrics(us, ds.kv_bytes_per_call, ds.flops_per_call, copy_gbs, mm_tflops))
+    if with_gather and gpu:
+        g_us = gather_ceiling_us(ds.inp, int(ds.rows_per_call), sets)
         row["gather_us"] = g_us
         row["pct_gather"] = 100.0 * g_us / us
-    del inp, outs, lses, ws
-    torch.cuda.empty_cache()
+    del ds, ws
+    if gpu:
+        torch.cuda.empty_cache()
     return row
 
 
-def build_kind_format(kind: str) -> str:
-    from .builders import LAYER_KINDS
+# ---------------------------------------------------------------------------------------------
+# one decode step of a whole model (``mla-ext decode``)
+# ---------------------------------------------------------------------------------------------
 
-    return LAYER_KINDS[kind].default_format
+def context_range(context_len: int, mtp: int = 0) -> tuple:
+    """Per-request context lengths drawn around ``context_len``: the inclusive range
+    [3/4, 5/4] x context_len, never below 1 + mtp (the query tokens themselves)."""
+    lo = max(1 + mtp, context_len * 3 // 4)
+    return lo, max(lo, context_len * 5 // 4)
+
+
+def _sample_tokens(ds: DecodeSets, perturb: Optional[tuple]) -> Dict[int, List[int]]:
+    """Tokens 0, T/2 and T-1 of the first and the last set (plus a perturbed row, if any)."""
+    T = ds.num_tokens
+    picks = sorted({0, T // 2, T - 1})
+    samples = {0: list(picks), ds.sets - 1: list(picks)}
+    if perturb is not None and perturb[0] == ds.kind:
+        samples[0].append(perturb[1])
+    return samples
+
+
+def run_model_decode(model, *, batch: int, num_heads: int, context_len: int, kinds: Sequence[str],
+                     workspace, device, mtp: int = 0, kv_format: Optional[str] = None, steps: int = 3,
+                     copy_gbs: Optional[float] = None, mm_tflops: Optional[float] = None,
+                     sets: Optional[int] = None, seed: int = 0, progress=None,
+                     perturb: Optional[tuple] = None) -> dict:
+    """The attention of one decode step of ``model`` (a :class:`mla_ext.models.ModelPreset`):
+    build, time and verify every layer kind in ``kinds``.
+
+    Per layer kind, :func:`build_decode_sets` makes ``sets`` input sets (default: on a GPU the
+    L2-cold rotation :func:`decode_num_sets`, on the CPU 2) of ``batch`` requests with
+    ``1 + mtp`` query tokens each and context lengths :func:`context_range`; the j-th layer of
+    a kind uses set ``j % sets``. Every call reuses ``workspace`` (a
+    :class:`mla_ext.DecodeWorkspace` made for at least batch x (1 + mtp) tokens and
+    ``num_heads``) and writes into the set's preallocated output and lse, poisoned (NaN) first.
+
+    Timing: per kind, the median µs per call over its sets (:func:`time_calls`: CUDA-graph
+    replay with L2-cold inputs on a GPU); then the whole step, every selected layer in model
+    order, run ``steps`` times (one CUDA graph replayed ``steps`` times on a GPU; eagerly on
+    the CPU) -> median µs per step. Verification (after the timed runs, so it checks what they
+    wrote): no NaN anywhere in any set's output or lse, and tokens 0, T/2, T-1 of the first and
+    last set against the float64 reference (:func:`verify_decode_sets`).
+
+    Args (beyond the above): ``copy_gbs`` / ``mm_tflops``: measured ceilings for the roofline
+    (None: no roofline columns); ``progress``: a tqdm bar (updated once per build, per timed
+    kind, per step and per verified kind) or None; ``perturb``: test hook ``(kind, token)``,
+    adds a large error to that token of set 0 of that kind after the timed runs (verification
+    must then fail naming it).
+
+    Returns:
+        dict with ``batch``, ``num_tokens``, ``rows`` (one dict per kind: timing, rates,
+        roofline, ``step_us`` = µs per call x layers of the kind, verification summary),
+        ``step_sum_us`` (sum of the kinds' step_us), ``step_measured_us``, ``cache_bytes``,
+        ``failures`` (list of dicts naming kind, set, layers, token, request, query, problem).
+    """
+    gpu = torch.device(device).type != "cpu"
+    T = batch * (1 + mtp)
+    ctx = context_range(context_len, mtp)
+    ws = workspace.check(T, num_heads)
+
+    def tick(what: str, n: int = 1):
+        if progress is not None:
+            progress.set_postfix_str(what, refresh=False)
+            progress.update(n)
+
+    built: Dict[str, DecodeSets] = {}
+    for i, kind in enumerate(kinds):
+        topk = model.topk.get(kind)
+        n_sets = sets or (decode_num_sets(kind, T, ctx[1], topk, kv_format) if gpu else 2)
+        built[kind] = build_decode_sets(kind, batch=batch, num_heads=num_heads, context_len=ctx, sets=n_sets,
+                                        mtp=mtp, kv_format=kv_format, topk=topk, device=device,
+                                        seed=seed + 1000 * i)
+        built[kind].poison()
+        tick(f"built {kind}")
+
+    per_kind_us = {}
+    for kind in kinds:
+        per_kind_us[kind] = time_calls(built[kind].calls(ws), device)
+        tick(f"timed {kind}")
+
+    # the step: every selected layer in model order, layer j of a kind on set j % sets
+    used = {k: 0 for k in built}
+    calls = []
+    for kind_of_layer in model.layer_kinds:
+        if kind_of_layer in built:
+            ds = built[kind_of_layer]
+            calls.append(functools.partial(ds.call, used[kind_of_layer] % ds.sets, ws))
+            used[kind_of_layer] += 1
+    if gpu:
+        step_us = time_graph(calls, replays=steps, warmup=1) * len(calls)
+        tick("step", steps)
+    else:
+        times = []
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            for fn in calls:
+                fn()
+            times.append((time.perf_counter() - t0) * 1e6)
+            tick("step")
+        step_us = statistics.median(times)
+
+    if perturb is not None and perturb[0] in built:
+        o = built[perturb[0]].outputs[0]
+        o[perturb[1]] += 0.5 * o.float().abs().max().to(o.dtype) + 1.0
+
+    rows, failures = [], []
+    for kind in kinds:
+        ds = built[kind]
+        layer_ids = model.layers_of(kind)
+        checks = verify_decode_sets(ds, _sample_tokens(ds, perturb))
+        for r in range(ds.sets):  # every element written, everywhere
+            bad = torch.isnan(ds.outputs[r].float()).flatten(1).any(1) | torch.isnan(ds.lses[r]).any(1)
+            for t in bad.nonzero().flatten().tolist()[:4]:
+                checks.append(dict(set=r, token=t, out_err=float("nan"), lse_err=float("nan"), ok=False,
+                                   problem="NaN in output or lse (unwritten or wrong)"))
+        for c in checks:
+            if not c["ok"]:
+                failures.append(dict(kind=kind, set=c["set"], layers=layer_ids[c["set"]::ds.sets],
+                                     token=c["token"], request=c["token"] // (1 + mtp),
+                                     query=c["token"] % (1 + mtp), problem=c["problem"]))
+        sampled = [c for c in checks if c["out_err"] == c["out_err"]]
+        out_tol, lse_tol = checks[0]["out_tol"], checks[0]["lse_tol"]
+        us = per_kind_us[kind]
+        row = dict(batch=batch, kind=kind, layers=len(layer_ids), T=T, H=num_heads, kv_format=ds.inp.kv_format,
+                   sets=ds.sets, rows=ds.rows_per_call, kv_MB=ds.kv_bytes_per_call / 1e6,
+                   flops=ds.flops_per_call)
+        row.update(decode_metrics(us, ds.kv_bytes_per_call, ds.flops_per_call, copy_gbs, mm_tflops))
+        row.update(step_us=us * len(layer_ids), verified_rows=len(sampled),
+                   max_out_err=max(c["out_err"] for c in sampled), max_lse_err=max(c["lse_err"] for c in sampled),
+                   out_tol=out_tol, lse_tol=lse_tol, verify_ok=all(c["ok"] for c in checks))
+        rows.append(row)
+        tick(f"verified {kind}")
+
+    result = dict(batch=batch, num_tokens=T, context_range=list(ctx), rows=rows,
+                  step_layers=len(calls), step_sum_us=sum(r["step_us"] for r in rows), step_measured_us=step_us,
+                  cache_bytes=sum(ds.cache_bytes for ds in built.values()), failures=failures)
+    del built, calls
+    if gpu:
+        torch.cuda.empty_cache()
+    return result
+
+
+def plot_decode_roofline(report: dict, path: str) -> None:
+    """Roofline chart of an ``mla-ext decode`` report (its JSON dict), written to ``path`` (PNG).
+
+    Left: the roofline, TFLOP/s against arithmetic intensity (FLOP per KV byte gathered), with
+    the ceiling min(matmul rate, copy bandwidth x intensity) from the report's measured ceilings
+    and one point per (layer kind, batch) at its achieved rate (marker = kind, colour = batch).
+    A decode's intensity is 2·H·(d_qk+512) / bytes per row, so at one head count every V4 layer
+    kind sits at the same intensity; the right panel therefore also shows, per layer kind and
+    batch, the achieved µs per call next to the roofline µs (bar label: % of the roofline).
+
+    Raises:
+        ImportError: matplotlib is not installed.
+        ValueError: the report has no ceilings (nothing to draw a roofline from).
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from .models import KIND_LABELS
+
+    ceil = report.get("ceilings") or {}
+    bw, mm = ceil.get("copy_GBps"), ceil.get("matmul_TFLOPs")
+    if not bw or not mm:
+        raise ValueError("the report has no measured ceilings to draw a roofline")
+    rows = [r for b in report["batches"] for r in b["rows"]]
+    ai = [r["flops"] / (r["kv_MB"] * 1e6) for r in rows]
+    knee = mm * 1e3 / bw
+    lo, hi = min(ai + [knee]) / 8, max(ai + [knee]) * 8
+    xs = [lo * (hi / lo) ** (i / 200) for i in range(201)]
+    markers = {"v4_swa": "o", "v4_c4": "s", "v4_c128": "^", "v32": "D"}
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    batches = list(dict.fromkeys(r["batch"] for r in rows))
+    label = lambda r: f"{KIND_LABELS.get(r['kind'], r['kind'])} B={r['batch']}"
+
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(13, 5.5), gridspec_kw=dict(width_ratios=[1.1, 1]))
+    ax.plot(xs, [min(mm, bw * x / 1e3) for x in xs], color="black", lw=1.5,
+            label=f"ceiling: copy {bw:.0f} GB/s, {ceil.get('matmul_dtype', '')} matmul {mm:.3g} TFLOP/s")
+    for x, r in zip(ai, rows):
+        ax.scatter([x], [r["TFLOPs"]], marker=markers.get(r["kind"], "o"), s=45, zorder=3,
+                   color=colors[batches.index(r["batch"]) % len(colors)],
+                   label=f"{label(r)}: {r['TFLOPs']:.3g} TFLOP/s ({r.get('pct_roofline', 0):.0f}%)")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (FLOP per KV byte)")
+    ax.set_ylabel("TFLOP/s")
+    ax.set_title("roofline: achieved per layer kind and batch", fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, loc="lower right")
+
+    ypos = list(range(len(rows)))
+    bx.barh([y + 0.2 for y in ypos], [r["us"] for r in rows], height=0.4, color="tab:blue", label="achieved µs/call")
+    bx.barh([y - 0.2 for y in ypos], [r.get("roofline_us", 0) for r in rows], height=0.4, color="tab:gray",
+            label="roofline µs/call (max of bytes/copy, flops/matmul)")
+    for y, r in zip(ypos, rows):
+        bx.annotate(f"{r.get('pct_roofline', 0):.0f}% ({r['layers']} layers)", (r["us"], y + 0.2),
+                    textcoords="offset points", xytext=(4, -3), fontsize=7)
+    bx.set_yticks(ypos)
+    bx.set_yticklabels([label(r) for r in rows], fontsize=8)
+    bx.invert_yaxis()
+    bx.set_xlabel("µs per call")
+    bx.set_title("achieved vs roofline time per call", fontsize=10)
+    bx.margins(x=0.25)
+    bx.legend(fontsize=7, loc="lower right")
+    fig.suptitle(f"{report['model_name']} decode attention, {report['heads_per_gpu']} heads/GPU (TP {report['tp']}),"
+                 f" context ~{report['context']}, {report['kv_format']}, on {report['device_name']}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,14 +1,28 @@
 """The ``mla-ext`` command.
 
 Sub-commands:
+- ``mla-ext decode``: the attention of one decode step of a DeepSeek model (V4 Flash / Pro,
+  V3.2) on this machine: every layer's ``sparse_mla_decode`` on realistic paged caches and index
+  sets, one shared workspace, outputs written in place; verified against the float64 reference
+  and timed per layer kind against the measured copy / matmul roofline.
 - ``mla-ext merge``: merge_attn_states on MLA chunked-prefill shapes (padded V views merged
   straight into a layer-output buffer), verified against the float64 reference and timed; on a
   GPU side by side with a device-to-device copy of the same bytes.
 - ``mla-ext info``: how this copy was built and what it runs with.
+
+Exit status: 0 success; 1 a result was off the reference (the rows are named on stderr);
+2 bad arguments; 3 ``--plot`` was asked for but matplotlib is missing (everything else ran);
+4 out of device memory.
+
+Test hook (hidden from ``--help``): ``mla-ext decode --test-perturb KIND:TOKEN`` adds a large
+error to token TOKEN of the first input set of layer kind KIND (e.g. ``v4_c4:0``) after the op
+and the timed runs, and adds that token to the verification sample, so the command must exit 1
+naming it (tests/test_cli.py checks this).
 """
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 
@@ -62,6 +76,177 @@ def cmd_merge(args) -> int:
     return 0
 
 
+DECODE_EPILOG = """\
+models (published configurations; sources in mla_ext/models.py):
+  deepseek-v4-flash  43 layers: 2 SWA (sliding window 128 only), 21 C4 (window + indexer
+                     top-512 of 4:1-compressed rows), 20 C128 (window + all 128:1 rows); 64 heads
+  deepseek-v4-pro    61 layers: 30 C4 (top-1024), 31 C128; 128 heads
+  deepseek-v3.2      61 layers, all DSA (indexer top-2048 of all tokens); 128 heads
+  V4: d_qk 512, fp8_ds_mla_v4 pages of 256 (window) / 64 (C4) / 2 (C128), scale 512^-0.5, sinks.
+  V3.2: d_qk 576, fp8_ds_mla pages of 64, scale 192^-0.5 * mscale^2.
+  Heads per GPU = heads / tp. --mtp K adds K query tokens per request to every layer; the
+  MTP draft layer's own attention is not included.
+
+sizes: per-request context lengths are drawn from [0.75, 1.25] x --context; only pages holding
+selected rows are allocated, in random physical order. On a GPU each layer kind gets enough
+input sets to exceed the L2 cache (layer j of a kind uses set j % sets), so timings are L2-cold.
+
+exit status: 0 ok; 1 verification failed (rows named on stderr); 2 bad arguments;
+3 --plot asked for but matplotlib missing (the rest ran); 4 out of device memory.
+"""
+
+_TEST_PERTURB_HELP = ("test hook KIND:TOKEN: after the timed runs, add a large error to that token of the "
+                      "first input set of layer kind KIND (e.g. v4_c4:0); verification must then fail")
+
+
+def _parse_perturb(text):
+    if text is None:
+        return None
+    kind, _, token = text.partition(":")
+    try:
+        return kind, int(token)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--test-perturb: expected KIND:TOKEN, got {text!r}") from None
+
+
+def _device_name(device: str) -> str:
+    if device.startswith("cuda"):
+        return torch.cuda.get_device_name(torch.device(device))
+    return f"CPU ({torch.get_num_threads()} threads)"
+
+
+def _fmt_layers(layers) -> str:
+    if not layers:
+        return "no layer of the step (timing rotation only)"
+    shown = ", ".join(str(i) for i in layers[:6])
+    return f"layer{'s' if len(layers) > 1 else ''} {shown}{', ...' if len(layers) > 6 else ''}"
+
+
+def cmd_decode(args) -> int:
+    from tqdm import tqdm
+
+    from . import bench
+    from ._decode import DecodeWorkspace
+    from .models import KIND_LABELS, get_model
+
+    def usage(msg: str) -> int:
+        print(f"mla-ext decode: error: {msg}", file=sys.stderr)
+        return 2
+
+    gpu = args.device.startswith("cuda")
+    if gpu and not torch.cuda.is_available():
+        return usage(f"--device {args.device}: torch {torch.__version__} sees no CUDA/ROCm device")
+    try:
+        model = get_model(args.model)
+        heads = model.heads_per_gpu(args.tp)
+        kinds = model.select(args.layers)
+    except ValueError as e:
+        return usage(str(e))
+    kv_format = args.kv_format or model.default_kv_format()
+    if kv_format not in model.kv_formats():
+        return usage(f"--kv-format for {args.model} must be one of {model.kv_formats()}, got {kv_format!r}")
+    batches = args.batch or ([64] if gpu else [4])
+    context = args.context or (32768 if gpu else 4096)
+    steps = args.steps or (20 if gpu else 2)
+    if min(batches) < 1 or context < 1 or args.mtp < 0 or steps < 1:
+        return usage("--batch, --context and --steps must be >= 1 and --mtp >= 0")
+    perturb = args.test_perturb
+    if perturb is not None and (perturb[0] not in kinds or not 0 <= perturb[1] < min(batches) * (1 + args.mtp)):
+        return usage(f"--test-perturb {perturb[0]}:{perturb[1]}: needs a layer kind that runs ({', '.join(kinds)}) "
+                     f"and a token below {min(batches) * (1 + args.mtp)}")
+    plot_ok = args.plot is None or importlib.util.find_spec("matplotlib") is not None
+    if not plot_ok:
+        print(f"mla-ext decode: matplotlib is not installed, so --plot {args.plot} will not be written "
+              "(pip install matplotlib); running the rest", file=sys.stderr)
+
+    counts = model.kind_counts()
+    n_layers = sum(counts[k] for k in kinds)
+    print(f"{model.describe()}; running {n_layers} layer(s): "
+          + ", ".join(f"{counts[k]} {KIND_LABELS[k]}" for k in kinds))
+    print(f"TP {args.tp}: {heads} heads per GPU; batch {','.join(map(str, batches))} x {1 + args.mtp} query "
+          f"token(s); context ~{context} (per request {bench.context_range(context, args.mtp)[0]}.."
+          f"{bench.context_range(context, args.mtp)[1]}); kv_format {kv_format}; "
+          f"{_device_name(args.device)}", flush=True)
+
+    oom = getattr(torch, "OutOfMemoryError", RuntimeError)
+    bar = tqdm(total=len(batches) * (3 * len(kinds) + steps) + 2, desc="mla-ext decode", unit="step",
+               disable=args.no_progress, file=sys.stderr, leave=False)
+    results = []
+    try:
+        bar.set_postfix_str("ceilings")
+        copy_gbs = bench.copy_bandwidth_gbs(args.device, nbytes=(512 << 20) if gpu else (64 << 20))
+        bar.update(1)
+        mm_tflops = bench.matmul_tflops(args.device, n=8192 if gpu else 1024)
+        bar.update(1)
+        ws = DecodeWorkspace(max(batches) * (1 + args.mtp), heads, device=args.device)
+        for i, b in enumerate(batches):
+            results.append(bench.run_model_decode(
+                model, batch=b, num_heads=heads, context_len=context, kinds=kinds, workspace=ws,
+                device=args.device, mtp=args.mtp, kv_format=kv_format, steps=steps, copy_gbs=copy_gbs,
+                mm_tflops=mm_tflops, sets=args.sets, seed=args.seed + i, progress=bar,
+                perturb=perturb if i == 0 else None))
+    except oom as e:
+        bar.close()
+        print(f"mla-ext decode: out of device memory ({str(e).splitlines()[0]}); use a smaller --batch or "
+              "--context, or fewer input sets (--sets)", file=sys.stderr)
+        return 4
+    bar.close()
+
+    mm_dtype = str(bench.matmul_dtype(args.device)).replace("torch.", "")
+    print(f"ceilings (measured now): copy {copy_gbs:.0f} GB/s (read + write), {mm_dtype} matmul "
+          f"{mm_tflops:.3g} TFLOP/s; workspace {ws.nbytes} bytes shared by every layer")
+    print("per layer kind: µs per call (median" + (", CUDA-graph replay, L2-cold inputs)" if gpu else ")")
+          + ", KV rows gathered, GB/s of KV bytes, TFLOP/s at 2·H·(d_qk+512) per row, % of the roofline "
+          "max(bytes/copy, flops/matmul), µs per step = µs per call x layers")
+    table = []
+    for res in results:
+        for r in res["rows"]:
+            table.append({"B": r["batch"], "kind": KIND_LABELS[r["kind"]], "layers": r["layers"], "T": r["T"],
+                          "H": r["H"], "rows": r["rows"], "KV MB": r["kv_MB"], "us": r["us"], "GB/s": r["GBps"],
+                          "TFLOP/s": r["TFLOPs"], "roof us": r.get("roofline_us"), "% roof": r.get("pct_roofline"),
+                          "bound": r.get("bound", ""), "us/step": r["step_us"],
+                          "check": f"ok ({r['verified_rows']} rows)" if r["verify_ok"] else "FAILED"})
+    _print_table(table, list(table[0]), floatfmt=".4g")
+    for res in results:
+        print(f"batch {res['batch']}: attention per decode step {res['step_sum_us']:.1f} µs (sum over "
+              f"{res['step_layers']} layers of µs per call x layers); measured step {res['step_measured_us']:.1f} µs "
+              f"({res['step_layers']} calls in model order, median of {steps}); caches {res['cache_bytes'] / 1e9:.3g} GB")
+
+    failures = [dict(f, batch=res["batch"]) for res in results for f in res["failures"]]
+    per_kind = {k: dict(verified_rows=sum(r["verified_rows"] for res in results for r in res["rows"] if r["kind"] == k),
+                        ok=all(r["verify_ok"] for res in results for r in res["rows"] if r["kind"] == k))
+                for k in kinds}
+    report = dict(command="decode", model=model.name, model_name=model.hf_name, num_layers=model.num_layers,
+                  layer_counts=counts, compress_ratios=list(model.compress_ratios or []) or None,
+                  topk=model.topk, tp=args.tp, num_heads=model.num_heads, heads_per_gpu=heads, context=context,
+                  mtp=args.mtp, kv_format=kv_format, layers=args.layers, kinds=kinds, steps=steps,
+                  device=args.device, device_name=_device_name(args.device),
+                  ceilings=dict(copy_GBps=copy_gbs, matmul_TFLOPs=mm_tflops, matmul_dtype=mm_dtype),
+                  workspace_bytes=ws.nbytes, batches=results,
+                  verification=dict(ok=not failures, per_kind=per_kind), failures=failures)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=2)
+    rc = 0
+    if failures:
+        print(f"FAILED verification: {len(failures)} row(s) off the float64 reference:", file=sys.stderr)
+        for f in failures:
+            ds_layers = model.layers_of(f["kind"])
+            print(f"  batch {f['batch']}, {KIND_LABELS[f['kind']]} ({f['kind']}) input set {f['set']} "
+                  f"({_fmt_layers(f['layers'])} of {len(ds_layers)}): token {f['token']} (request {f['request']}, "
+                  f"query {f['query']}): {f['problem']}", file=sys.stderr)
+        rc = 1
+    if args.plot:
+        if not plot_ok:
+            print(f"mla-ext decode: --plot {args.plot} not written: matplotlib is not installed "
+                  "(pip install matplotlib)", file=sys.stderr)
+            rc = rc or 3
+        else:
+            bench.plot_decode_roofline(report, args.plot)
+            print(f"roofline chart written to {args.plot}")
+    return rc
+
+
 def cmd_info(args) -> int:
     import mla_ext
     from ._load import _build_info
@@ -89,6 +274,37 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mla-ext", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command")
+
+    d = sub.add_parser("decode", help="the attention of one decode step of a DeepSeek model: verify and time it",
+                       description="Run the sparse_mla_decode of every attention layer of a DeepSeek model for a\n"
+                                   "few decode steps on realistic paged caches (one shared workspace, outputs\n"
+                                   "written in place), verify sampled rows of every layer kind against the float64\n"
+                                   "reference, and report µs, GB/s, TFLOP/s and % of the measured roofline per\n"
+                                   "layer kind, plus the attention time of a whole step.",
+                       epilog=DECODE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from .models import LAYER_SELECTIONS, MODELS
+
+    d.add_argument("--model", default="deepseek-v4-flash", choices=list(MODELS), help="default deepseek-v4-flash")
+    d.add_argument("--tp", type=int, default=8, help="tensor-parallel size: heads per GPU = heads / tp (default 8)")
+    d.add_argument("--batch", type=_int_list, default=None,
+                   help="requests per step, comma list for several (default GPU 64, CPU 4)")
+    d.add_argument("--context", type=int, default=None,
+                   help="typical context length in tokens (default GPU 32768, CPU 4096)")
+    d.add_argument("--mtp", type=int, default=0, help="speculative (MTP) query tokens per request (default 0)")
+    d.add_argument("--kv-format", default=None, choices=["fp8_ds_mla_v4", "fp8_ds_mla", "bf16"],
+                   help="cache format (default: the model's FP8 format)")
+    d.add_argument("--device", default=_default_device(), help="cuda or cpu (default: cuda if present)")
+    d.add_argument("--layers", default="all", choices=list(LAYER_SELECTIONS),
+                   help="which layer kinds run (default all; dsa = V3.2)")
+    d.add_argument("--steps", type=int, default=None, help="timed decode steps (default GPU 20, CPU 2)")
+    d.add_argument("--sets", type=int, default=None,
+                   help="input sets per layer kind (default: GPU enough to exceed L2, at most 16; CPU 2)")
+    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--json", help="write the full report as JSON to this file")
+    d.add_argument("--plot", help="write a roofline chart (PNG, needs matplotlib) to this file")
+    d.add_argument("--no-progress", action="store_true", help="no progress bar")
+    d.add_argument("--test-perturb", type=_parse_perturb, default=None, help=argparse.SUPPRESS)
+    d.set_defaults(func=cmd_decode)
 
     m = sub.add_parser("merge", help="verify and time merge_attn_states on MLA chunked-prefill shapes")
     m.add_argument("--device", default=_default_device(), help="cuda or cpu (default: cuda if present)")

@@ -18,6 +18,7 @@ __all__ = [
     "merge_attn_states",
     "softmax_scale_v32",
     "softmax_scale_v4",
+    "decode_tolerances",
     "D_V",
 ]
 
@@ -38,6 +39,26 @@ def softmax_scale_v32() -> float:
 def softmax_scale_v4() -> float:
     """DeepSeek V4 softmax scale: ``512 ** -0.5``."""
     return 512.0 ** -0.5
+
+
+def decode_tolerances(device_type: str, kv_format: str) -> Tuple[float, float]:
+    """Tolerances of ``mla_ext.sparse_mla_decode`` against :func:`sparse_mla_decode` (float64):
+    ``(out_tol, lse_tol)`` with out_tol bounding max |out - ref| / max |ref| over the compared
+    tokens and lse_tol bounding max |lse - ref| over finite reference entries (natural log).
+
+    The one source for the test suite and ``mla-ext decode``. The output is bf16 (rounding
+    2^-8 relative, so 1.6e-2 of max |ref|). CPU lse: fp32 throughout (1e-3). GPU: keys enter the
+    tensor cores exactly (bf16 caches and V4 e4m3 x power-of-two keys are bf16 values; V3.2's
+    fp32 scales are applied to the partial scores after the MMA) and only the probabilities are
+    rounded to bf16, so 1e-2 for every format.
+
+    Args:
+        device_type: ``"cpu"`` or a GPU type (``"cuda"``; ROCm tensors report ``"cuda"`` too).
+        kv_format: ``"bf16"``, ``"fp8_ds_mla"`` or ``"fp8_ds_mla_v4"``.
+    """
+    if device_type == "cpu":
+        return 1.6e-2, 1e-3
+    return 1.6e-2, 1e-2
 
 
 def _valid_slots(indices_row: torch.Tensor, num_slots: int, length: Optional[int]) -> torch.Tensor:

@@ -3,6 +3,9 @@
 - torch: kept if a torch >= 2.10 is importable (e.g. a CUDA build on a GPU
   machine with no network); otherwise ``torch==2.13.0`` (the CPU wheel) is installed.
 - Python packages named on the command line: installed only if missing.
+- Packages after ``--optional`` (e.g. matplotlib, for ``mla-ext decode --plot``): installed if
+  missing and possible; when pip cannot get them (a GPU machine without network) a warning is
+  printed and setup goes on.
 """
 import importlib.util
 import subprocess
@@ -22,7 +25,7 @@ def pip(*args: str) -> None:
     subprocess.check_call([sys.executable, "-m", "pip", "install", "-q", *args])
 
 
-def main(modules: list[str]) -> None:
+def main(modules: list[str], optional: list[str] = ()) -> None:
     if not have_torch():
         print("bootstrap: no torch >= 2.10 found; installing torch==2.13.0", flush=True)
         pip("torch==2.13.0")
@@ -32,7 +35,16 @@ def main(modules: list[str]) -> None:
     if missing:
         print(f"bootstrap: installing {' '.join(missing)}", flush=True)
         pip(*missing)
+    for m in optional:
+        if importlib.util.find_spec(m) is None:
+            print(f"bootstrap: installing {names.get(m, m)} (optional)", flush=True)
+            try:
+                pip("--retries", "1", "--timeout", "15", names.get(m, m))
+            except subprocess.CalledProcessError:
+                print(f"bootstrap: warning: could not install {names.get(m, m)}; going on without it", flush=True)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    args = sys.argv[1:]
+    cut = args.index("--optional") if "--optional" in args else len(args)
+    main(args[:cut], args[cut + 1:])

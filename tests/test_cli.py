@@ -1,0 +1,165 @@
+"""The ``mla-ext`` command on the CPU with tiny sizes: ``decode`` (every model preset, JSON report,
+verification recorded per layer kind, a deliberately wrong row caught, the roofline PNG, argument
+errors) and ``merge``."""
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from mla_ext import cli
+from mla_ext.models import MODELS, get_model
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = ["--device", "cpu", "--batch", "2", "--context", "600", "--steps", "1", "--sets", "2", "--no-progress"]
+
+
+def run_decode(tmp_path, *extra):
+    path = tmp_path / "decode.json"
+    rc = cli.main(["decode", *TINY, "--json", str(path), *extra])
+    return rc, (json.loads(path.read_text()) if path.exists() else None)
+
+
+def check_report(rep, model, kinds, batches, T_per_batch):
+    assert rep["model"] == model.name and rep["heads_per_gpu"] == model.num_heads // rep["tp"]
+    assert rep["kinds"] == kinds
+    assert rep["verification"]["ok"] and rep["failures"] == []
+    assert set(rep["verification"]["per_kind"]) == set(kinds)
+    for kind in kinds:
+        assert rep["verification"]["per_kind"][kind]["verified_rows"] >= 3
+        assert rep["verification"]["per_kind"][kind]["ok"]
+    assert [b["batch"] for b in rep["batches"]] == batches
+    assert rep["ceilings"]["copy_GBps"] > 0 and rep["ceilings"]["matmul_TFLOPs"] > 0
+    for b in rep["batches"]:
+        assert [r["kind"] for r in b["rows"]] == kinds
+        assert b["step_layers"] == sum(len(model.layers_of(k)) for k in kinds)
+        for r in b["rows"]:
+            assert r["T"] == T_per_batch(b["batch"]) and r["H"] == rep["heads_per_gpu"]
+            assert r["layers"] == len(model.layers_of(r["kind"]))
+            assert r["verify_ok"] and r["verified_rows"] >= 3
+            assert 0 <= r["max_out_err"] <= r["out_tol"] and 0 <= r["max_lse_err"] <= r["lse_tol"]
+            assert r["us"] > 0 and r["rows"] > 0 and r["kv_MB"] > 0 and r["GBps"] > 0 and r["TFLOPs"] > 0
+            assert r["pct_roofline"] > 0 and r["bound"] in ("memory", "compute")
+            assert r["step_us"] == pytest.approx(r["us"] * r["layers"])
+        assert b["step_sum_us"] == pytest.approx(sum(r["step_us"] for r in b["rows"]))
+        assert b["step_measured_us"] > 0 and b["cache_bytes"] > 0
+
+
+def test_model_presets():
+    flash, pro, v32 = (get_model(n) for n in ("deepseek-v4-flash", "deepseek-v4-pro", "deepseek-v3.2"))
+    assert flash.kind_counts() == {"v4_swa": 2, "v4_c4": 21, "v4_c128": 20} and flash.num_heads == 64
+    assert flash.layers_of("v4_swa") == [0, 1] and flash.layers_of("v4_c4")[:3] == [2, 4, 6]
+    assert pro.kind_counts() == {"v4_c128": 31, "v4_c4": 30} and pro.num_heads == 128
+    assert pro.layers_of("v4_c128")[:3] == [0, 1, 3] and pro.layers_of("v4_c4")[-1] == 60
+    assert v32.kind_counts() == {"v32": 61} and v32.topk == {"v32": 2048}
+    assert flash.topk == {"v4_c4": 512} and pro.topk == {"v4_c4": 1024}
+    assert [m.heads_per_gpu(8) for m in MODELS.values()] == [8, 16, 16]
+    with pytest.raises(ValueError, match="divide"):
+        flash.heads_per_gpu(3)
+    with pytest.raises(ValueError, match="no such layers"):
+        pro.select("swa")
+    assert flash.select("all") == ["v4_swa", "v4_c4", "v4_c128"] and flash.select("c128") == ["v4_c128"]
+
+
+@pytest.mark.parametrize("model", list(MODELS))
+def test_decode_every_model(tmp_path, capsys, model):
+    rc, rep = run_decode(tmp_path, "--model", model)
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    m = get_model(model)
+    check_report(rep, m, m.kinds, [2], lambda b: b)
+    assert "attention per decode step" in out and "ok (" in out
+
+
+def test_decode_mtp_bf16_layer_subset(tmp_path, capsys):
+    rc, rep = run_decode(tmp_path, "--model", "deepseek-v4-pro", "--layers", "c4", "--mtp", "1",
+                         "--kv-format", "bf16", "--batch", "1,2")
+    assert rc == 0, capsys.readouterr()
+    check_report(rep, get_model("deepseek-v4-pro"), ["v4_c4"], [1, 2], lambda b: 2 * b)
+    assert rep["kv_format"] == "bf16" and all(r["kv_format"] == "bf16" for b in rep["batches"] for r in b["rows"])
+
+
+def test_decode_catches_a_wrong_row(tmp_path, capsys):
+    # --test-perturb KIND:TOKEN corrupts that token of the first input set after the op ran
+    rc, rep = run_decode(tmp_path, "--test-perturb", "v4_c4:1")
+    err = capsys.readouterr().err
+    assert rc == 1
+    assert "FAILED verification" in err and "v4_c4" in err and "token 1 " in err and "layers 2, 6" in err
+    assert not rep["verification"]["ok"] and not rep["verification"]["per_kind"]["v4_c4"]["ok"]
+    assert rep["verification"]["per_kind"]["v4_c128"]["ok"]
+    [f] = rep["failures"]
+    assert (f["kind"], f["set"], f["token"], f["batch"]) == ("v4_c4", 0, 1, 2)
+    assert "output error" in f["problem"]
+
+
+def test_decode_bad_arguments(tmp_path, capsys):
+    assert run_decode(tmp_path, "--tp", "3")[0] == 2
+    assert "must divide the 64 heads" in capsys.readouterr().err
+    assert run_decode(tmp_path, "--model", "deepseek-v4-pro", "--layers", "swa")[0] == 2
+    assert "has no such layers" in capsys.readouterr().err
+    assert run_decode(tmp_path, "--kv-format", "fp8_ds_mla")[0] == 2
+    assert "--kv-format" in capsys.readouterr().err
+    assert run_decode(tmp_path, "--test-perturb", "v32:0")[0] == 2
+
+
+@pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None, reason="needs matplotlib")
+def test_decode_plot(tmp_path, capsys):
+    png = tmp_path / "roofline.png"
+    rc, _ = run_decode(tmp_path, "--batch", "1,2", "--plot", str(png))
+    assert rc == 0, capsys.readouterr()
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_decode_plot_without_matplotlib(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    png = tmp_path / "roofline.png"
+    rc, rep = run_decode(tmp_path, "--plot", str(png))
+    cap = capsys.readouterr()
+    assert rc == 3 and not png.exists()
+    assert "matplotlib is not installed" in cap.err
+    assert rep["verification"]["ok"] and "attention per decode step" in cap.out  # the rest ran
+
+
+def test_decode_command_line_defaults(tmp_path):
+    # `python3 -m mla_ext.cli decode` with its CPU defaults (what `make run` runs on a CPU machine)
+    path = tmp_path / "d.json"
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    p = subprocess.run([sys.executable, "-m", "mla_ext.cli", "decode", "--device", "cpu", "--json", str(path)],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    rep = json.loads(path.read_text())
+    assert rep["model"] == "deepseek-v4-flash" and rep["tp"] == 8 and rep["verification"]["ok"]
+    assert [b["batch"] for b in rep["batches"]] == [4] and rep["context"] == 4096
+    assert "DeepSeek-V4-Flash: 43 layers (2 SWA, 21 C4, 20 C128)" in p.stdout
+
+
+def test_merge(tmp_path, capsys):
+    path = tmp_path / "merge.json"
+    rc = cli.main(["merge", "--device", "cpu", "--num-tokens", "8,33", "--num-heads", "4", "--no-progress",
+                   "--json", str(path)])
+    assert rc == 0, capsys.readouterr()
+    rep = json.loads(path.read_text())
+    assert rep["command"] == "merge" and [(r["T"], r["H"]) for r in rep["rows"]] == [(8, 4), (33, 4)]
+    assert all(r["max_rel_err"] <= 2e-2 and r["us"] > 0 for r in rep["rows"])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA/ROCm device")
+@pytest.mark.parametrize("model", list(MODELS))
+def test_decode_gpu(tmp_path, capsys, model):
+    # the GPU path: L2-cold rotations, CUDA-graph timing of each kind and of the whole step, the
+    # GPU tolerances, measured copy / bf16 matmul ceilings
+    path = tmp_path / "gpu.json"
+    rc = cli.main(["decode", "--device", "cuda", "--model", model, "--batch", "1,16", "--context", "8192",
+                   "--mtp", "1", "--steps", "3", "--no-progress", "--json", str(path)])
+    assert rc == 0, capsys.readouterr()
+    rep = json.loads(path.read_text())
+    m = get_model(model)
+    check_report(rep, m, m.kinds, [1, 16], lambda b: 2 * b)
+    assert rep["ceilings"]["matmul_dtype"] == "bfloat16" and rep["ceilings"]["copy_GBps"] > 500
+    assert all(r["sets"] >= 2 for b in rep["batches"] for r in b["rows"])
+    rc = cli.main(["decode", "--device", "cuda", "--model", model, "--batch", "4", "--context", "4096", "--steps", "2",
+                   "--no-progress", "--test-perturb", f"{m.kinds[-1]}:3"])
+    assert rc == 1 and f"{m.kinds[-1]}) input set 0" in capsys.readouterr().err
