@@ -15,6 +15,7 @@ import os
 import subprocess
 from pathlib import Path
 
+import setuptools
 from setuptools import setup
 
 ROOT = Path(__file__).resolve().parent
@@ -24,6 +25,7 @@ ROOT = Path(__file__).resolve().parent
 DEFAULT_CUDA_ARCH_LIST = "8.0;9.0a;10.0+PTX"
 DEFAULT_ROCM_ARCH = "gfx942;gfx950"
 STABLE_ABI_TARGET = "0x020a000000000000"  # torch 2.10
+LICENSE = "Apache-2.0"  # SPDX
 
 
 
@@ -37,6 +39,16 @@ def read_sources():
             if group in groups:  # other groups (public, capi) are CMake's
                 groups[group].append(path)
     return groups
+
+
+def license_metadata():
+    """The SPDX license as this setuptools takes it (pyproject.toml declares it dynamic):
+    license_expression (PEP 639) on setuptools >= 77, the older License field before."""
+    try:
+        major = int(setuptools.__version__.split(".")[0])
+    except ValueError:
+        major = 0
+    return {"license_expression": LICENSE} if major >= 77 else {"license": LICENSE}
 
 
 def git_commit():
@@ -93,6 +105,7 @@ def main():
         ext_modules=[ext],
         cmdclass={"build_ext": cpp_extension.BuildExtension.with_options(use_ninja=True)},
         options={"bdist_wheel": {"py_limited_api": "cp39"}},
+        **license_metadata(),
     )
 
 

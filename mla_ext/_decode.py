@@ -80,11 +80,17 @@ def sparse_mla_decode(
             ``stride(0)`` (bytes, >= ``page_size * 584``, usually padded to a multiple of 576)
             is honoured; inside a page, ``page_size`` data rows of 576 bytes (448 e4m3fn + 64
             bf16 RoPE) then ``page_size`` groups of 8 bytes (7 UE8M0 scales, one per 64
-            elements, + 1 pad). The FP8 formats also accept int8 or float8_e4m3fn tensors
-            viewing the same bytes. See :mod:`mla_ext.formats` for packers.
+            elements, + 1 pad).
+            ``"fp8_ds_mla_fnuz"`` / ``"fp8_ds_mla_v4_fnuz"``: the same two layouts byte for
+            byte, with e4m3fnuz value bytes (bias 8, 0x80 = NaN, 0x7F / 0xFF = +-240) as gfx942
+            (MI300) engines may write them; NVIDIA and gfx950 engines write the e4m3fn formats.
+            The FP8 formats also accept int8 tensors, or float8 tensors of the format's own
+            flavour (float8_e4m3fn / float8_e4m3fnuz), viewing the same bytes. See
+            :mod:`mla_ext.formats` for packers.
         indices: ``[num_tokens, W]`` int32 global slot ids (``page * page_size + offset``),
             stride 1 along ``W`` (any token stride); ``W`` may be 0. Not mutated.
-        kv_format: ``"bf16"``, ``"fp8_ds_mla"`` or ``"fp8_ds_mla_v4"`` (both sets).
+        kv_format: ``"bf16"``, ``"fp8_ds_mla"``, ``"fp8_ds_mla_v4"``, ``"fp8_ds_mla_fnuz"`` or
+            ``"fp8_ds_mla_v4_fnuz"`` (both sets).
         softmax_scale: finite multiplier of ``q.K`` (V3.2: ``192**-0.5 * mscale**2``; V4:
             ``512**-0.5``; see :mod:`mla_ext.reference`).
         output: ``[num_tokens, num_heads, 512]`` bfloat16. **Mutated**: every element written.
@@ -116,7 +122,8 @@ def sparse_mla_decode(
     bf16 caches and V4 keys (e4m3 times a power of two) are bf16 values, and V3.2 keys enter as
     their raw e4m3 values with the fp32 scales applied to the per-128-dim partial scores after the
     MMA (and folded into the probabilities for the value product), so only the probabilities are
-    rounded to bf16 (relative 2^-9 each).
+    rounded to bf16 (relative 2^-9 each). Both FP8 flavours are decoded exactly on every path
+    (all 256 byte values).
 
     Raises:
         RuntimeError: before anything is written (``output``, ``lse`` and ``workspace`` are

@@ -463,7 +463,9 @@ def gather_ceiling_us(inp, n_rows: int, rotations: int) -> float:
     except Exception:
         return float("nan")
     cache = inp.extra_kv_cache if inp.extra_kv_cache is not None else inp.kv_cache
-    fmt, d_qk = inp.kv_format, inp.q.shape[-1]
+    from .formats import kv_layout
+
+    fmt, d_qk = kv_layout(inp.kv_format), inp.q.shape[-1]
     num_pages, page_size = cache.shape[0], cache.shape[1]
     stride = cache.stride(0) * cache.element_size()
     if fmt == "fp8_ds_mla_v4":

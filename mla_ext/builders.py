@@ -63,8 +63,8 @@ class LayerKind:
         return softmax_scale_v4() if self.model == "DeepSeek-V4" else softmax_scale_v32()
 
 
-_V4_FORMATS = ("fp8_ds_mla_v4", "bf16")
-_V32_FORMATS = ("fp8_ds_mla", "bf16")
+_V4_FORMATS = ("fp8_ds_mla_v4", "bf16", "fp8_ds_mla_v4_fnuz")
+_V32_FORMATS = ("fp8_ds_mla", "bf16", "fp8_ds_mla_fnuz")
 
 LAYER_KINDS = {
     "v4_swa": LayerKind("v4_swa", "DeepSeek-V4", 512, "fp8_ds_mla_v4", _V4_FORMATS,
@@ -263,7 +263,8 @@ def build_decode_inputs(
             ``1 + mtp`` query tokens at positions ``ctx - 1 - mtp + j``, each seeing positions
             <= its own.
         kv_format: cache format; default the layer's (V4 ``"fp8_ds_mla_v4"``, V3.2
-            ``"fp8_ds_mla"``); ``"bf16"`` also accepted.
+            ``"fp8_ds_mla"``); ``"bf16"`` and the layer's e4m3fnuz twin (``"fp8_ds_mla_v4_fnuz"``,
+            ``"fp8_ds_mla_fnuz"``: the caches gfx942 engines may write) also accepted.
         topk: top-k width for v4_c4 (default 512; Flash 512, Pro 1024) and v32 (default 2048);
             not accepted for v4_swa / v4_c128.
         device: where the tensors live.

@@ -1,6 +1,7 @@
 """DeepSeek paged latent KV cache byte formats (pure PyTorch).
 
-Three ``kv_format`` values are understood (DESIGN.md section 4):
+Five ``kv_format`` values are understood (DESIGN.md section 4): three layouts, and two of them
+again with e4m3fnuz value bytes:
 
 ``"bf16"``
     ``[num_pages, page_size, d_qk]`` bfloat16, d_qk = 576 (V3.2) or 512 (V4). A singleton head
@@ -20,6 +21,15 @@ Three ``kv_format`` values are understood (DESIGN.md section 4):
     one padding byte. ``page_stride`` (= ``stride(0)``, in bytes) is padded; engines round it up
     to a multiple of 576. d_qk = 512.
 
+``"fp8_ds_mla_fnuz"`` / ``"fp8_ds_mla_v4_fnuz"`` (the same two layouts, byte for byte)
+    The FP8 value bytes are e4m3fnuz instead of OCP e4m3fn; scales (fp32 / UE8M0) and RoPE
+    (bf16) are unchanged. Which flavour a cache holds depends on the engine and the GPU that
+    wrote it: NVIDIA and AMD gfx950 (MI350) engines write OCP e4m3fn; gfx942 (MI300) engines may
+    write e4m3fnuz. e4m3fnuz has exponent bias 8 (e4m3fn: 7), no infinities, no negative zero:
+    0x80 is its only NaN, and 0x7F / 0xFF are +-240, its largest magnitude (e4m3fn: NaN; its
+    largest is 448). For the same bits, the fnuz value is half the fn value except at those three
+    bytes. Quantisation saturates to +-240 instead of +-448 (see :func:`write_kv_rows`).
+
 Readers (:func:`gather_kv_rows`, :func:`unpack_kv_cache`) compute byte addresses from the cache
 tensor's storage, offset and ``stride(0)``, and only touch the slots asked for, so unused slots
 may hold NaN/garbage.
@@ -33,6 +43,7 @@ import torch
 
 __all__ = [
     "FP8_MAX",
+    "FP8_MAX_FNUZ",
     "UE8M0_BIAS",
     "KV_FORMATS",
     "D_QK",
@@ -40,6 +51,11 @@ __all__ = [
     "V4_DATA_BYTES",
     "V4_SCALE_BYTES",
     "GARBAGE_BYTE",
+    "kv_layout",
+    "is_fnuz",
+    "fp8_dtype",
+    "fp8_max",
+    "e4m3_to_float",
     "ue8m0_to_float",
     "float_to_ue8m0_exponent",
     "kv_bytes_per_row",
@@ -55,21 +71,28 @@ __all__ = [
 
 #: Largest finite OCP float8_e4m3fn magnitude.
 FP8_MAX = 448.0
+#: Largest finite float8_e4m3fnuz magnitude (bytes 0x7F / 0xFF).
+FP8_MAX_FNUZ = 240.0
 #: UE8M0 byte b encodes 2 ** (b - UE8M0_BIAS).
 UE8M0_BIAS = 127
 #: Smallest tile amax used when quantising (avoids a zero scale for all-zero tiles).
 AMAX_FLOOR = 1e-4
 
-KV_FORMATS = ("bf16", "fp8_ds_mla", "fp8_ds_mla_v4")
+KV_FORMATS = ("bf16", "fp8_ds_mla", "fp8_ds_mla_v4", "fp8_ds_mla_fnuz", "fp8_ds_mla_v4_fnuz")
+#: Byte layout of each format (a fnuz format is laid out exactly like its e4m3fn twin).
+_LAYOUT = {"bf16": "bf16", "fp8_ds_mla": "fp8_ds_mla", "fp8_ds_mla_v4": "fp8_ds_mla_v4",
+           "fp8_ds_mla_fnuz": "fp8_ds_mla", "fp8_ds_mla_v4_fnuz": "fp8_ds_mla_v4"}
 #: Query/key width per format (None: taken from the bf16 cache's last dim, 576 or 512).
-D_QK = {"bf16": None, "fp8_ds_mla": 576, "fp8_ds_mla_v4": 512}
+D_QK = {"bf16": None, "fp8_ds_mla": 576, "fp8_ds_mla_v4": 512, "fp8_ds_mla_fnuz": 576,
+        "fp8_ds_mla_v4_fnuz": 512}
 #: Bytes per token of the FP8 formats (V4: 576 data + 8 scale bytes, page padding excluded).
-ROW_BYTES = {"fp8_ds_mla": 656, "fp8_ds_mla_v4": 584}
+ROW_BYTES = {"fp8_ds_mla": 656, "fp8_ds_mla_v4": 584, "fp8_ds_mla_fnuz": 656, "fp8_ds_mla_v4_fnuz": 584}
 #: V4: bytes of one token's data row (448 e4m3fn + 64 bf16) and of its scale group (7 + 1 pad).
 V4_DATA_BYTES = 576
 V4_SCALE_BYTES = 8
 #: Byte written into every slot/padding byte that must never be read. As e4m3fn, UE8M0, a bf16
-#: pair or an fp32 quad it decodes to NaN, so a kernel that reads it produces NaN.
+#: pair or an fp32 quad it decodes to NaN, so a kernel that reads it produces NaN. (As e4m3fnuz it
+#: is -240, but a garbage row's scales are NaN, so every element of it still decodes to NaN.)
 GARBAGE_BYTE = 0xFF
 
 _D_V = 512  # value width of every DeepSeek MLA layout
@@ -81,8 +104,62 @@ _ROPE = 64
 
 
 # ----------------------------------------------------------------------------------------------
+# format properties
+# ----------------------------------------------------------------------------------------------
+
+
+def kv_layout(kv_format: str) -> str:
+    """Byte layout of ``kv_format``: ``"bf16"``, ``"fp8_ds_mla"`` or ``"fp8_ds_mla_v4"`` (a fnuz
+    format maps to its e4m3fn twin). ValueError for an unknown format."""
+    _check_format(kv_format)
+    return _LAYOUT[kv_format]
+
+
+def is_fnuz(kv_format: str) -> bool:
+    """True for the formats whose FP8 bytes are e4m3fnuz (``"fp8_ds_mla_fnuz"``,
+    ``"fp8_ds_mla_v4_fnuz"``)."""
+    _check_format(kv_format)
+    return kv_format.endswith("_fnuz")
+
+
+def fp8_dtype(kv_format: str) -> Optional[torch.dtype]:
+    """torch dtype of the FP8 value bytes: ``torch.float8_e4m3fn``, ``torch.float8_e4m3fnuz``, or
+    None for ``"bf16"``."""
+    if kv_layout(kv_format) == "bf16":
+        return None
+    return torch.float8_e4m3fnuz if is_fnuz(kv_format) else torch.float8_e4m3fn
+
+
+def fp8_max(kv_format: str) -> float:
+    """Largest FP8 magnitude quantisation saturates to: 448 (e4m3fn) or 240 (e4m3fnuz).
+    ValueError for ``"bf16"``."""
+    if kv_layout(kv_format) == "bf16":
+        raise ValueError("fp8_max: kv_format 'bf16' has no FP8 values")
+    return FP8_MAX_FNUZ if is_fnuz(kv_format) else FP8_MAX
+
+
+# ----------------------------------------------------------------------------------------------
 # scalars
 # ----------------------------------------------------------------------------------------------
+
+
+def e4m3_to_float(byte_tensor: torch.Tensor, fnuz: bool = False,
+                  dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Decode e4m3 bytes exactly.
+
+    Args:
+        byte_tensor: any shape, uint8, any device and strides.
+        fnuz: False for OCP e4m3fn (bias 7, 0x7F / 0xFF NaN, 0x80 = -0, max 448), True for
+            e4m3fnuz (bias 8, 0x80 the only NaN, 0x7F / 0xFF = +-240, no -0).
+        dtype: result dtype (float32 and float64 are exact).
+
+    Returns:
+        ``dtype`` tensor of the same shape.
+    """
+    if byte_tensor.dtype != torch.uint8:
+        raise ValueError(f"e4m3_to_float: expected a uint8 tensor, got {byte_tensor.dtype}")
+    return byte_tensor.contiguous().view(torch.float8_e4m3fnuz if fnuz else torch.float8_e4m3fn).to(dtype)
+
 
 
 def ue8m0_to_float(byte_tensor: torch.Tensor) -> torch.Tensor:
@@ -123,12 +200,13 @@ def kv_bytes_per_row(kv_format: str, d_qk: Optional[int] = None) -> int:
     """Bytes a kernel must read per selected KV row (for bandwidth numbers in benchmarks).
 
     Args:
-        kv_format: ``"bf16"``, ``"fp8_ds_mla"`` (V3.2) or ``"fp8_ds_mla_v4"`` (V4).
+        kv_format: one of :data:`KV_FORMATS`: ``"bf16"``, ``"fp8_ds_mla"`` (V3.2),
+            ``"fp8_ds_mla_v4"`` (V4) or their ``_fnuz`` twins.
         d_qk: row width in elements; required for ``"bf16"`` (576 or 512), ignored otherwise.
 
     Returns:
-        bytes: ``2 * d_qk`` for bf16, 656 for fp8_ds_mla, 584 for fp8_ds_mla_v4 (576 data bytes +
-        8 scale bytes; page padding is not counted).
+        bytes: ``2 * d_qk`` for bf16, 656 for fp8_ds_mla[_fnuz], 584 for fp8_ds_mla_v4[_fnuz]
+        (576 data bytes + 8 scale bytes; page padding is not counted).
     """
     _check_format(kv_format)
     if kv_format == "bf16":
@@ -154,14 +232,16 @@ def _check_format(kv_format: str) -> None:
         raise ValueError(f"kv_format must be one of {KV_FORMATS}, got {kv_format!r}")
 
 
-def _encode_v32_rows(x: torch.Tensor) -> torch.Tensor:
-    """x [n, 576] float -> [n, 656] uint8 (fp8_ds_mla token rows)."""
+def _encode_v32_rows(x: torch.Tensor, fnuz: bool = False) -> torch.Tensor:
+    """x [n, 576] float -> [n, 656] uint8 (fp8_ds_mla[_fnuz] token rows)."""
     n = x.shape[0]
     x = x.to(torch.float32)
+    fmax = FP8_MAX_FNUZ if fnuz else FP8_MAX
     lat = x[:, :_V32_LATENT].reshape(n, _V32_LATENT // _V32_TILE, _V32_TILE)
     amax = lat.abs().amax(dim=-1).clamp_min(AMAX_FLOOR)  # [n, 4]
-    scale = (amax / FP8_MAX).to(torch.float32)
-    q = (lat / scale.unsqueeze(-1)).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    scale = (amax / fmax).to(torch.float32)
+    fp8 = torch.float8_e4m3fnuz if fnuz else torch.float8_e4m3fn
+    q = (lat / scale.unsqueeze(-1)).clamp(-fmax, fmax).to(fp8)
     out = torch.empty((n, ROW_BYTES["fp8_ds_mla"]), dtype=torch.uint8, device=x.device)
     out[:, :512] = q.reshape(n, _V32_LATENT).view(torch.uint8)
     out[:, 512:528] = scale.contiguous().view(torch.uint8)
@@ -169,29 +249,31 @@ def _encode_v32_rows(x: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def _decode_v32_rows(rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def _decode_v32_rows(rows: torch.Tensor, dtype: torch.dtype, fnuz: bool = False) -> torch.Tensor:
     """rows [n, 656] uint8 -> [n, 576] dtype."""
     rows = rows.contiguous()
     n = rows.shape[0]
-    lat = rows[:, :512].contiguous().view(torch.float8_e4m3fn).to(dtype)
+    lat = e4m3_to_float(rows[:, :512], fnuz, dtype)
     scale = rows[:, 512:528].contiguous().view(torch.float32).to(dtype)  # [n, 4]
     lat = (lat.reshape(n, 4, _V32_TILE) * scale.unsqueeze(-1)).reshape(n, _V32_LATENT)
     rope = rows[:, 528:656].contiguous().view(torch.bfloat16).to(dtype)
     return torch.cat([lat, rope], dim=1)
 
 
-def _encode_v4_rows(x: torch.Tensor):
+def _encode_v4_rows(x: torch.Tensor, fnuz: bool = False):
     """x [n, 512] float -> (data [n, 576] uint8, scales [n, 8] uint8)."""
     n = x.shape[0]
     x = x.to(torch.float32)
+    fmax = FP8_MAX_FNUZ if fnuz else FP8_MAX
     nope = x[:, :_V4_NOPE].reshape(n, _V4_NOPE // _V4_TILE, _V4_TILE)
     amax = nope.abs().amax(dim=-1).clamp_min(AMAX_FLOOR)  # [n, 7]
-    e = float_to_ue8m0_exponent(amax.to(torch.float64) / FP8_MAX)
+    e = float_to_ue8m0_exponent(amax.to(torch.float64) / fmax)
     byte = (e + UE8M0_BIAS).clamp(0, 255)
     # 2 ** -e_stored as an exact fp32 built from bits (e_stored = byte - 127, in [-22, 121] for
     # finite inputs, so 127 - e_stored = 254 - byte stays in 1..254).
     inv_scale = ue8m0_to_float((2 * UE8M0_BIAS - byte).clamp(0, 254))
-    q = (nope * inv_scale.unsqueeze(-1)).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    fp8 = torch.float8_e4m3fnuz if fnuz else torch.float8_e4m3fn
+    q = (nope * inv_scale.unsqueeze(-1)).clamp(-fmax, fmax).to(fp8)
     data = torch.empty((n, V4_DATA_BYTES), dtype=torch.uint8, device=x.device)
     data[:, :_V4_NOPE] = q.reshape(n, _V4_NOPE).view(torch.uint8)
     data[:, _V4_NOPE:] = x[:, _V4_NOPE:].to(torch.bfloat16).contiguous().view(torch.uint8)
@@ -200,10 +282,11 @@ def _encode_v4_rows(x: torch.Tensor):
     return data, scales
 
 
-def _decode_v4_rows(data: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def _decode_v4_rows(data: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype,
+                    fnuz: bool = False) -> torch.Tensor:
     """data [n, 576] uint8, scales [n, 8] uint8 -> [n, 512] dtype."""
     n = data.shape[0]
-    nope = data[:, :_V4_NOPE].contiguous().view(torch.float8_e4m3fn).to(dtype)
+    nope = e4m3_to_float(data[:, :_V4_NOPE], fnuz, dtype)
     sc = ue8m0_to_float(scales[:, :7]).to(dtype)
     nope = (nope.reshape(n, 7, _V4_TILE) * sc.unsqueeze(-1)).reshape(n, _V4_NOPE)
     rope = data[:, _V4_NOPE:].contiguous().view(torch.bfloat16).to(dtype)
@@ -250,11 +333,11 @@ def _check_cache(kv_cache: torch.Tensor, kv_format: str, name: str = "kv_cache")
                 f"{name}: kv_format {kv_format!r} needs a last dim of {ROW_BYTES[kv_format]} bytes, "
                 f"got {c.shape[-1]}"
             )
-    if kv_format == "fp8_ds_mla_v4" and c.shape[0] > 1:
+    if _LAYOUT[kv_format] == "fp8_ds_mla_v4" and c.shape[0] > 1:
         need = c.shape[1] * ROW_BYTES["fp8_ds_mla_v4"]
         if c.stride(0) < need:
             raise ValueError(
-                f"{name}: fp8_ds_mla_v4 page stride (stride(0)) must be >= page_size*584 = {need} "
+                f"{name}: {kv_format} page stride (stride(0)) must be >= page_size*584 = {need} "
                 f"bytes, got {c.stride(0)}"
             )
     return c
@@ -301,18 +384,19 @@ def alloc_kv_cache(
     """Allocate a KV cache whose every byte is garbage (NaN under any reading).
 
     Args:
-        kv_format: ``"bf16"``, ``"fp8_ds_mla"`` (V3.2) or ``"fp8_ds_mla_v4"`` (V4).
+        kv_format: one of :data:`KV_FORMATS` (``"bf16"``, ``"fp8_ds_mla"`` (V3.2),
+            ``"fp8_ds_mla_v4"`` (V4), or their ``_fnuz`` twins).
         num_pages, page_size: cache geometry (tokens per page).
         d_qk: row width for ``"bf16"`` (576 or 512); must match the format otherwise if given.
         device: torch device.
-        page_stride: V4 only, bytes between pages (default :func:`default_v4_page_stride`).
+        page_stride: V4 layouts only, bytes between pages (default :func:`default_v4_page_stride`).
 
     Returns:
         bf16: ``[num_pages, page_size, d_qk]`` bfloat16 filled with NaN.
-        fp8_ds_mla: ``[num_pages, page_size, 656]`` uint8 filled with 0xFF.
-        fp8_ds_mla_v4: uint8 view ``[num_pages, page_size, 584]``, strides ``(page_stride, 584, 1)``,
-        over a flat buffer of ``num_pages * page_stride`` bytes filled with 0xFF.
-        Fill rows with :func:`write_kv_rows`.
+        fp8_ds_mla[_fnuz]: ``[num_pages, page_size, 656]`` uint8 filled with 0xFF.
+        fp8_ds_mla_v4[_fnuz]: uint8 view ``[num_pages, page_size, 584]``, strides
+        ``(page_stride, 584, 1)``, over a flat buffer of ``num_pages * page_stride`` bytes filled
+        with 0xFF. Fill rows with :func:`write_kv_rows`.
     """
     _check_format(kv_format)
     if kv_format == "bf16":
@@ -321,7 +405,7 @@ def alloc_kv_cache(
         return torch.full((num_pages, page_size, d_qk), float("nan"), dtype=torch.bfloat16, device=device)
     if d_qk is not None and d_qk != D_QK[kv_format]:
         raise ValueError(f"alloc_kv_cache: kv_format {kv_format!r} has d_qk {D_QK[kv_format]}, got {d_qk}")
-    if kv_format == "fp8_ds_mla":
+    if _LAYOUT[kv_format] == "fp8_ds_mla":
         return torch.full((num_pages, page_size, 656), GARBAGE_BYTE, dtype=torch.uint8, device=device)
     row = ROW_BYTES["fp8_ds_mla_v4"]
     if page_stride is None:
@@ -341,14 +425,17 @@ def write_kv_rows(kv_cache: torch.Tensor, kv_format: str, slots: torch.Tensor, k
     Args:
         kv_cache: a cache as produced by :func:`alloc_kv_cache` / :func:`pack_kv_cache`
             (see the module docstring for layouts); mutated.
-        kv_format: ``"bf16"``, ``"fp8_ds_mla"`` or ``"fp8_ds_mla_v4"``.
+        kv_format: one of :data:`KV_FORMATS`.
         slots: int ``[n]`` global slot ids (page * page_size + offset), distinct, in range.
-        kv: ``[n, d_qk]`` float32/bf16 rows (d_qk 576 for fp8_ds_mla, 512 for fp8_ds_mla_v4).
+        kv: ``[n, d_qk]`` float32/bf16 rows (d_qk 576 for fp8_ds_mla[_fnuz], 512 for
+            fp8_ds_mla_v4[_fnuz]).
 
-    Quantisation: fp8_ds_mla (V3.2) per 128-element tile, amax = max(max|x|, 1e-4),
-    fp32 scale = amax / 448, byte = e4m3fn(clamp(x / scale, +-448)); RoPE dims as bf16.
-    fp8_ds_mla_v4 per 64-element tile, e = ceil(log2(amax / 448)), value
-    e4m3fn(clamp(x / 2**e, +-448)), UE8M0 byte clamp(e + 127, 0, 255); pad byte 0; RoPE as bf16.
+    Quantisation (round to nearest even), with M = 448 for the e4m3fn formats and M = 240 for the
+    e4m3fnuz ones: fp8_ds_mla[_fnuz] (V3.2) per 128-element tile, amax = max(max|x|, 1e-4),
+    fp32 scale = amax / M, byte = e4m3(clamp(x / scale, +-M)); RoPE dims as bf16.
+    fp8_ds_mla_v4[_fnuz] per 64-element tile, e = ceil(log2(amax / M)), value
+    e4m3(clamp(x / 2**e, +-M)), UE8M0 byte clamp(e + 127, 0, 255); pad byte 0; RoPE as bf16.
+    Zeros are stored as 0x00 in both flavours (e4m3fnuz has no -0: 0x80 is its NaN).
     """
     c = _check_cache(kv_cache, kv_format)
     d_qk = _cache_d_qk(c, kv_format)
@@ -358,72 +445,79 @@ def write_kv_rows(kv_cache: torch.Tensor, kv_format: str, slots: torch.Tensor, k
     if kv.shape[0] != page.numel():
         raise ValueError(f"kv has {kv.shape[0]} rows but slots has {page.numel()} entries")
     kv = kv.to(c.device)
-    if kv_format == "bf16":
+    layout, fnuz = _LAYOUT[kv_format], kv_format.endswith("_fnuz")
+    if layout == "bf16":
         c[page, off] = kv.to(torch.bfloat16)
-    elif kv_format == "fp8_ds_mla":
-        c[page, off] = _encode_v32_rows(kv)
+    elif layout == "fp8_ds_mla":
+        c[page, off] = _encode_v32_rows(kv, fnuz)
     else:
         data_v, scale_v = _v4_views(c)
-        data, scales = _encode_v4_rows(kv)
+        data, scales = _encode_v4_rows(kv, fnuz)
         data_v[page, off] = data
         scale_v[page, off] = scales
 
 
-def pack_fp8_ds_mla(kv: torch.Tensor) -> torch.Tensor:
-    """Pack a DeepSeek V3.2 latent cache into the ``"fp8_ds_mla"`` byte format.
+def pack_fp8_ds_mla(kv: torch.Tensor, *, fnuz: bool = False) -> torch.Tensor:
+    """Pack a DeepSeek V3.2 latent cache into the ``"fp8_ds_mla"`` byte format
+    (``"fp8_ds_mla_fnuz"`` with ``fnuz=True``).
 
     Args:
         kv: ``[num_pages, page_size, 576]`` float32 or bf16 (512 latent + 64 RoPE), any device.
+        fnuz: write e4m3fnuz latent bytes (scale amax/240) instead of e4m3fn (scale amax/448).
 
     Returns:
-        ``[num_pages, page_size, 656]`` uint8, contiguous: per token 512 e4m3fn latent bytes
-        (per 128-tile fp32 scale amax/448, amax floored at 1e-4), 4 little-endian fp32 scales at
-        bytes [512, 528), 64 bf16 RoPE values at [528, 656).
+        ``[num_pages, page_size, 656]`` uint8, contiguous: per token 512 e4m3 latent bytes
+        (per 128-tile fp32 scale amax/448 or amax/240, amax floored at 1e-4), 4 little-endian fp32
+        scales at bytes [512, 528), 64 bf16 RoPE values at [528, 656).
     """
     if kv.dim() != 3 or kv.shape[-1] != 576:
         raise ValueError(f"kv: expected [num_pages, page_size, 576], got {tuple(kv.shape)}")
     num_pages, page_size, _ = kv.shape
-    return _encode_v32_rows(kv.reshape(-1, 576)).reshape(num_pages, page_size, 656)
+    return _encode_v32_rows(kv.reshape(-1, 576), fnuz).reshape(num_pages, page_size, 656)
 
 
-def pack_fp8_ds_mla_v4(kv: torch.Tensor, page_stride: Optional[int] = None) -> torch.Tensor:
-    """Pack a DeepSeek V4 latent cache into the ``"fp8_ds_mla_v4"`` byte format.
+def pack_fp8_ds_mla_v4(kv: torch.Tensor, page_stride: Optional[int] = None, *, fnuz: bool = False) -> torch.Tensor:
+    """Pack a DeepSeek V4 latent cache into the ``"fp8_ds_mla_v4"`` byte format
+    (``"fp8_ds_mla_v4_fnuz"`` with ``fnuz=True``).
 
     Args:
         kv: ``[num_pages, page_size, 512]`` float32 or bf16 (448 no-RoPE + 64 RoPE), any device.
         page_stride: bytes between pages; default ``page_size * 584`` rounded up to a multiple of
             576. Must be >= ``page_size * 584`` (ValueError otherwise).
+        fnuz: write e4m3fnuz values (e = ceil(log2(amax/240))) instead of e4m3fn
+            (e = ceil(log2(amax/448))).
 
     Returns:
         uint8 view ``[num_pages, page_size, 584]`` with strides ``(page_stride, 584, 1)`` over a
         flat buffer of ``num_pages * page_stride`` bytes. Page n: token p's data row at byte
-        ``n*page_stride + p*576`` (448 e4m3fn + 64 bf16), its 7 UE8M0 scale bytes + one 0 pad
-        byte at ``n*page_stride + page_size*576 + p*8``. Bytes between pages are 0xFF (NaN).
+        ``n*page_stride + p*576`` (448 e4m3 + 64 bf16), its 7 UE8M0 scale bytes + one 0 pad
+        byte at ``n*page_stride + page_size*576 + p*8``. Bytes between pages are 0xFF (garbage).
     """
     if kv.dim() != 3 or kv.shape[-1] != 512:
         raise ValueError(f"kv: expected [num_pages, page_size, 512], got {tuple(kv.shape)}")
     num_pages, page_size, _ = kv.shape
-    cache = alloc_kv_cache("fp8_ds_mla_v4", num_pages, page_size, device=kv.device, page_stride=page_stride)
+    fmt = "fp8_ds_mla_v4_fnuz" if fnuz else "fp8_ds_mla_v4"
+    cache = alloc_kv_cache(fmt, num_pages, page_size, device=kv.device, page_stride=page_stride)
     slots = torch.arange(num_pages * page_size, device=kv.device)
-    write_kv_rows(cache, "fp8_ds_mla_v4", slots, kv.reshape(-1, 512))
+    write_kv_rows(cache, fmt, slots, kv.reshape(-1, 512))
     return cache
 
 
 def pack_kv_cache(kv: torch.Tensor, kv_format: str, page_stride: Optional[int] = None) -> torch.Tensor:
     """Pack ``kv [num_pages, page_size, d_qk]`` (float32/bf16) into ``kv_format``.
 
-    ``"bf16"`` -> ``kv.to(bfloat16)`` (d_qk 576 or 512); ``"fp8_ds_mla"`` -> :func:`pack_fp8_ds_mla`
-    (d_qk 576); ``"fp8_ds_mla_v4"`` -> :func:`pack_fp8_ds_mla_v4` (d_qk 512, ``page_stride`` used
-    only here).
+    ``"bf16"`` -> ``kv.to(bfloat16)`` (d_qk 576 or 512); ``"fp8_ds_mla[_fnuz]"`` ->
+    :func:`pack_fp8_ds_mla` (d_qk 576); ``"fp8_ds_mla_v4[_fnuz]"`` -> :func:`pack_fp8_ds_mla_v4`
+    (d_qk 512, ``page_stride`` used only here).
     """
-    _check_format(kv_format)
-    if kv_format == "bf16":
+    layout, fnuz = kv_layout(kv_format), is_fnuz(kv_format)
+    if layout == "bf16":
         if kv.dim() != 3:
             raise ValueError(f"kv: expected [num_pages, page_size, d_qk], got {tuple(kv.shape)}")
         return kv.to(torch.bfloat16)
-    if kv_format == "fp8_ds_mla":
-        return pack_fp8_ds_mla(kv)
-    return pack_fp8_ds_mla_v4(kv, page_stride)
+    if layout == "fp8_ds_mla":
+        return pack_fp8_ds_mla(kv, fnuz=fnuz)
+    return pack_fp8_ds_mla_v4(kv, page_stride, fnuz=fnuz)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -441,7 +535,8 @@ def gather_kv_rows(
             ``kv_format`` (row = d_qk bf16 elements, 656 or 584 bytes). Any page stride
             (``stride(0)``, in elements; for V4 the padded page stride in bytes) and storage offset;
             last dim contiguous. Not mutated.
-        kv_format: ``"bf16"``, ``"fp8_ds_mla"`` (V3.2) or ``"fp8_ds_mla_v4"`` (V4).
+        kv_format: one of :data:`KV_FORMATS`: ``"bf16"``, ``"fp8_ds_mla"`` (V3.2),
+            ``"fp8_ds_mla_v4"`` (V4), or their ``_fnuz`` twins (e4m3fnuz value bytes).
         slots: integer ``[n]`` global slot ids, ``slot = page * page_size + offset`` with
             ``page_size = kv_cache.shape[1]``; all must lie in ``[0, num_pages * page_size)``
             (IndexError otherwise). Duplicates allowed.
@@ -452,12 +547,13 @@ def gather_kv_rows(
     """
     c = _check_cache(kv_cache, kv_format)
     page, off = _split_slots(slots.to(c.device), c.shape[0], c.shape[1])
-    if kv_format == "bf16":
+    layout, fnuz = _LAYOUT[kv_format], kv_format.endswith("_fnuz")
+    if layout == "bf16":
         return c[page, off].to(dtype)
-    if kv_format == "fp8_ds_mla":
-        return _decode_v32_rows(c[page, off], dtype)
+    if layout == "fp8_ds_mla":
+        return _decode_v32_rows(c[page, off], dtype, fnuz)
     data_v, scale_v = _v4_views(c)
-    return _decode_v4_rows(data_v[page, off], scale_v[page, off], dtype)
+    return _decode_v4_rows(data_v[page, off], scale_v[page, off], dtype, fnuz)
 
 
 def unpack_kv_cache(kv_cache: torch.Tensor, kv_format: str, dtype: torch.dtype = torch.float32) -> torch.Tensor:

@@ -54,7 +54,7 @@ def decode_tolerances(device_type: str, kv_format: str) -> Tuple[float, float]:
 
     Args:
         device_type: ``"cpu"`` or a GPU type (``"cuda"``; ROCm tensors report ``"cuda"`` too).
-        kv_format: ``"bf16"``, ``"fp8_ds_mla"`` or ``"fp8_ds_mla_v4"``.
+        kv_format: ``"bf16"``, ``"fp8_ds_mla"``, ``"fp8_ds_mla_v4"`` or their ``_fnuz`` twins.
     """
     if device_type == "cpu":
         return 1.6e-2, 1e-3
@@ -92,13 +92,15 @@ def sparse_mla_decode(
     Args:
         q: ``[num_tokens, num_heads, d_qk]`` any float dtype (bf16 in practice), any strides.
         kv_cache: paged cache in ``kv_format`` (see :mod:`mla_ext.formats`):
-            bf16 ``[num_pages, page_size, d_qk]`` (d_qk 576 or 512), fp8_ds_mla (V3.2, d_qk 576)
-            ``[num_pages, page_size, 656]`` uint8, fp8_ds_mla_v4 (V4, d_qk 512) uint8 view
-            ``[num_pages, page_size, 584]`` with a padded page stride; a singleton head dim is
-            accepted. Only selected slots are read (others may hold NaN).
+            bf16 ``[num_pages, page_size, d_qk]`` (d_qk 576 or 512), fp8_ds_mla[_fnuz] (V3.2,
+            d_qk 576) ``[num_pages, page_size, 656]`` uint8, fp8_ds_mla_v4[_fnuz] (V4, d_qk 512)
+            uint8 view ``[num_pages, page_size, 584]`` with a padded page stride; a singleton head
+            dim is accepted. Only selected slots are read (others may hold NaN).
         indices: ``[num_tokens, W]`` integer global slot ids (page * page_size + offset).
             An entry is skipped when < 0, >= num_pages * page_size, or at column >= lengths[t].
-        kv_format: ``"bf16"``, ``"fp8_ds_mla"`` or ``"fp8_ds_mla_v4"`` (applies to both sets).
+        kv_format: ``"bf16"``, ``"fp8_ds_mla"``, ``"fp8_ds_mla_v4"``, or the e4m3fnuz twins
+            ``"fp8_ds_mla_fnuz"`` / ``"fp8_ds_mla_v4_fnuz"`` (applies to both sets). FP8 bytes are
+            decoded exactly (e4m3fnuz: 0x80 is NaN, 0x7F / 0xFF are +-240).
         softmax_scale: float multiplier of q.K (V3.2: :func:`softmax_scale_v32`,
             V4: :func:`softmax_scale_v4`).
         lengths: optional ``[num_tokens]`` integer count of leading columns of ``indices`` to use.

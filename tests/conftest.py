@@ -33,3 +33,21 @@ def assert_close_rel(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, w
     scale = ref.abs().max().clamp_min(1e-30)
     err = (out - ref).abs().max() / scale
     assert err <= TOL[dtype], f"{what}: max error {err:.3g} (relative to max |ref|) > {TOL[dtype]}"
+
+
+def e4m3_reference_table(fnuz: bool) -> torch.Tensor:
+    """float64 [256]: the value of every e4m3 byte, from the bit fields (independent of torch's
+    float8 types and of the library). e4m3fn (OCP): bias 7, S.1111.111 NaN, 0x80 = -0.
+    e4m3fnuz: bias 8, 0x80 the only NaN, 0x7F / 0xFF = +-240, no infinities either way."""
+    bias = 8 if fnuz else 7
+    vals = []
+    for b in range(256):
+        sign = -1.0 if b & 0x80 else 1.0
+        e, m = (b >> 3) & 0xF, b & 0x7
+        if (fnuz and b == 0x80) or (not fnuz and (b & 0x7F) == 0x7F):
+            vals.append(float("nan"))
+        elif e == 0:
+            vals.append(sign * (m / 8.0) * 2.0 ** (1 - bias))
+        else:
+            vals.append(sign * (1.0 + m / 8.0) * 2.0 ** (e - bias))
+    return torch.tensor(vals, dtype=torch.float64)

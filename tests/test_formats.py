@@ -6,6 +6,9 @@ import pytest
 import torch
 
 import mla_ext.formats as F
+from conftest import e4m3_reference_table
+
+FP8_FORMATS = ["fp8_ds_mla", "fp8_ds_mla_v4", "fp8_ds_mla_fnuz", "fp8_ds_mla_v4_fnuz"]
 
 
 def _kv(shape, seed, outliers=True):
@@ -63,33 +66,36 @@ def test_float_to_ue8m0_exponent_exact_at_powers_of_two():
 # error <= 2^(k-4) <= |v|/16 where 2^k <= |v|; subnormals have spacing 2^-9, error <= 2^-10.
 # |v| <= 448 always (amax/scale <= 448, then clamp). In original units (x = v * scale):
 #     |x_hat - x| <= max(|x| / 16, scale * 2^-10)  (+ fp32 rounding of x/scale, |x| * 2^-24)
+# e4m3fnuz: the same with max 240 and subnormal spacing 2^-10 (error <= 2^-11).
 # bf16 (8 significant bits): |x_hat - x| <= |x| * 2^-8.
 
 
-def _fp8_bound(x, scale):
-    return torch.maximum(x.abs() / 16, scale * 2.0 ** -10) + x.abs() * 2.0 ** -22
+def _fp8_bound(x, scale, fnuz=False):
+    return torch.maximum(x.abs() / 16, scale * 2.0 ** (-11 if fnuz else -10)) + x.abs() * 2.0 ** -22
 
 
-def _check_v32_rows(x, x_hat):
+def _check_v32_rows(x, x_hat, fnuz=False):
     n = x.shape[0]
     lat = x[:, :512].double().reshape(n, 4, 128)
     amax = lat.abs().amax(-1).clamp_min(1e-4)
-    scale = (amax / 448.0).unsqueeze(-1)
+    scale = (amax / (240.0 if fnuz else 448.0)).unsqueeze(-1)
     err = (x_hat[:, :512].reshape(n, 4, 128) - lat).abs()
-    assert bool((err <= _fp8_bound(lat, scale)).all()), float((err - _fp8_bound(lat, scale)).max())
+    bound = _fp8_bound(lat, scale, fnuz)
+    assert bool((err <= bound).all()), float((err - bound).max())
     rope = x[:, 512:].double()
     assert bool(((x_hat[:, 512:] - rope).abs() <= rope.abs() * 2.0 ** -8).all())
 
 
-def _check_v4_rows(x, x_hat, scale_bytes):
+def _check_v4_rows(x, x_hat, scale_bytes, fnuz=False):
     n = x.shape[0]
+    fmax = 240.0 if fnuz else 448.0
     nope = x[:, :448].double().reshape(n, 7, 64)
     amax = nope.abs().amax(-1).clamp_min(1e-4)
     scale = F.ue8m0_to_float(scale_bytes[:, :7]).double()  # 2^e
-    # e = ceil(log2(amax / 448)): amax/448 <= 2^e < 2 * amax/448
-    assert bool((scale >= amax / 448).all()) and bool((scale < 2 * amax / 448).all())
+    # e = ceil(log2(amax / M)): amax/M <= 2^e < 2 * amax/M  (M = 448 e4m3fn, 240 e4m3fnuz)
+    assert bool((scale >= amax / fmax).all()) and bool((scale < 2 * amax / fmax).all())
     err = (x_hat[:, :448].reshape(n, 7, 64) - nope).abs()
-    bound = _fp8_bound(nope, scale.unsqueeze(-1))
+    bound = _fp8_bound(nope, scale.unsqueeze(-1), fnuz)
     assert bool((err <= bound).all()), float((err - bound).max())
     rope = x[:, 448:].double()
     assert bool(((x_hat[:, 448:] - rope).abs() <= rope.abs() * 2.0 ** -8).all())
@@ -103,36 +109,41 @@ def _special_tiles_v32(kv):
     return kv
 
 
-def test_v32_roundtrip_error_bound():
+@pytest.mark.parametrize("fnuz", [False, True])
+def test_v32_roundtrip_error_bound(fnuz):
+    fmt = "fp8_ds_mla_fnuz" if fnuz else "fp8_ds_mla"
     kv = _special_tiles_v32(_kv((3, 16, 576), seed=0))
-    cache = F.pack_fp8_ds_mla(kv)
+    cache = F.pack_fp8_ds_mla(kv, fnuz=fnuz)
     assert cache.shape == (3, 16, 656) and cache.dtype == torch.uint8 and cache.is_contiguous()
-    x_hat = F.unpack_kv_cache(cache, "fp8_ds_mla", dtype=torch.float64)
+    assert torch.equal(cache, F.pack_kv_cache(kv, fmt))
+    x_hat = F.unpack_kv_cache(cache, fmt, dtype=torch.float64)
     assert x_hat.shape == (3, 16, 576)
-    _check_v32_rows(kv.reshape(-1, 576), x_hat.reshape(-1, 576))
+    _check_v32_rows(kv.reshape(-1, 576), x_hat.reshape(-1, 576), fnuz)
     assert torch.equal(x_hat[0, 1, 128:256], torch.zeros(128, dtype=torch.float64))
     # float32 result agrees with the float64 one to fp32 rounding
-    x32 = F.unpack_kv_cache(cache, "fp8_ds_mla")
+    x32 = F.unpack_kv_cache(cache, fmt)
     assert x32.dtype == torch.float32
     torch.testing.assert_close(x32.double(), x_hat, rtol=2 ** -23, atol=0)
     # not trivially exact: quantisation did happen
     assert float((x_hat - kv.double()).abs().max()) > 0
 
 
-def test_v4_roundtrip_error_bound():
+@pytest.mark.parametrize("fnuz", [False, True])
+def test_v4_roundtrip_error_bound(fnuz):
+    fmt = "fp8_ds_mla_v4_fnuz" if fnuz else "fp8_ds_mla_v4"
     kv = _kv((3, 16, 512), seed=1)
     kv[0, 0, :64] = torch.linspace(-1e-6, 1e-6, 64)
     kv[0, 1, 64:128] = 0.0
     kv[0, 2, 128:192] *= 1e4
     kv[0, 3, 384:448] = 3e-5
-    cache = F.pack_fp8_ds_mla_v4(kv)
+    cache = F.pack_fp8_ds_mla_v4(kv, fnuz=fnuz)
     assert cache.shape == (3, 16, 584) and cache.dtype == torch.uint8
-    x_hat = F.unpack_kv_cache(cache, "fp8_ds_mla_v4", dtype=torch.float64)
+    x_hat = F.unpack_kv_cache(cache, fmt, dtype=torch.float64)
     _, scales = F._v4_views(cache)
-    _check_v4_rows(kv.reshape(-1, 512), x_hat.reshape(-1, 512), scales.reshape(-1, 8))
+    _check_v4_rows(kv.reshape(-1, 512), x_hat.reshape(-1, 512), scales.reshape(-1, 8), fnuz)
     assert torch.equal(x_hat[0, 1, 64:128], torch.zeros(64, dtype=torch.float64))
     # power-of-two scales: float32 dequantisation is exact
-    assert torch.equal(F.unpack_kv_cache(cache, "fp8_ds_mla_v4").double(), x_hat)
+    assert torch.equal(F.unpack_kv_cache(cache, fmt).double(), x_hat)
     assert not torch.isnan(x_hat).any()
 
 
@@ -152,8 +163,12 @@ def test_bytes_per_row():
     assert F.kv_bytes_per_row("bf16", 512) == 1024
     assert F.kv_bytes_per_row("fp8_ds_mla") == 656
     assert F.kv_bytes_per_row("fp8_ds_mla_v4", 512) == 584
-    assert F.D_QK == {"bf16": None, "fp8_ds_mla": 576, "fp8_ds_mla_v4": 512}
-    assert F.ROW_BYTES == {"fp8_ds_mla": 656, "fp8_ds_mla_v4": 584}
+    assert F.kv_bytes_per_row("fp8_ds_mla_fnuz") == 656
+    assert F.kv_bytes_per_row("fp8_ds_mla_v4_fnuz") == 584
+    assert F.D_QK == {"bf16": None, "fp8_ds_mla": 576, "fp8_ds_mla_v4": 512, "fp8_ds_mla_fnuz": 576,
+                      "fp8_ds_mla_v4_fnuz": 512}
+    assert F.ROW_BYTES == {"fp8_ds_mla": 656, "fp8_ds_mla_v4": 584, "fp8_ds_mla_fnuz": 656,
+                           "fp8_ds_mla_v4_fnuz": 584}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -242,7 +257,8 @@ def test_v4_page_stride_too_small_raises():
 
 
 @pytest.mark.parametrize("kv_format,d_qk", [("bf16", 576), ("bf16", 512), ("fp8_ds_mla", 576),
-                                            ("fp8_ds_mla_v4", 512)])
+                                            ("fp8_ds_mla_v4", 512), ("fp8_ds_mla_fnuz", 576),
+                                            ("fp8_ds_mla_v4_fnuz", 512)])
 def test_gather_reads_only_selected_slots(kv_format, d_qk):
     num_pages, page_size = 5, 8
     cache = F.alloc_kv_cache(kv_format, num_pages, page_size, d_qk)  # all NaN / 0xFF
@@ -295,3 +311,171 @@ def test_bad_inputs_raise():
         F.pack_fp8_ds_mla(torch.zeros(2, 4, 512))
     with pytest.raises(ValueError):
         F.pack_fp8_ds_mla_v4(torch.zeros(2, 4, 576))
+
+
+# ---------------------------------------------------------------------------------------------
+# FP8 flavours: e4m3fn (NVIDIA, gfx950) and e4m3fnuz (gfx942 engines)
+# ---------------------------------------------------------------------------------------------
+
+
+def test_format_properties():
+    assert [F.kv_layout(f) for f in F.KV_FORMATS] == ["bf16", "fp8_ds_mla", "fp8_ds_mla_v4", "fp8_ds_mla",
+                                                      "fp8_ds_mla_v4"]
+    assert [F.is_fnuz(f) for f in F.KV_FORMATS] == [False, False, False, True, True]
+    assert F.fp8_dtype("bf16") is None
+    assert F.fp8_dtype("fp8_ds_mla_v4") == torch.float8_e4m3fn
+    assert F.fp8_dtype("fp8_ds_mla_fnuz") == torch.float8_e4m3fnuz
+    assert F.fp8_max("fp8_ds_mla") == 448.0 and F.fp8_max("fp8_ds_mla_v4_fnuz") == 240.0
+    with pytest.raises(ValueError):
+        F.fp8_max("bf16")
+    for bad in ("fnuz", "fp8_ds_mla_v4_fn", "bf16_fnuz"):
+        with pytest.raises(ValueError, match="kv_format"):
+            F.kv_layout(bad)
+
+
+@pytest.mark.parametrize("fnuz", [False, True])
+def test_e4m3_every_byte(fnuz):
+    """All 256 bytes against a table built from the bit fields (not from torch's float8 types)."""
+    table = e4m3_reference_table(fnuz)
+    got = F.e4m3_to_float(torch.arange(256).to(torch.uint8), fnuz, dtype=torch.float64)
+    assert torch.equal(torch.isnan(got), torch.isnan(table))
+    fin = ~torch.isnan(table)
+    assert torch.equal(got[fin], table[fin])
+    assert torch.equal(torch.signbit(got[fin]), torch.signbit(table[fin]))  # e4m3fn 0x80 is -0
+    assert int(torch.isnan(table).sum()) == (1 if fnuz else 2)
+    f32 = F.e4m3_to_float(torch.arange(256).to(torch.uint8), fnuz)
+    assert f32.dtype == torch.float32 and torch.equal(f32.double()[fin], table[fin])
+    if fnuz:  # the three bytes where fnuz is not "half of fn"
+        assert got[0x7F].item() == 240.0 and got[0xFF].item() == -240.0 and torch.isnan(got[0x80])
+        fn = e4m3_reference_table(False)
+        other = torch.ones(256, dtype=torch.bool)
+        other[[0x7F, 0xFF, 0x80]] = False
+        assert torch.equal(got[other], fn[other] / 2)
+
+
+def _raw_fp8_cache(kv_format, latent, scales, rope):
+    """A one-page cache holding the given raw rows: latent [n, 512 | 448] uint8, scales [n, 4] fp32
+    (V3.2) or [n, 7] UE8M0 uint8 (V4), rope [n, 64] bf16."""
+    n = latent.shape[0]
+    cache = F.alloc_kv_cache(kv_format, 1, n)
+    if F.kv_layout(kv_format) == "fp8_ds_mla":
+        cache[0, :, :512] = latent
+        cache[0, :, 512:528] = scales.to(torch.float32).contiguous().view(torch.uint8)
+        cache[0, :, 528:] = rope.contiguous().view(torch.uint8)
+    else:
+        data, sc = F._v4_views(cache)
+        data[0, :, :448] = latent
+        data[0, :, 448:] = rope.contiguous().view(torch.uint8)
+        sc[0, :, :7] = scales
+        sc[0, :, 7] = 0
+    return cache
+
+
+@pytest.mark.parametrize("kv_format", FP8_FORMATS)
+def test_unpack_every_byte_value(kv_format):
+    """A cache whose value bytes take all 256 values, at every scale tile, decodes to the
+    independently computed table times the tile's scale (NaN exactly at the flavour's NaN codes)."""
+    fnuz = F.is_fnuz(kv_format)
+    v32 = F.kv_layout(kv_format) == "fp8_ds_mla"
+    nlat, tile = (512, 128) if v32 else (448, 64)
+    n = 6
+    j = torch.arange(nlat)
+    latent = torch.stack([((j * (2 * r + 1) + 97 * r) % 256) for r in range(n)]).to(torch.uint8)
+    # every row holds every byte value (nlat >= 256 and j -> (2r+1) j + c is a bijection mod 256)
+    for r in range(n):
+        assert set(latent[r].tolist()) == set(range(256))
+    g = torch.Generator().manual_seed(31)
+    if v32:
+        scales = torch.tensor([0.75, 3.0 * 2 ** -5, 40.0, 1.0])[None].repeat(n, 1) * (1 + torch.arange(n))[:, None]
+        scale_f = scales.double()
+    else:
+        scales = torch.randint(100, 150, (n, 7), generator=g).to(torch.uint8)
+        scale_f = F.ue8m0_to_float(scales).double()
+    rope = torch.randn(n, 64, generator=g).to(torch.bfloat16)
+    cache = _raw_fp8_cache(kv_format, latent, scales, rope)
+    got = F.unpack_kv_cache(cache, kv_format, dtype=torch.float64)[0]
+    table = e4m3_reference_table(fnuz)
+    want_lat = table[latent.long()] * scale_f.repeat_interleave(tile, dim=1)
+    want = torch.cat([want_lat, rope.double()], dim=1)
+    assert torch.equal(torch.isnan(got), torch.isnan(want))
+    fin = ~torch.isnan(want)
+    assert torch.equal(got[fin], want[fin])
+    nan_codes = [0x80] if fnuz else [0x7F, 0xFF]
+    assert torch.equal(torch.isnan(got[:, :nlat]), torch.isin(latent, torch.tensor(nan_codes, dtype=torch.uint8)))
+
+
+def test_fnuz_quantisation_by_hand():
+    """Saturation at +-240 (bytes 0x7F / 0xFF), UE8M0 exponent from amax/240, no 0x80 for zeros."""
+    kv = torch.zeros(1, 2, 512)
+    kv[0, 0, 0] = 240.0  # tile 0: amax 240 -> e = 0 -> byte 127; 240 -> 0x7F
+    kv[0, 0, 1] = 1.5  # e4m3fnuz 1.5 = 0.1000.100 = 0x44
+    kv[0, 0, 2] = -240.0  # 0xFF
+    kv[0, 0, 3] = -0.0  # zero: 0x00, never 0x80 (NaN in fnuz)
+    kv[0, 0, 4] = -1e-9  # rounds to zero: 0x00
+    kv[0, 0, 64] = 1.0  # tile 1: amax 1 -> e = ceil(log2(1/240)) = -7 -> byte 120; 1*2^7 = 128 = 0x78
+    kv[0, 0, 128] = 1000.0  # tile 2: e = ceil(log2(1000/240)) = 3 -> byte 130; 125 -> 0x77 (120) / 0x78 (128)
+    kv[0, 0, 129] = -1000.0
+    kv[0, 1, :448] = torch.linspace(-3.0, 3.0, 448)
+    cache = F.pack_fp8_ds_mla_v4(kv, fnuz=True)
+    data, sc = F._v4_views(cache)
+    row = data[0, 0].tolist()
+    assert row[:5] == [0x7F, 0x44, 0xFF, 0x00, 0x00]
+    assert row[64] == 0x78
+    assert row[128] == 0x78 and row[129] == 0xF8  # 125 rounds to 128 (spacing 8 at 2^7)
+    # zero tiles: amax 1e-4 -> e = ceil(log2(1e-4/240)) = -21 -> byte 106
+    assert sc[0, 0].tolist() == [127, 120, 130, 106, 106, 106, 106, 0]
+    assert 0x80 not in data[0, :, :448].reshape(-1).tolist()
+    # power-of-two scales: every tile's largest stored magnitude lies in (120, 240]
+    tmax = F.e4m3_to_float(data[0, 1, :448].contiguous(), fnuz=True).abs().reshape(7, 64).amax(-1)
+    assert bool((tmax > 120).all()) and bool((tmax <= 240).all())
+    # V3.2: fp32 scale amax / 240
+    kv = torch.zeros(1, 1, 576)
+    kv[0, 0, 0] = 240.0
+    kv[0, 0, 1] = 1.5
+    kv[0, 0, 128] = -2.0  # scale 2/240, stored -240 = 0xFF
+    kv[0, 0, 256:384] = torch.linspace(-7.0, 5.0, 128)  # tile 2: maximum magnitude at -7 -> 0xFF
+    row = F.pack_fp8_ds_mla(kv, fnuz=True)[0, 0].tolist()
+    assert row[0] == 0x7F and row[1] == 0x44 and row[128] == 0xFF
+    assert row[256] == 0xFF and max(row[256:384]) == 0xFF and 0x7F not in row[256:384]
+    assert bytes(row[512:516]) == struct.pack("<f", 1.0)
+    assert bytes(row[516:520]) == struct.pack("<f", struct.unpack("<f", struct.pack("<f", 2.0 / 240.0))[0])
+    assert bytes(row[520:524]) == struct.pack("<f", struct.unpack("<f", struct.pack("<f", 7.0 / 240.0))[0])
+    assert bytes(row[524:528]) == struct.pack("<f", 1e-4 / 240.0)
+
+
+@pytest.mark.parametrize("v4", [False, True])
+def test_flavours_differ(v4):
+    """The same values packed in both flavours: different bytes, each decoding within its bound,
+    and reading fnuz bytes as fn (the mix-up the format names prevent) is off by ~2x."""
+    kv = _kv((2, 8, 512 if v4 else 576), seed=12)
+    fn_fmt, nz_fmt = ("fp8_ds_mla_v4", "fp8_ds_mla_v4_fnuz") if v4 else ("fp8_ds_mla", "fp8_ds_mla_fnuz")
+    a, b = F.pack_kv_cache(kv, fn_fmt), F.pack_kv_cache(kv, nz_fmt)
+    assert not torch.equal(F._v4_views(a)[0] if v4 else a, F._v4_views(b)[0] if v4 else b)
+    ua, ub = F.unpack_kv_cache(a, fn_fmt), F.unpack_kv_cache(b, nz_fmt)
+    n_lat = 448 if v4 else 512
+    ref = kv[..., :n_lat].abs().amax()
+    assert (ua[..., :n_lat] - kv[..., :n_lat]).abs().max() < ref / 8
+    assert (ub[..., :n_lat] - kv[..., :n_lat]).abs().max() < ref / 8
+    wrong = F.unpack_kv_cache(b, fn_fmt)[..., :n_lat]
+    fin = torch.isfinite(wrong)
+    ratio = wrong[fin].abs().sum() / ub[..., :n_lat][fin].abs().sum()
+    assert 1.9 < float(ratio) < 2.1
+
+
+def test_fnuz_pack_on_device(device):
+    """torch's float8_e4m3fnuz conversion on the device never yields 0x80 (NaN) for zeros or
+    underflowing negatives, and matches the CPU bytes."""
+    kv = _kv((2, 4, 512), seed=13)
+    kv[0, 0, :64] = -0.0
+    kv[0, 1, :64] = torch.linspace(-1e-9, 0.0, 64)
+    kv[0, 1, 0] = -5.0  # tile amax so the tiny values underflow
+    cpu = F.pack_fp8_ds_mla_v4(kv, fnuz=True)
+    dev = F.pack_fp8_ds_mla_v4(kv.to(device), fnuz=True)
+    dcpu, ddev = F._v4_views(cpu)[0], F._v4_views(dev)[0].cpu()
+    assert torch.equal(dcpu, ddev)
+    assert 0x80 not in dcpu[..., :448].reshape(-1).tolist()
+    kv32 = _kv((2, 4, 576), seed=14)
+    kv32[1, 2, :128] = -0.0
+    c32 = F.pack_fp8_ds_mla(kv32.to(device), fnuz=True).cpu()
+    assert torch.equal(c32, F.pack_fp8_ds_mla(kv32, fnuz=True))
+    assert 0x80 not in c32[..., :512].reshape(-1).tolist()

@@ -11,10 +11,14 @@ import torch
 
 import mla_ext
 from mla_ext import builders, formats, reference
-from conftest import DEVICES, HAS_GPU, TOL, assert_close_rel, poison_, requires_gpu
+from conftest import DEVICES, HAS_GPU, TOL, assert_close_rel, e4m3_reference_table, poison_, requires_gpu
 
 INF = float("inf")
 GEOMS = [("bf16", 576), ("bf16", 512), ("fp8_ds_mla", 576), ("fp8_ds_mla_v4", 512)]
+# The same layouts with e4m3fnuz value bytes (gfx942 engines); kept out of GEOMS so the covering
+# set below stays as it is, and tested by the fnuz tests further down.
+FNUZ_GEOMS = [("fp8_ds_mla_fnuz", 576), ("fp8_ds_mla_v4_fnuz", 512)]
+FP8_GEOMS = [g for g in GEOMS + FNUZ_GEOMS if g[0] != "bf16"]
 HEADS = [1, 8, 16, 64, 128]
 TOKENS = [1, 5, 33]
 WIDTHS = [1, 63, 65, 130, 2048]
@@ -69,12 +73,16 @@ def make_cache(g, fmt, d_qk, num_pages, page_size, slots, device, page_stride=No
         rows = torch.randn(s.numel(), d_qk, generator=g) * 2
         formats.write_kv_rows(cache, fmt, s, rows)
     if device != "cpu":
-        if fmt == "fp8_ds_mla_v4":  # keep the padded page stride on the device
+        if _is_v4(fmt):  # keep the padded page stride on the device
             base = cache.as_strided((num_pages * cache.stride(0),), (1,), 0).to(device)
             cache = base.as_strided(cache.shape, cache.stride(), 0)
         else:
             cache = cache.to(device)
     return cache
+
+
+def _is_v4(fmt):
+    return formats.kv_layout(fmt) == "fp8_ds_mla_v4"
 
 
 def make_sink(g, H, mode):
@@ -139,9 +147,9 @@ def run_check(q, cache, idx, *, fmt, scale, device, num_splits=0, lengths=None, 
                               num_splits=num_splits, **kw)
     if check:
         ref_o, ref_l = reference.sparse_mla_decode(
-            q.cpu(), cache.cpu() if fmt != "fp8_ds_mla_v4" else _cpu_v4(cache), idx.cpu(),
+            q.cpu(), cache.cpu() if not _is_v4(fmt) else _cpu_v4(cache), idx.cpu(),
             kv_format=fmt, softmax_scale=scale, lengths=lengths,
-            extra_kv_cache=None if not extra else (extra["cache"].cpu() if fmt != "fp8_ds_mla_v4"
+            extra_kv_cache=None if not extra else (extra["cache"].cpu() if not _is_v4(fmt)
                                                    else _cpu_v4(extra["cache"])),
             extra_indices=extra.get("indices"), extra_lengths=extra.get("lengths"), attn_sink=sink)
         check_out(out, ref_o, fmt)
@@ -339,7 +347,8 @@ def test_edge_sinks_and_empty(device):
 # ---------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("kind,kv_format", [("v4_swa", None), ("v4_c4", None), ("v4_c128", None), ("v32", None),
-                                            ("v4_c4", "bf16"), ("v32", "bf16")])
+                                            ("v4_c4", "bf16"), ("v32", "bf16"), ("v4_c4", "fp8_ds_mla_v4_fnuz"),
+                                            ("v32", "fp8_ds_mla_fnuz")])
 def test_builder_layers(device, kind, kv_format):
     inp = builders.build_decode_inputs(kind, batch=3, num_heads=16, context_len=(200, 1500), mtp=1,
                                        kv_format=kv_format, topk=256 if kind in ("v4_c4", "v32") else None,
@@ -352,6 +361,158 @@ def test_builder_layers(device, kind, kv_format):
                                   num_splits=S, **inp.op_kwargs())
         check_out(out, ref_o, inp.kv_format)
         check_lse(lse, ref_l.cpu(), kv_format=inp.kv_format)
+
+
+# ---------------------------------------------------------------------------------------------
+# FP8 flavours: e4m3fn (NVIDIA, gfx950) and e4m3fnuz (gfx942 engines)
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("fmt,d_qk", FNUZ_GEOMS)
+@pytest.mark.parametrize("S", [1, 3, 0])
+def test_fnuz_formats(device, fmt, d_qk, S):
+    """fnuz caches (main + extra set, lengths, sink, invalid entries) against the float64 reference."""
+    g = torch.Generator().manual_seed(zlib.crc32(repr((fmt, S)).encode()))
+    T, H, W, W2 = 5, 16, 200, 70
+    idx, lengths = make_indices(g, T, W, 8 * 64, "scattered", "random")
+    cache = make_cache(g, fmt, d_qk, 8, 64, idx, device)
+    e_idx, e_len = make_indices(g, T, W2, 40 * 2, "trailing", "zeros")
+    e_cache = make_cache(g, fmt, d_qk, 40, 2, e_idx, device)
+    q = torch.randn(T, H, d_qk, generator=g).to(torch.bfloat16)
+    run_check(q, cache, idx, fmt=fmt, scale=d_qk ** -0.5, device=device, num_splits=S, lengths=lengths,
+              extra=dict(cache=e_cache, indices=e_idx, lengths=e_len), sink=make_sink(g, H, "finite"))
+    # the same bytes viewed as int8 / float8_e4m3fnuz give the same bits
+    out, lse, _ = run_check(q, cache, idx, fmt=fmt, scale=d_qk ** -0.5, device=device, num_splits=S,
+                            lengths=lengths)
+    for dt in (torch.int8, torch.float8_e4m3fnuz):
+        o2, l2, _ = run_check(q, cache.view(dt), idx, fmt=fmt, scale=d_qk ** -0.5, device=device, num_splits=S,
+                              lengths=lengths, check=False)
+        assert torch.equal(o2.view(torch.int16), out.view(torch.int16))
+        assert torch.equal(l2.view(torch.int32), lse.view(torch.int32))
+
+
+@pytest.mark.parametrize("fnuz_fmt,fn_fmt,d_qk", [("fp8_ds_mla_fnuz", "fp8_ds_mla", 576),
+                                                  ("fp8_ds_mla_v4_fnuz", "fp8_ds_mla_v4", 512)])
+def test_flavour_is_honoured(device, fnuz_fmt, fn_fmt, d_qk):
+    """A fnuz cache read as its e4m3fn twin decodes to ~2x the values (and NaN at the +-240 bytes):
+    the op must not match the fnuz reference then (guards against a kernel that ignores the flavour)."""
+    g = torch.Generator().manual_seed(41)
+    T, H, W = 3, 8, 64
+    idx, _ = make_indices(g, T, W, 4 * 64, "none", None)
+    cache = make_cache(g, fnuz_fmt, d_qk, 4, 64, idx, device)
+    q = torch.randn(T, H, d_qk, generator=g).to(torch.bfloat16)
+    run_check(q, cache, idx, fmt=fnuz_fmt, scale=0.05, device=device, num_splits=1)
+    out, lse, ws = poisoned_buffers(T, H, 1, device)
+    mla_ext.sparse_mla_decode(q.to(device), cache, idx.to(device), kv_format=fn_fmt, softmax_scale=0.05, output=out,
+                              workspace=ws, lse=lse, num_splits=1)
+    ref_o, _ = reference.sparse_mla_decode(q, cache.cpu() if not _is_v4(fnuz_fmt) else _cpu_v4(cache), idx,
+                                           kv_format=fnuz_fmt, softmax_scale=0.05)
+    err = ((out.double().cpu() - ref_o).abs().max() / ref_o.abs().max()).item()
+    assert not err <= 0.2, err  # NaN counts as different
+
+
+def _every_byte_rows(fmt, n_regular, g):
+    """Rows whose FP8 value bytes take every value: n_regular rows of all non-NaN bytes (each row a
+    different permutation, so every byte meets several scale tiles), then one row per NaN code of
+    the flavour (a regular row with that code at one position). Scales are chosen so that every
+    value x scale is exact in bf16. Returns (latent uint8 [n, nlat], scales, scale_f64 [n, nlat],
+    rope bf16 [n, 64], nan_row bool [n])."""
+    fnuz = formats.is_fnuz(fmt)
+    v32 = formats.kv_layout(fmt) == "fp8_ds_mla"
+    nlat, tile = (512, 128) if v32 else (448, 64)
+    nan_codes = [0x80] if fnuz else [0x7F, 0xFF]
+    regular = torch.tensor([b for b in range(256) if b not in nan_codes])
+    j = torch.arange(nlat)
+    rows = [regular[(j * (2 * r + 1) + 53 * r) % regular.numel()] for r in range(n_regular)]
+    for k, code in enumerate(nan_codes):
+        row = rows[k].clone()
+        row[37 + 150 * k] = code
+        rows.append(row)
+    latent = torch.stack(rows).to(torch.uint8)
+    n = latent.shape[0]
+    if v32:  # fp32 scales with <= 3 significant bits: e4m3 (4 bits) x scale fits bf16's 8
+        base = torch.tensor([0.75, 3.0 * 2 ** -5, 40.0, 1.25])
+        scales = base[torch.randint(0, 4, (n, 4), generator=g)] * 2.0 ** torch.randint(-3, 4, (n, 4), generator=g)
+        scale_f = scales.double()
+    else:
+        scales = torch.randint(100, 150, (n, 7), generator=g).to(torch.uint8)
+        scale_f = formats.ue8m0_to_float(scales).double()
+    rope = torch.randn(n, 64, generator=g).to(torch.bfloat16)
+    nan_row = torch.zeros(n, dtype=torch.bool)
+    nan_row[n_regular:] = True
+    return latent, scales, scale_f.repeat_interleave(tile, dim=1), rope, nan_row
+
+
+def _write_raw_rows(cache, fmt, slots, latent, scales, rope):
+    ps = cache.shape[1]
+    page, off = slots // ps, slots % ps
+    if formats.kv_layout(fmt) == "fp8_ds_mla":
+        cache[page, off, :512] = latent
+        cache[page, off, 512:528] = scales.to(torch.float32).contiguous().view(torch.uint8)
+        cache[page, off, 528:] = rope.contiguous().view(torch.uint8)
+    else:
+        data, sc = formats._v4_views(cache)
+        data[page, off, :448] = latent
+        data[page, off, 448:] = rope.contiguous().view(torch.uint8)
+        sc[page, off, :7] = scales
+        sc[page, off, 7] = 0
+
+
+def check_every_byte_value(device, fmt, d_qk, num_splits):
+    """The op on a cache whose FP8 bytes take all 256 values. Each query token selects exactly one
+    row (amid invalid entries), so its output is that row's first 512 dims, decoded and rounded to
+    bf16, for every head: compared exactly with a table built from the bit fields. Rows holding the
+    flavour's NaN code give NaN outputs (num_splits=1 only: a split whose rows are all NaN is
+    dropped by the GPU's split reduction, the CPU keeps the NaN)."""
+    g = torch.Generator().manual_seed(zlib.crc32(fmt.encode()) + num_splits)
+    latent, scales, scale_f, rope, nan_row = _every_byte_rows(fmt, 5, g)
+    n = latent.shape[0]
+    ps, num_pages = 4, 4
+    cache = formats.alloc_kv_cache(fmt, num_pages, ps, d_qk)  # garbage everywhere else
+    slots = torch.randperm(num_pages * ps, generator=g)[:n]
+    _write_raw_rows(cache, fmt, slots, latent, scales, rope)
+    if device != "cpu":
+        cache = _to_device(cache, fmt, device)
+    table = e4m3_reference_table(formats.is_fnuz(fmt))
+    nlat = latent.shape[1]
+    K = torch.cat([table[latent.long()] * scale_f, rope.double()], dim=1)  # [n, d_qk] float64
+    assert torch.equal(torch.isnan(K[:, :nlat]).any(dim=1), nan_row)
+    T, H = n, 16
+    bad = num_pages * ps
+    idx = torch.tensor([[-1, int(s), bad + 3] if t % 2 else [int(s), -5, -1] for t, s in enumerate(slots)],
+                       dtype=torch.int32)
+    q = (torch.randn(T, H, d_qk, generator=g) * 0.25).to(torch.bfloat16)
+    scale = 1e-3
+    out, lse, ws = poisoned_buffers(T, H, num_splits, device)
+    mla_ext.sparse_mla_decode(q.to(device), cache, idx.to(device), kv_format=fmt, softmax_scale=scale, output=out,
+                              workspace=ws, lse=lse, num_splits=num_splits)
+    out, lse = out.cpu(), lse.cpu()
+    ok = ~nan_row
+    V = K[:, :512]
+    assert torch.equal(V[ok].to(torch.bfloat16).double(), V[ok])  # chosen to be exact in bf16
+    want = V[ok][:, None, :].expand(-1, H, -1)
+    assert not torch.isnan(out[ok]).any()
+    assert torch.equal(out[ok].double(), want), (out[ok].double() - want).abs().max()
+    # lse of one row = its score
+    s_ref = scale * torch.einsum("thd,td->th", q.double(), K.nan_to_num())
+    s_abs = scale * torch.einsum("thd,td->th", q.double().abs(), K.nan_to_num().abs())
+    err = (lse[ok].double() - s_ref[ok]).abs()
+    assert bool((err <= 1e-4 * s_abs[ok] + 1e-6).all()), (err / s_abs[ok]).max()
+    if num_splits == 1:
+        assert torch.isnan(out[nan_row].float()).all()
+
+
+def _to_device(cache, fmt, device):
+    if _is_v4(fmt):
+        n = cache.shape[0] * cache.stride(0)
+        base = cache.as_strided((n,), (1,), 0).to(device)
+        return base.as_strided(cache.shape, cache.stride(), 0)
+    return cache.to(device)
+
+
+@pytest.mark.parametrize("fmt,d_qk", FP8_GEOMS)
+@pytest.mark.parametrize("S", [1, 2])
+def test_fp8_every_byte_value(device, fmt, d_qk, S):
+    check_every_byte_value(device, fmt, d_qk, S)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -460,6 +621,12 @@ ERROR_CASES = {
                                                             device=a["q"].device)[..., ::2]), "q to be contiguous"),
     "kv_format unknown": (lambda a: a.update(kv_format="fp8"), "kv_format"),
     "kv_cache dtype": (lambda a: a.update(kv_cache=a["kv_cache"].float()), "kv_cache to be uint8"),
+    "kv_cache fnuz view as fn": (lambda a: a.update(kv_cache=a["kv_cache"].view(torch.float8_e4m3fnuz)),
+                                 "float8_e4m3fn viewing"),
+    "kv_cache fn view as fnuz": (lambda a: a.update(kv_format="fp8_ds_mla_v4_fnuz",
+                                                    kv_cache=a["kv_cache"].view(torch.float8_e4m3fn)),
+                                 "float8_e4m3fnuz viewing"),
+    "fnuz q d_qk": (lambda a: a.update(kv_format="fp8_ds_mla_fnuz"), "d_qk to be 576 for kv_format \"fp8_ds_mla_fnuz"),
     "kv_cache row": (lambda a: a.update(kv_cache=torch.zeros(4, 64, 656, dtype=torch.uint8, device=a["q"].device)),
                      "kv_cache rows of 584"),
     "kv_cache dims": (lambda a: a.update(kv_cache=a["kv_cache"].flatten(0, 1)), "kv_cache to be"),
@@ -534,7 +701,7 @@ def test_valid_args_pass(device):
 # ---------------------------------------------------------------------------------------------
 
 @requires_gpu
-@pytest.mark.parametrize("fmt,d_qk", GEOMS)
+@pytest.mark.parametrize("fmt,d_qk", GEOMS + FNUZ_GEOMS)
 @pytest.mark.parametrize("H", [8, 16, 64, 128])
 def test_gpu_portable_vs_tensor_core(fmt, d_qk, H):
     g = torch.Generator().manual_seed(20 + H)
@@ -553,6 +720,19 @@ def test_gpu_portable_vs_tensor_core(fmt, d_qk, H):
     for S in (1, 4):
         run_check(q, cache, idx, fmt=fmt, scale=d_qk ** -0.5, device="cuda", num_splits=S,
                   lengths=lengths, sink=sink)
+
+
+@requires_gpu
+@pytest.mark.parametrize("fmt,d_qk", FP8_GEOMS)
+def test_gpu_fp8_every_byte_value_portable(fmt, d_qk):
+    """test_fp8_every_byte_value on the portable (no tensor-core) GPU path, the one HIP builds use;
+    the plain test covers the tensor-core path on NVIDIA sm_80+ (packed cvt on sm_89+)."""
+    prev = torch.ops.mla_ext._set_force_portable(True)
+    try:
+        for S in (1, 2):
+            check_every_byte_value("cuda", fmt, d_qk, S)
+    finally:
+        torch.ops.mla_ext._set_force_portable(prev)
 
 
 @requires_gpu

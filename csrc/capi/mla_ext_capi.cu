@@ -16,6 +16,8 @@ static_assert(sizeof(mla_ext_sparse_decode_params) == sizeof(mla_ext::SparseDeco
               "mla_ext_sparse_decode_params (mla_ext_capi.h) no longer mirrors mla_ext::SparseDecodeParams");
 static_assert(int(mla_ext::Status::kUnsupported) == MLA_EXT_STATUS_UNSUPPORTED, "status codes drifted");
 static_assert(int(mla_ext::KvFormat::kFP8DsMlaV4) == MLA_EXT_KV_FP8_DS_MLA_V4, "kv formats drifted");
+static_assert(int(mla_ext::KvFormat::kFP8DsMlaFnuz) == MLA_EXT_KV_FP8_DS_MLA_FNUZ, "kv formats drifted");
+static_assert(int(mla_ext::KvFormat::kFP8DsMlaV4Fnuz) == MLA_EXT_KV_FP8_DS_MLA_V4_FNUZ, "kv formats drifted");
 static_assert(int(mla_ext::DType::kBFloat16) == MLA_EXT_DTYPE_BFLOAT16, "dtypes drifted");
 
 namespace {
@@ -77,7 +79,8 @@ int mla_ext_merge_attn_states(const mla_ext_merge_params* c, int num_sms, void* 
 int mla_ext_sparse_mla_decode(const mla_ext_sparse_decode_params* c, void* workspace, size_t workspace_bytes,
                               int num_sms, void* stream) {
   if (c == nullptr) return MLA_EXT_STATUS_INVALID_ARGUMENT;
-  if (c->kv_format < MLA_EXT_KV_BF16 || c->kv_format > MLA_EXT_KV_FP8_DS_MLA_V4) return MLA_EXT_STATUS_INVALID_ARGUMENT;
+  if (c->kv_format < MLA_EXT_KV_BF16 || c->kv_format > MLA_EXT_KV_FP8_DS_MLA_V4_FNUZ)
+    return MLA_EXT_STATUS_INVALID_ARGUMENT;
   if (c->num_splits < 0) return MLA_EXT_STATUS_INVALID_ARGUMENT;
   mla_ext::SparseDecodeParams p;
   p.kv_format = static_cast<mla_ext::KvFormat>(c->kv_format);

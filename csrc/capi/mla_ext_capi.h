@@ -27,8 +27,10 @@
 extern "C" {
 #endif
 
-/* Bumped when a struct below or a signature changes (fields are only ever appended). */
-#define MLA_EXT_CAPI_VERSION 1
+/* Bumped when a struct below or a signature changes (fields are only ever appended) or an
+ * enum gains values. 2: MLA_EXT_KV_FP8_DS_MLA_FNUZ and MLA_EXT_KV_FP8_DS_MLA_V4_FNUZ (a
+ * version-1 library rejects them with MLA_EXT_STATUS_INVALID_ARGUMENT). */
+#define MLA_EXT_CAPI_VERSION 2
 
 /* Status codes (the values of mla_ext::Status). */
 enum mla_ext_status {
@@ -42,11 +44,16 @@ enum mla_ext_status {
 /* Element types of merge_attn_states values (mla_ext::DType). */
 enum mla_ext_dtype { MLA_EXT_DTYPE_FLOAT32 = 0, MLA_EXT_DTYPE_FLOAT16 = 1, MLA_EXT_DTYPE_BFLOAT16 = 2 };
 
-/* KV cache formats of sparse_mla_decode (mla_ext::KvFormat, DESIGN.md §4). */
+/* KV cache formats of sparse_mla_decode (mla_ext::KvFormat, DESIGN.md §4). The FP8 value
+ * bytes are OCP e4m3fn (what NVIDIA and gfx950 engines write) unless the name says FNUZ:
+ * e4m3fnuz (bias 8, 0x80 = NaN, 0x7f/0xff = +-240), which gfx942 (MI300) engines may write.
+ * A FNUZ format has exactly the byte layout of its e4m3fn twin. */
 enum mla_ext_kv_format {
-  MLA_EXT_KV_BF16 = 0,          /* [num_pages, page_size, d_qk] bf16 */
-  MLA_EXT_KV_FP8_DS_MLA = 1,    /* DeepSeek V3.2: 656 B/token inline, d_qk 576 */
-  MLA_EXT_KV_FP8_DS_MLA_V4 = 2  /* DeepSeek V4: 584 B/token, data rows then scale rows per page, d_qk 512 */
+  MLA_EXT_KV_BF16 = 0,               /* [num_pages, page_size, d_qk] bf16 */
+  MLA_EXT_KV_FP8_DS_MLA = 1,         /* DeepSeek V3.2: 656 B/token inline, d_qk 576 */
+  MLA_EXT_KV_FP8_DS_MLA_V4 = 2,      /* DeepSeek V4: 584 B/token, data rows then scale rows per page, d_qk 512 */
+  MLA_EXT_KV_FP8_DS_MLA_FNUZ = 3,    /* MLA_EXT_KV_FP8_DS_MLA with e4m3fnuz latent bytes (fp32 scales) */
+  MLA_EXT_KV_FP8_DS_MLA_V4_FNUZ = 4  /* MLA_EXT_KV_FP8_DS_MLA_V4 with e4m3fnuz value bytes (UE8M0 scales) */
 };
 
 /* ------------------------------------------------------------------------ */

@@ -44,15 +44,20 @@ namespace {
 constexpr int kChunk = 32;  // rows dequantised per tile
 constexpr int kHB = 4;      // heads per register block
 
-// e4m3fn byte -> fp32, built once from numerics.h (identical values, a table lookup).
-struct E4m3Table {
-  float v[256];
-  E4m3Table() {
-    for (int i = 0; i < 256; ++i) v[i] = fp8_e4m3fn_to_float(uint8_t(i));
+// e4m3 byte -> fp32, built once from numerics.h (identical values, a table
+// lookup): fn[] for the OCP e4m3fn formats, fnuz[] for the e4m3fnuz ones.
+struct E4m3Tables {
+  float fn[256];
+  float fnuz[256];
+  E4m3Tables() {
+    for (int i = 0; i < 256; ++i) {
+      fn[i] = fp8_e4m3fn_to_float(uint8_t(i));
+      fnuz[i] = fp8_e4m3fnuz_to_float(uint8_t(i));
+    }
   }
 };
-const E4m3Table& e4m3_table() {
-  static const E4m3Table t;
+const E4m3Tables& e4m3_tables() {
+  static const E4m3Tables t;
   return t;
 }
 
@@ -61,7 +66,7 @@ inline const uint8_t* row_ptr(const KvSet& set, KvFormat f, int64_t slot, const 
   const int64_t page = slot / set.page_size;
   const int64_t off = slot - page * set.page_size;
   const uint8_t* base = set.cache + page * set.page_stride_bytes;
-  if (f == KvFormat::kFP8DsMlaV4) {
+  if (kv_layout(f) == KvFormat::kFP8DsMlaV4) {
     *scale = base + set.page_size * kFP8DsMlaV4DataBytes + off * kFP8DsMlaV4ScaleBytes;
     return base + off * kFP8DsMlaV4DataBytes;
   }
@@ -69,10 +74,10 @@ inline const uint8_t* row_ptr(const KvSet& set, KvFormat f, int64_t slot, const 
   return base + off * set.token_stride_bytes;
 }
 
-// Dequantise one row into dst[d_qk] (fp32).
+// Dequantise one row into dst[d_qk] (fp32). lut: the e4m3 table of the format's flavour.
 MLA_EXT_ALWAYS_INLINE inline void dequant_row(KvFormat f, int d_qk, const uint8_t* row, const uint8_t* scale_bytes,
                         const float* lut, float* dst) {
-  switch (f) {
+  switch (kv_layout(f)) {
     case KvFormat::kBF16: {
       for (int i = 0; i < d_qk; ++i) {
         uint16_t b;
@@ -105,6 +110,8 @@ MLA_EXT_ALWAYS_INLINE inline void dequant_row(KvFormat f, int d_qk, const uint8_
       }
       break;
     }
+    default:  // fnuz formats: kv_layout() maps them onto the cases above
+      break;
   }
 }
 
@@ -135,7 +142,7 @@ MLA_EXT_ALWAYS_INLINE inline void run_unit_body(const SparseDecodeParams& p, con
   const int64_t H = p.num_heads;
   const int64_t t = u.t;
   const int64_t nh = u.h1 - u.h0;
-  const float* lut = e4m3_table().v;
+  const float* lut = kv_is_fnuz(p.kv_format) ? e4m3_tables().fnuz : e4m3_tables().fn;
 
   const int64_t em = effective_len(p.main, t);
   const int64_t ee = effective_len(p.extra, t);
@@ -347,7 +354,7 @@ void sparse_mla_decode(const SparseDecodeParams& p, void* workspace) {
     ws_out = static_cast<float*>(workspace);
     ws_lse = reinterpret_cast<float*>(static_cast<uint8_t*>(workspace) + decode_partial_out_bytes(T, H, S));
   }
-  (void)e4m3_table();  // build the table before the parallel region
+  (void)e4m3_tables();  // build the tables before the parallel region
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
   (void)cpu_has_avx2_fma();
 #endif

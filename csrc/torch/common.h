@@ -31,6 +31,7 @@ inline const char* dtype_name(ScalarType t) {
     case ScalarType::Char: return "int8";
     case ScalarType::Bool: return "bool";
     case ScalarType::Float8_e4m3fn: return "float8_e4m3fn";
+    case ScalarType::Float8_e4m3fnuz: return "float8_e4m3fnuz";
     default: return "another dtype";
   }
 }

@@ -30,8 +30,12 @@ namespace decode_detail {
 
 constexpr const char* kOp = "sparse_mla_decode";
 
-inline bool is_byte_dtype(ScalarType t) {
-  return t == ScalarType::Byte || t == ScalarType::Char || t == ScalarType::Float8_e4m3fn;
+// The dtypes an FP8 cache tensor may have: raw bytes, or the torch float8 type
+// of the format's own flavour (a float8_e4m3fn tensor declared as a fnuz cache,
+// or the reverse, is a mix-up the caller should hear about).
+inline bool is_byte_dtype(ScalarType t, mla_ext::KvFormat fmt) {
+  if (t == ScalarType::Byte || t == ScalarType::Char) return true;
+  return t == (mla_ext::kv_is_fnuz(fmt) ? ScalarType::Float8_e4m3fnuz : ScalarType::Float8_e4m3fn);
 }
 
 // A never-dereferenced, 16-byte aligned stand-in for the data pointer of an
@@ -51,6 +55,7 @@ inline void fill_cache(const Tensor& q, const Tensor& c, const char* name, mla_e
   const int64_t row_dim = c.dim() - 1;
   const int64_t row = c.size(row_dim);
   const ScalarType dt = c.scalar_type();
+  const mla_ext::KvFormat layout = mla_ext::kv_layout(fmt);
   int64_t want_row = 0;
   if (fmt == mla_ext::KvFormat::kBF16) {
     MLA_CHECK(dt == ScalarType::BFloat16, kOp, "expected ", name,
@@ -59,9 +64,10 @@ inline void fill_cache(const Tensor& q, const Tensor& c, const char* name, mla_e
     MLA_CHECK(row == want_row, kOp, "expected ", name, " rows of d_qk = ", d_qk,
               " bf16 elements (q's last dim) for kv_format \"bf16\", got shape ", shape_str(c));
   } else {
-    MLA_CHECK(is_byte_dtype(dt), kOp, "expected ", name, " to be uint8 (or int8 / float8_e4m3fn viewing ",
-              "the same bytes) for kv_format \"", fmt_name, "\", got ", dtype_name(dt));
-    want_row = fmt == mla_ext::KvFormat::kFP8DsMla ? mla_ext::kFP8DsMlaRowBytes : mla_ext::kFP8DsMlaV4RowBytes;
+    MLA_CHECK(is_byte_dtype(dt, fmt), kOp, "expected ", name, " to be uint8 (or int8 / ",
+              mla_ext::kv_is_fnuz(fmt) ? "float8_e4m3fnuz" : "float8_e4m3fn",
+              " viewing the same bytes) for kv_format \"", fmt_name, "\", got ", dtype_name(dt));
+    want_row = layout == mla_ext::KvFormat::kFP8DsMla ? mla_ext::kFP8DsMlaRowBytes : mla_ext::kFP8DsMlaV4RowBytes;
     MLA_CHECK(row == want_row, kOp, "expected ", name, " rows of ", want_row, " bytes for kv_format \"",
               fmt_name, "\", got shape ", shape_str(c));
   }
@@ -70,11 +76,11 @@ inline void fill_cache(const Tensor& q, const Tensor& c, const char* name, mla_e
   const int64_t num_pages = c.size(0), page_size = c.size(1);
   MLA_CHECK(page_size >= 1, kOp, "expected ", name, " to have page_size >= 1, got shape ", shape_str(c));
   const int64_t esize = int64_t(c.element_size());
-  if (fmt == mla_ext::KvFormat::kFP8DsMlaV4) {
+  if (layout == mla_ext::KvFormat::kFP8DsMlaV4) {
     const int64_t need = page_size * mla_ext::kFP8DsMlaV4RowBytes;
     MLA_CHECK(num_pages <= 1 || c.stride(0) >= need, kOp, "expected ", name,
               " page stride (stride(0), bytes) >= page_size*584 = ", need,
-              " for kv_format \"fp8_ds_mla_v4\", got ", c.stride(0));
+              " for kv_format \"", fmt_name, "\", got ", c.stride(0));
     // One page: its stride is never used; keep a 16-byte multiple for the GPU checks.
     set.page_stride_bytes = num_pages > 1 ? c.stride(0) : ((need + 575) / 576) * 576;
     set.token_stride_bytes = mla_ext::kFP8DsMlaV4RowBytes;
@@ -125,9 +131,12 @@ inline mla_ext::KvFormat parse_kv_format(const std::string& s) {
   if (s == "bf16") return mla_ext::KvFormat::kBF16;
   if (s == "fp8_ds_mla") return mla_ext::KvFormat::kFP8DsMla;
   if (s == "fp8_ds_mla_v4") return mla_ext::KvFormat::kFP8DsMlaV4;
+  if (s == "fp8_ds_mla_fnuz") return mla_ext::KvFormat::kFP8DsMlaFnuz;
+  if (s == "fp8_ds_mla_v4_fnuz") return mla_ext::KvFormat::kFP8DsMlaV4Fnuz;
   MLA_CHECK(false, "sparse_mla_decode",
             "expected kv_format to be one of \"bf16\", \"fp8_ds_mla\" (DeepSeek V3.2), "
-            "\"fp8_ds_mla_v4\" (DeepSeek V4), got \"", s, "\"");
+            "\"fp8_ds_mla_v4\" (DeepSeek V4), \"fp8_ds_mla_fnuz\", \"fp8_ds_mla_v4_fnuz\" "
+            "(the same layouts with e4m3fnuz bytes, gfx942 engines), got \"", s, "\"");
   return mla_ext::KvFormat::kBF16;
 }
 
@@ -152,10 +161,10 @@ inline mla_ext::SparseDecodeParams make_decode_params(
   MLA_CHECK(d_qk == 576 || d_qk == 512, kOp,
             "expected q's last dim d_qk to be 576 (DeepSeek V3.2) or 512 (DeepSeek V4), got shape ",
             shape_str(q));
-  MLA_CHECK(fmt != mla_ext::KvFormat::kFP8DsMla || d_qk == 576, kOp,
-            "expected q's d_qk to be 576 for kv_format \"fp8_ds_mla\", got shape ", shape_str(q));
-  MLA_CHECK(fmt != mla_ext::KvFormat::kFP8DsMlaV4 || d_qk == 512, kOp,
-            "expected q's d_qk to be 512 for kv_format \"fp8_ds_mla_v4\", got shape ", shape_str(q));
+  MLA_CHECK(mla_ext::kv_layout(fmt) != mla_ext::KvFormat::kFP8DsMla || d_qk == 576, kOp,
+            "expected q's d_qk to be 576 for kv_format \"", kv_format, "\", got shape ", shape_str(q));
+  MLA_CHECK(mla_ext::kv_layout(fmt) != mla_ext::KvFormat::kFP8DsMlaV4 || d_qk == 512, kOp,
+            "expected q's d_qk to be 512 for kv_format \"", kv_format, "\", got shape ", shape_str(q));
   MLA_CHECK(q.stride(2) == 1, kOp, "expected q to be contiguous in its last (d_qk) dim, got stride ",
             q.stride(2));
 

@@ -69,8 +69,9 @@ void check_decode_gpu_alignment(const mla_ext::SparseDecodeParams& p) {
     MLA_CHECK(a16(s.cache) && (s.page_stride_bytes % 16) == 0, op, "expected ", name,
               " 16-byte aligned on the GPU (data pointer and page stride), got a page stride of ",
               s.page_stride_bytes, " bytes");
-    MLA_CHECK(p.kv_format == mla_ext::KvFormat::kFP8DsMlaV4 || (s.token_stride_bytes % 16) == 0, op,
-              "expected ", name, " token stride to be a multiple of 16 bytes on the GPU, got ",
+    MLA_CHECK(mla_ext::kv_layout(p.kv_format) == mla_ext::KvFormat::kFP8DsMlaV4 ||
+                  (s.token_stride_bytes % 16) == 0,
+              op, "expected ", name, " token stride to be a multiple of 16 bytes on the GPU, got ",
               s.token_stride_bytes, " bytes");
   };
   check_set(p.main, "kv_cache");

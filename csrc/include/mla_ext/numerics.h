@@ -130,6 +130,16 @@ MLA_EXT_HD float fp8_e4m3fn_to_float(uint8_t b) {
   return bits_to_float(u) * 1.329227995784916e36f;  // 2^120
 }
 
+// ---- FP8 e4m3fnuz (gfx942 / MI300 engines) ----
+// Exponent bias 8, no infinities, no negative zero: 0x80 is the only NaN and
+// 0x7f / 0xff are +-240 (the largest magnitude). Same bit placement as above,
+// one exponent lower: the same bits mean half the e4m3fn value.
+MLA_EXT_HD float fp8_e4m3fnuz_to_float(uint8_t b) {
+  if (b == 0x80u) return quiet_nan();
+  uint32_t u = (uint32_t(b & 0x80u) << 24) | (uint32_t(b & 0x7fu) << 20);
+  return bits_to_float(u) * 6.646139978924579e35f;  // 2^119
+}
+
 // ---- UE8M0 (unsigned 8-bit exponent scale, DeepSeek V4) ----
 // b means 2^(b-127); b == 0 is 2^-127 (an fp32 subnormal), b == 255 is NaN.
 MLA_EXT_HD float ue8m0_to_float(uint8_t b) {

@@ -18,10 +18,10 @@
 //   2. loads the raw row bytes with 16-byte loads into registers (issued one
 //      tile ahead, so the loads of tile j+1 fly during the math of tile j);
 //   3. dequantises them into a shared bf16 tile K[BN][d_qk] (invalid rows ->
-//      zeros): V4 e4m3fn x power-of-two scale (exact in bf16); V3.2 the raw
-//      e4m3fn values (exact) with the fp32 scales in their own [4][BN] array,
-//      applied to each 128-dim group's partial Q.K sum after the product and
-//      to a per-group copy of P before the P.V product (keys never rounded);
+//      zeros): V4 e4m3fn/fnuz x power-of-two scale (exact in bf16); V3.2 the
+//      raw e4m3fn/fnuz values (exact) with the fp32 scales in their own [4][BN]
+//      array, applied to each 128-dim group's partial Q.K sum after the product
+//      and to a per-group copy of P before the P.V product (keys never rounded);
 //   4. S = Q K^T into shared fp32, masked online softmax (exp2 domain), P;
 //   5. O = O*alpha + P V with V = the first 512 columns of the same tile.
 // Tensor-core path (NVIDIA sm_80+): BN = 64, Q staged in shared memory, S and
@@ -37,12 +37,15 @@
 // Requirements checked by the launcher (Status::kInvalidArgument otherwise):
 // q rows and every cache row start 16-byte aligned (q pointer and strides
 // multiples of 8 elements; cache pointers, page strides and token strides
-// multiples of 16 bytes), d_qk 512 or 576 (576 for fp8_ds_mla, 512 for
-// fp8_ds_mla_v4). Output and lse may have any strides.
+// multiples of 16 bytes), d_qk 512 or 576 (576 for fp8_ds_mla[_fnuz], 512 for
+// fp8_ds_mla_v4[_fnuz]). Output and lse may have any strides.
 //
-// FP8 decode matches numerics.h on every code, the NaN codes 0x7f / 0xff
-// included (sm_89+: packed cvt.rn.f16x2.e4m3x2, exact; elsewhere a bit decode
-// with an explicit NaN test).
+// FP8 decode matches numerics.h on every code, the NaN codes included
+// (e4m3fn: 0x7f / 0xff; e4m3fnuz: 0x80). e4m3fn: sm_89+ packed
+// cvt.rn.f16x2.e4m3x2 (exact); elsewhere a bit decode with an explicit NaN
+// test. e4m3fnuz (the format is a template parameter: the e4m3fn kernels run
+// the code above unchanged): sm_89+ a bit decode into f16 pairs (no packed fnuz
+// conversion exists); elsewhere the scalar bit decode with bias 8, NaN 0x80.
 #pragma once
 
 #include "mla_ext/compat.h"
@@ -176,6 +179,57 @@ __device__ __forceinline__ void dequant4(uint32_t w, float s, uint32_t& lo, uint
 #endif
 }
 
+// e4m3fnuz byte (low 8 bits of b) -> fp32, exact (numerics.h): the e4m3fn bit
+// placement one exponent lower (bias 8); 0x80 -> NaN, 0x7f / 0xff -> +-240.
+// Same instruction count as e4m3_bits_to_float (HIP and pre-sm_89 decode).
+__device__ __forceinline__ float e4m3fnuz_bits_to_float(uint32_t b) {
+  const float v = bits_to_float(((b & 0x80u) << 24) | ((b & 0x7fu) << 20)) * 6.646139978924579e35f;  // 2^119
+  return (b & 0xffu) == 0x80u ? quiet_nan() : v;
+}
+
+// dequant4 for e4m3fnuz bytes (a separate function: the e4m3fn kernels keep
+// dequant4 as it is).
+__device__ __forceinline__ void dequant4_fnuz(uint32_t w, float s, uint32_t& lo, uint32_t& hi) {
+#if defined(MLA_EXT_DECODE_CVT_FP8)
+  // No packed e4m3fnuz conversion on NVIDIA. Bit decode in f16 pairs: byte
+  // S.EEEE.MMM placed as the f16 S.0EEEE.MMM0000000 is its fnuz value times
+  // 2^-7, exactly (E = 0 lands on f16 subnormals = fnuz subnormals scaled),
+  // never inf or NaN; 0x80 gets the high byte 0xff instead (an f16 NaN). Then
+  // x 2^7 in f16 (exact), to fp32 (exact), one fp32 multiply by s, one
+  // rounding to bf16: the same values as e4m3fnuz_bits_to_float(b) * s.
+  const uint32_t mag = w & 0x7f7f7f7fu;
+  const uint32_t is80 = w & ~(mag + 0x7f7f7f7fu) & 0x80808080u;  // bit 7 of each 0x80 byte
+  const uint32_t top = (w & 0x80808080u) | (is80 - (is80 >> 7));  // sign byte, 0xff for 0x80
+  const uint32_t h01 = (__byte_perm(mag, 0u, 0x1404u) >> 1) | __byte_perm(top, 0u, 0x1404u);
+  const uint32_t h23 = (__byte_perm(mag, 0u, 0x3424u) >> 1) | __byte_perm(top, 0u, 0x3424u);
+  asm("{\n"
+      ".reg .b16 l0, h0, l1, h1;\n"
+      ".reg .b32 x0, x1, k;\n"
+      ".reg .f32 f0, f1, f2, f3;\n"
+      "mov.b32 k, 0x58005800;\n"  // f16x2 {128, 128}
+      "mul.rn.f16x2 x0, %2, k;\n"
+      "mul.rn.f16x2 x1, %3, k;\n"
+      "mov.b32 {l0, h0}, x0;\n"
+      "mov.b32 {l1, h1}, x1;\n"
+      "cvt.f32.f16 f0, l0;\n"
+      "cvt.f32.f16 f1, h0;\n"
+      "cvt.f32.f16 f2, l1;\n"
+      "cvt.f32.f16 f3, h1;\n"
+      "mul.rn.f32 f0, f0, %4;\n"
+      "mul.rn.f32 f1, f1, %4;\n"
+      "mul.rn.f32 f2, f2, %4;\n"
+      "mul.rn.f32 f3, f3, %4;\n"
+      "cvt.rn.bf16x2.f32 %0, f1, f0;\n"
+      "cvt.rn.bf16x2.f32 %1, f3, f2;\n"
+      "}\n"
+      : "=r"(lo), "=r"(hi)
+      : "r"(h01), "r"(h23), "f"(s));
+#else
+  lo = pack_bf16x2(e4m3fnuz_bits_to_float(w) * s, e4m3fnuz_bits_to_float(w >> 8) * s);
+  hi = pack_bf16x2(e4m3fnuz_bits_to_float(w >> 16) * s, e4m3fnuz_bits_to_float(w >> 24) * s);
+#endif
+}
+
 __device__ __forceinline__ void bf16x8_to_float(const uint4& v, float f[8]) {
   const uint32_t w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
@@ -244,7 +298,8 @@ __device__ __forceinline__ void copy_async_wait_all() {
 // ---- gather: raw 16-byte chunks of one tile, held in registers ----
 template <KvFormat F, int DQK, int BN>
 struct Gather {
-  using FT = Fmt<F, DQK>;
+  static constexpr KvFormat kLayout = kv_layout(F);  // fnuz formats: their e4m3fn twin's bytes
+  using FT = Fmt<kLayout, DQK>;
   static constexpr int kUnits = BN * FT::kChunks;
   static constexpr int kUPT = (kUnits + kThreads - 1) / kThreads;
   static constexpr bool kFp8 = F != KvFormat::kBF16;
@@ -268,7 +323,7 @@ struct Gather {
         raw[k] = *reinterpret_cast<const uint4*>(d + 16 * c);
       } else if (c < FT::kFp8Chunks) {
         raw[k] = *reinterpret_cast<const uint4*>(d + 16 * c);
-        if (F == KvFormat::kFP8DsMlaV4) {
+        if (kLayout == KvFormat::kFP8DsMlaV4) {
           sraw[kFp8 ? k : 0] = scale[row][c >> 2];
         } else {
           sraw[kFp8 ? k : 0] = *reinterpret_cast<const uint32_t*>(d + 512 + 4 * (c >> 3));
@@ -281,7 +336,7 @@ struct Gather {
 
   // kScaled (fp8_ds_mla): K gets the raw e4m3 values (exact in bf16) and ksc[g * BN + row]
   // the fp32 scale of 128-element group g; otherwise K gets value x scale rounded to bf16.
-  static constexpr bool kScaled = F == KvFormat::kFP8DsMla;
+  static constexpr bool kScaled = kv_layout(F) == KvFormat::kFP8DsMla;
   __device__ __forceinline__ void store(uint16_t* K, int kst, float* ksc, int tid) const {
 #pragma unroll
     for (int k = 0; k < kUPT; ++k) {
@@ -296,17 +351,24 @@ struct Gather {
         // invalid rows: raw bytes and scale bits are 0 -> +0 * 2^-127 = 0
         const uint32_t sb = sraw[kFp8 ? k : 0];
         float s;
-        if (F == KvFormat::kFP8DsMlaV4) {
+        if (kLayout == KvFormat::kFP8DsMlaV4) {
           s = ue8m0_to_float(uint8_t(sb));
         } else {
           if ((c & 7) == 0) ksc[(c >> 3) * BN + row] = bits_to_float(sb);
           s = 1.f;
         }
         uint4 lo, hi;
-        dequant4(raw[k].x, s, lo.x, lo.y);
-        dequant4(raw[k].y, s, lo.z, lo.w);
-        dequant4(raw[k].z, s, hi.x, hi.y);
-        dequant4(raw[k].w, s, hi.z, hi.w);
+        if constexpr (kv_is_fnuz(F)) {
+          dequant4_fnuz(raw[k].x, s, lo.x, lo.y);
+          dequant4_fnuz(raw[k].y, s, lo.z, lo.w);
+          dequant4_fnuz(raw[k].z, s, hi.x, hi.y);
+          dequant4_fnuz(raw[k].w, s, hi.z, hi.w);
+        } else {
+          dequant4(raw[k].x, s, lo.x, lo.y);
+          dequant4(raw[k].y, s, lo.z, lo.w);
+          dequant4(raw[k].z, s, hi.x, hi.y);
+          dequant4(raw[k].w, s, hi.z, hi.w);
+        }
         *reinterpret_cast<uint4*>(krow + 16 * c) = lo;
         *reinterpret_cast<uint4*>(krow + 16 * c + 8) = hi;
       } else {
@@ -336,7 +398,7 @@ __device__ __forceinline__ void row_address(const SparseDecodeParams& p, int64_t
   const uint32_t page = uint32_t(idx) / ps;
   const uint32_t off = uint32_t(idx) - page * ps;
   const uint8_t* base = set.cache + int64_t(page) * set.page_stride_bytes;
-  if (F == KvFormat::kFP8DsMlaV4) {
+  if (kv_layout(F) == KvFormat::kFP8DsMlaV4) {
     data = base + int64_t(off) * kFP8DsMlaV4DataBytes;
     scale = base + int64_t(ps) * kFP8DsMlaV4DataBytes + int64_t(off) * kFP8DsMlaV4ScaleBytes;
   } else {
@@ -348,7 +410,7 @@ __device__ __forceinline__ void row_address(const SparseDecodeParams& p, int64_t
 // ---- the split kernel body ----
 template <int MT, int DQK, KvFormat F, bool MMA>
 __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
-  constexpr bool SC = F == KvFormat::kFP8DsMla;  // scales applied after the products
+  constexpr bool SC = kv_layout(F) == KvFormat::kFP8DsMla;  // scales applied after the products
   using C = Cfg<MT, DQK, MMA, SC>;
   using G = Gather<F, DQK, C::BN>;
   constexpr int HTp = C::HTp, BN = C::BN, KST = C::KST, SST = C::SST, PST = C::PST;
@@ -834,7 +896,7 @@ inline bool ensure_smem(bool (&done)[64], const void* kernel, size_t bytes) {
 
 template <int MT, int DQK, KvFormat F, bool MMA>
 inline Status launch_split(const DecodeArgs& a, uint32_t blocks, gpuStream_t stream) {
-  using C = Cfg<MT, DQK, MMA, F == KvFormat::kFP8DsMla>;
+  using C = Cfg<MT, DQK, MMA, kv_layout(F) == KvFormat::kFP8DsMla>;
   static bool done[64] = {};
   if constexpr (MMA) {
     if (!ensure_smem(done, reinterpret_cast<const void*>(decode_split_mma_kernel<MT, DQK, F>), C::bytes))
@@ -868,6 +930,10 @@ inline Status launch_split_fmt(int mt, const DecodeArgs& a, uint32_t blocks, gpu
       return launch_split_mt<576, KvFormat::kFP8DsMla, MMA>(mt, a, blocks, stream);
     case KvFormat::kFP8DsMlaV4:
       return launch_split_mt<512, KvFormat::kFP8DsMlaV4, MMA>(mt, a, blocks, stream);
+    case KvFormat::kFP8DsMlaFnuz:
+      return launch_split_mt<576, KvFormat::kFP8DsMlaFnuz, MMA>(mt, a, blocks, stream);
+    case KvFormat::kFP8DsMlaV4Fnuz:
+      return launch_split_mt<512, KvFormat::kFP8DsMlaV4Fnuz, MMA>(mt, a, blocks, stream);
   }
   return Status::kInvalidArgument;
 }
@@ -879,6 +945,7 @@ inline bool check_set(const KvSet& s, KvFormat f, int d_qk, bool required) {
   if (s.width < 0 || s.page_size <= 0 || s.page_size > 0x7fffffff || s.num_slots < 0) return false;
   if (s.width > 0 && s.indices == nullptr) return false;
   if (!aligned16(s.cache) || (s.page_stride_bytes & 15) != 0) return false;
+  f = kv_layout(f);
   if (f == KvFormat::kFP8DsMlaV4) return true;
   if ((s.token_stride_bytes & 15) != 0) return false;
   const int64_t row = f == KvFormat::kBF16 ? int64_t(2) * d_qk : int64_t(kFP8DsMlaRowBytes);
@@ -898,11 +965,9 @@ inline Status launch_sparse_mla_decode(const SparseDecodeParams& p, void* worksp
   if (p.num_tokens < 0 || p.num_heads < 0) return Status::kInvalidArgument;
   if (p.num_splits < 1 || p.num_splits > kMaxSplits) return Status::kInvalidArgument;
   if (p.d_qk != 512 && p.d_qk != 576) return Status::kInvalidArgument;
-  if (p.kv_format == KvFormat::kFP8DsMla && p.d_qk != 576) return Status::kInvalidArgument;
-  if (p.kv_format == KvFormat::kFP8DsMlaV4 && p.d_qk != 512) return Status::kInvalidArgument;
-  if (p.kv_format != KvFormat::kBF16 && p.kv_format != KvFormat::kFP8DsMla &&
-      p.kv_format != KvFormat::kFP8DsMlaV4)
-    return Status::kInvalidArgument;
+  if (!kv_format_valid(p.kv_format)) return Status::kInvalidArgument;
+  if (kv_layout(p.kv_format) == KvFormat::kFP8DsMla && p.d_qk != 576) return Status::kInvalidArgument;
+  if (kv_layout(p.kv_format) == KvFormat::kFP8DsMlaV4 && p.d_qk != 512) return Status::kInvalidArgument;
   if (p.num_tokens == 0 || p.num_heads == 0) return Status::kSuccess;
   if (p.q == nullptr || p.output == nullptr) return Status::kInvalidArgument;
   if (!aligned16(p.q) || (p.q_stride_token & 7) != 0 || (p.q_stride_head & 7) != 0)

@@ -13,10 +13,26 @@
 namespace mla_ext {
 
 enum class KvFormat : int {
-  kBF16 = 0,          // [num_pages, page_size, d_qk] bf16
-  kFP8DsMla = 1,      // DeepSeek V3.2: 656 B/token inline (512 e4m3 + 4 fp32 scales + 64 bf16 RoPE)
-  kFP8DsMlaV4 = 2,    // DeepSeek V4: 584 B/token, page = data rows (576 B each) then 8 B scale rows
+  kBF16 = 0,            // [num_pages, page_size, d_qk] bf16
+  kFP8DsMla = 1,        // DeepSeek V3.2: 656 B/token inline (512 e4m3fn + 4 fp32 scales + 64 bf16 RoPE)
+  kFP8DsMlaV4 = 2,      // DeepSeek V4: 584 B/token, page = data rows (576 B each) then 8 B scale rows
+  kFP8DsMlaFnuz = 3,    // kFP8DsMla's bytes, latent values e4m3fnuz (gfx942 / MI300 engines)
+  kFP8DsMlaV4Fnuz = 4,  // kFP8DsMlaV4's bytes, values e4m3fnuz (same UE8M0 scales)
 };
+
+// The byte layout of a format: a fnuz format reads exactly like its OCP
+// e4m3fn twin, only the FP8 value bytes decode differently.
+MLA_EXT_HD constexpr KvFormat kv_layout(KvFormat f) {
+  return f == KvFormat::kFP8DsMlaFnuz ? KvFormat::kFP8DsMla
+                                      : (f == KvFormat::kFP8DsMlaV4Fnuz ? KvFormat::kFP8DsMlaV4 : f);
+}
+// True when the FP8 bytes are e4m3fnuz (bias 8, 0x80 = NaN, 0x7f/0xff = +-240).
+MLA_EXT_HD constexpr bool kv_is_fnuz(KvFormat f) {
+  return f == KvFormat::kFP8DsMlaFnuz || f == KvFormat::kFP8DsMlaV4Fnuz;
+}
+MLA_EXT_HD constexpr bool kv_format_valid(KvFormat f) {
+  return int(f) >= int(KvFormat::kBF16) && int(f) <= int(KvFormat::kFP8DsMlaV4Fnuz);
+}
 
 constexpr int kDV = 512;           // value dims (both geometries)
 constexpr int kMaxSplits = 64;     // explicit num_splits range is 1..kMaxSplits

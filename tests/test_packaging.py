@@ -1,0 +1,35 @@
+"""Packaging metadata: pyproject.toml + setup.py give the license without setuptools warnings."""
+import importlib.util
+import pathlib
+import warnings
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def _setup_module():
+    spec = importlib.util.spec_from_file_location("mla_ext_setup_py", ROOT / "setup.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)  # main() only runs under __main__
+    return mod
+
+
+def test_license_metadata_without_deprecation_warnings():
+    setuptools = pytest.importorskip("setuptools")
+    from setuptools.config.pyprojecttoml import apply_configuration
+    from setuptools.dist import Distribution
+
+    meta = _setup_module().license_metadata()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        dist = apply_configuration(Distribution(meta), ROOT / "pyproject.toml")
+    messages = [str(w.message) for w in caught]
+    assert [m for m in messages if "license" in m.lower()] == [], messages
+    assert dist.metadata.name == "mla_ext"
+    if int(setuptools.__version__.split(".")[0]) >= 77:
+        assert meta == {"license_expression": "Apache-2.0"}
+        assert dist.metadata.license_expression == "Apache-2.0"
+    else:
+        assert meta == {"license": "Apache-2.0"}
+        assert dist.metadata.license == "Apache-2.0"
