@@ -37,8 +37,9 @@ def _merge_attn_states_fake(output, output_lse, prefix_output, prefix_lse, suffi
 
 
 @torch.library.register_fake("mla_ext::merge_attn_states_n")
-def _merge_attn_states_n_fake(output, output_lse, values, lses):
-    check_same_device("merge_attn_states_n", output=output, output_lse=output_lse, values=values, lses=lses)
+def _merge_attn_states_n_fake(output, output_lse, values, lses, attn_sink=None):
+    check_same_device("merge_attn_states_n", output=output, output_lse=output_lse, values=values, lses=lses,
+                      attn_sink=attn_sink)
     return None
 
 
@@ -123,6 +124,7 @@ def merge_attn_states_n(
     output_lse: Optional[torch.Tensor],
     values: torch.Tensor,
     lses: torch.Tensor,
+    attn_sink: Optional[torch.Tensor] = None,
 ) -> None:
     """Merge ``num_states`` partial attention results over disjoint key sets at once, in place.
 
@@ -131,8 +133,10 @@ def merge_attn_states_n(
     over the non-empty states ``s`` (natural-log LSE, fp32 arithmetic)::
 
         m = max_s lses[s, t, h] ;  w_s = exp(lses[s, t, h] - m)
-        output[t, h]     = sum_s w_s * values[s, t, h] / sum_s w_s
-        output_lse[t, h] = m + log(sum_s w_s)
+        output[t, h]     = sum_s w_s * values[s, t, h] / (sum_s w_s + exp(attn_sink[h] - m))
+        output_lse[t, h] = m + log(sum_s w_s)                       (sink excluded)
+
+    (no ``attn_sink``: the ``exp(attn_sink[h] - m)`` term is 0.)
 
     One pass over memory: each state's values are read once and the output written once
     (no chain of S-1 two-way merges through intermediate buffers).
@@ -149,11 +153,19 @@ def merge_attn_states_n(
             (no upper limit). Not mutated.
         lses: ``[num_states, num_tokens, num_heads]`` float32, any strides (e.g. a
             permuted view of ``[num_states, num_heads, num_tokens]`` buffers). Not mutated.
+        attn_sink: optional ``[num_heads]`` float32 (any stride) per-head sink logit
+            (DeepSeek V4), added to the denominator exactly as :func:`mla_ext.sparse_mla_decode`
+            does, and left out of ``output_lse`` as there. States computed *without* the sink
+            and merged *with* it equal one decode over the union of their keys with the sink
+            (the sink enters once; see :mod:`mla_ext.parallel`). ``-inf`` = no sink,
+            ``+inf`` gives output 0. Not mutated.
 
     Edge cases (per token and head): an LSE of ``+inf`` or ``-inf`` marks an empty state,
-    whose values are never read; every state empty gives output 0 and LSE ``-inf``; exactly
-    one non-empty state is selected exactly (its values copied bit for bit, its LSE); any
-    NaN LSE gives NaN output and LSE. Zero tokens, heads or head_size return at once.
+    whose values are never read; every state empty gives output 0 and LSE ``-inf`` (sink or
+    not); exactly one non-empty state is selected exactly (its values copied bit for bit, its
+    LSE) when there is no sink (or it is ``-inf``), and scaled by ``1 / (1 + exp(sink -
+    lse))`` otherwise; any NaN LSE gives NaN output and LSE; a NaN sink gives NaN output.
+    Zero tokens, heads or head_size return at once.
 
     Runs on the tensors' device (CPU or CUDA/ROCm), on the current stream, allocates
     nothing and never synchronises (CUDA-graph capturable). Offsets are 64-bit.
@@ -162,7 +174,7 @@ def merge_attn_states_n(
         RuntimeError: before anything is written, naming the argument, when ``values`` is
             not 4-D ``[num_states, *output.shape]`` or has no state, dtypes differ or are
             not float32/float16/bfloat16, ``lses`` / ``output_lse`` are not float32 or have
-            the wrong shape, a last dim is not contiguous, or tensors are on different
-            devices.
+            the wrong shape, a last dim is not contiguous, ``attn_sink`` is not float32
+            ``[num_heads]``, or tensors are on different devices.
     """
-    _merge_n_op(output, output_lse, values, lses)
+    _merge_n_op(output, output_lse, values, lses, attn_sink)

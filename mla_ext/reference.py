@@ -226,6 +226,7 @@ def merge_attn_states_n(
     values: torch.Tensor,
     lses: torch.Tensor,
     dtype: torch.dtype = torch.float64,
+    attn_sink: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Reference S-way merge of partial attention results over disjoint key sets.
 
@@ -233,13 +234,15 @@ def merge_attn_states_n(
         values: ``[num_states, num_tokens, num_heads, head_size]`` any float dtype, any strides.
         lses: ``[num_states, num_tokens, num_heads]`` natural-log LSE; +-inf = empty state.
         dtype: result dtype (float64 default).
+        attn_sink: optional ``[num_heads]`` sink logit per head: adds ``exp(sink - m)`` to the
+            denominator (not to out_lse), as :func:`sparse_mla_decode` does.
 
     Returns:
         ``(out [num_tokens, num_heads, head_size], out_lse [num_tokens, num_heads])``: over the
-        non-empty states, m = max lse, w_s = exp(lse_s - m), out = sum w_s v_s / sum w_s,
-        out_lse = m + log(sum w_s). Empty states' values never enter (NaN there cannot leak);
-        exactly one non-empty state is selected as is; all empty gives 0 and -inf; any NaN LSE
-        gives NaN output and LSE.
+        non-empty states, m = max lse, w_s = exp(lse_s - m), out = sum w_s v_s / (sum w_s +
+        exp(sink - m)), out_lse = m + log(sum w_s). Empty states' values never enter (NaN there
+        cannot leak); exactly one non-empty state without a sink is selected as is; all empty
+        gives 0 and -inf; any NaN LSE gives NaN output and LSE.
     """
     if values.dim() != 4 or lses.dim() != 3 or values.shape[:3] != lses.shape or values.shape[0] < 1:
         raise ValueError(f"values [S, T, H, D] and lses [S, T, H] with S >= 1 expected, got "
@@ -255,15 +258,24 @@ def merge_attn_states_n(
     w = torch.where(live, torch.exp(lse - m_safe), torch.zeros_like(lse))
     wsum = w.sum(0)
     acc = (w[..., None] * torch.where(live[..., None], v, torch.zeros_like(v))).sum(0)
-    out = acc / wsum.clamp_min(1.0)[..., None]  # wsum >= 1 wherever count > 0
+    denom = wsum.clamp_min(1.0)  # wsum >= 1 wherever count > 0
+    sink_on = torch.zeros(lse.shape[1:], dtype=torch.bool, device=lse.device)
+    if attn_sink is not None:
+        sk = attn_sink.reshape(-1).to(device=lse.device, dtype=dtype)
+        if sk.shape[0] != lse.shape[2]:
+            raise ValueError(f"attn_sink: expected [{lse.shape[2]}], got {tuple(attn_sink.shape)}")
+        sk = sk[None, :].expand(lse.shape[1:])
+        sink_on = ~torch.isneginf(sk)
+        denom = denom + torch.where(sink_on, torch.exp(sk - m_safe), torch.zeros_like(sk))
+    out = acc / denom[..., None]
     out_lse = m_safe + torch.log(wsum)
-    # exactly one live state: select it as is
+    # exactly one live state (and no sink): select it as is
     first = live.to(torch.int8).argmax(0)  # [T, H]
     sel_v = torch.gather(v, 0, first[None, ..., None].expand(1, *v.shape[1:])).squeeze(0)
     sel_l = torch.gather(lse, 0, first[None]).squeeze(0)
-    one = count == 1
+    one = (count == 1) & ~sink_on
+    out_lse = torch.where(count == 1, sel_l, out_lse)
     out = torch.where(one[..., None], sel_v, out)
-    out_lse = torch.where(one, sel_l, out_lse)
     none = count == 0
     out = torch.where(none[..., None], torch.zeros_like(out), out)
     out_lse = torch.where(none, torch.full_like(out_lse, float("-inf")), out_lse)

@@ -323,3 +323,112 @@ def test_offsets_past_2_pow_32():
     check(out, out_lse, v, lses, torch.bfloat16)
     del big, values
     torch.cuda.empty_cache()
+
+
+# ---- attention sink (DeepSeek V4) ----
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("S", [1, 2, 5])
+def test_attn_sink(device, dtype, S):
+    T, H, D = 11, 6, 128
+    values, lses = make_states(S, T, H, D, dtype, device, seed=20 + S, empty_frac=0.25)
+    g = torch.Generator().manual_seed(21)
+    sink = (torch.randn(2 * H, generator=g) * 2).to(device)[::2]  # strided [H]
+    sink[0] = -INF   # no sink on head 0 (one-state rows copied exactly)
+    sink[1] = 40.0   # dominating sink: output ~0
+    out = poison_(torch.empty(T, H, D, dtype=dtype, device=device))
+    out_lse = poison_(torch.empty(T, H, device=device))
+    mla_ext.merge_attn_states_n(out, out_lse, values, lses, sink)
+    ref_o, ref_l = reference.merge_attn_states_n(values.cpu(), lses.cpu(), attn_sink=sink.cpu())
+    assert_close_rel(out, ref_o, dtype)
+    assert torch.allclose(out_lse.double().cpu(), ref_l, rtol=1e-6, atol=1e-5)
+    # the LSE excludes the sink: same as without it
+    _, ref_l0 = reference.merge_attn_states_n(values.cpu(), lses.cpu())
+    assert torch.allclose(ref_l, ref_l0, equal_nan=True)
+    # head 0 (sink -inf): one-state rows are exact copies
+    live = (~torch.isinf(lses)).sum(0)
+    for t in range(T):
+        if live[t, 0] == 1:
+            s = int((~torch.isinf(lses[:, t, 0])).nonzero()[0])
+            assert torch.equal(out[t, 0], values[s, t, 0])
+        if live[t, 0] == 0:
+            assert (out[t, 0] == 0).all()
+
+
+def test_attn_sink_edges(device):
+    """+inf sink gives 0 (LSE kept); NaN sink gives NaN output; all-empty rows stay 0 / -inf."""
+    S, T, H, D = 3, 4, 4, 32
+    values, lses = make_states(S, T, H, D, torch.float32, device, seed=22)
+    lses = lses.clone()
+    lses[:, 3] = -INF
+    sink = torch.tensor([INF, float("nan"), 0.5, -INF], device=device)
+    out = poison_(torch.empty(T, H, D, device=device))
+    out_lse = poison_(torch.empty(T, H, device=device))
+    mla_ext.merge_attn_states_n(out, out_lse, values, lses, sink)
+    _, ref_l = reference.merge_attn_states_n(values.cpu(), lses.cpu())
+    assert (out[:3, 0] == 0).all()
+    assert out[:3, 1].isnan().all()
+    assert (out[3] == 0).all() and torch.isneginf(out_lse[3]).all()
+    assert torch.allclose(out_lse.double().cpu(), ref_l, rtol=1e-6, atol=1e-5)
+    ref_o, _ = reference.merge_attn_states_n(values.cpu(), lses.cpu(), attn_sink=sink.cpu())
+    assert torch.allclose(out[:3, 2:].double().cpu(), ref_o[:3, 2:], rtol=1e-5, atol=1e-6)
+
+
+def test_sink_once_equals_decode_over_union(device):
+    """States computed without the sink over disjoint key sets, merged with the sink, equal one
+    sparse_mla_decode over the union with the sink; applying the sink in every state does not."""
+    from mla_ext.builders import build_decode_inputs
+    inp = build_decode_inputs("v4_c4", batch=3, num_heads=8, context_len=(600, 900), topk=64, device=device, seed=5)
+    T, H = inp.num_tokens, inp.num_heads
+    S = 3
+    # a sink comparable with the scores' total mass (builders' N(0, 1) sinks are small next to
+    # hundreds of keys), so that applying it the wrong way shows
+    _, lse0 = inp.reference()
+    inp.attn_sink = lse0.float().mean(0).to(device) + torch.linspace(-1, 1, H, device=device)
+    ref_o, ref_l = inp.reference()
+    # split the main and extra index sets column-wise into S disjoint parts
+    outs, lss, outs_sink = [], [], []
+    for s in range(S):
+        def part(idx):
+            keep = (torch.arange(idx.shape[1], device=idx.device) % S) == s
+            return torch.where(keep[None, :], idx, torch.full_like(idx, -1))
+        kw = inp.op_kwargs()
+        kw.update(extra_indices=part(inp.extra_indices), attn_sink=None)
+        o = poison_(torch.empty(T, H, 512, dtype=torch.bfloat16, device=device))
+        l = poison_(torch.empty(T, H, device=device))
+        ws = mla_ext.DecodeWorkspace(T, H, device=device)
+        mla_ext.sparse_mla_decode(inp.q, inp.kv_cache, part(inp.indices), output=o, workspace=ws.tensor, lse=l, **kw)
+        outs.append(o)
+        lss.append(l)
+        o2 = poison_(torch.empty(T, H, 512, dtype=torch.bfloat16, device=device))
+        kw.update(attn_sink=inp.attn_sink)
+        mla_ext.sparse_mla_decode(inp.q, inp.kv_cache, part(inp.indices), output=o2, workspace=ws.tensor, **kw)
+        outs_sink.append(o2)
+    values, lses = torch.stack(outs), torch.stack(lss)
+    out = poison_(torch.empty(T, H, 512, dtype=torch.bfloat16, device=device))
+    out_lse = poison_(torch.empty(T, H, device=device))
+    mla_ext.merge_attn_states_n(out, out_lse, values, lses, inp.attn_sink)
+    assert_close_rel(out, ref_o, torch.bfloat16)
+    assert torch.allclose(out_lse.double().cpu(), ref_l.cpu(), rtol=1e-5, atol=1e-4)
+    # the wrong way: the sink inside every part
+    wrong = poison_(torch.empty(T, H, 512, dtype=torch.bfloat16, device=device))
+    mla_ext.merge_attn_states_n(wrong, None, torch.stack(outs_sink), lses)
+    err = ((wrong.double().cpu() - ref_o.cpu()).abs().max() / ref_o.abs().max()).item()
+    assert err > 5e-2, f"sink applied per part should be visibly wrong, err {err}"
+
+
+def test_attn_sink_errors(device):
+    args = _valid(device)
+    H = args["output"].shape[1]
+    for sink, needle in ((torch.zeros(H, dtype=torch.float64, device=device), "attn_sink to be float32"),
+                         (torch.zeros(H + 1, device=device), "attn_sink of shape"),
+                         (torch.zeros(1, H, device=device), "attn_sink of shape")):
+        with pytest.raises(RuntimeError, match=needle):
+            mla_ext.merge_attn_states_n(**args, attn_sink=sink)
+    assert args["output"].isnan().all() and args["output_lse"].isnan().all()
+
+
+def test_opcheck_sink(device):
+    a = _valid(device, S=4, T=5, H=4, D=64)
+    torch.library.opcheck(torch.ops.mla_ext.merge_attn_states_n.default,
+                          tuple(a.values()) + (torch.randn(4, device=device),))

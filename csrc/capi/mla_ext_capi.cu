@@ -106,6 +106,8 @@ int mla_ext_merge_attn_states_n(const mla_ext_merge_n_params* c, int num_sms, vo
   p.lses_stride_state = c->lses_stride_state;
   p.lses_stride_token = c->lses_stride_token;
   p.lses_stride_head = c->lses_stride_head;
+  p.attn_sink = c->attn_sink;
+  p.attn_sink_stride = c->attn_sink_stride;
   if (p.num_tokens > 0 && p.num_heads > 0 && p.head_size > 0 &&
       (p.output == nullptr || p.values == nullptr || p.lses == nullptr))
     return MLA_EXT_STATUS_INVALID_ARGUMENT;

@@ -118,6 +118,10 @@ typedef struct mla_ext_merge_n_params {
   int64_t values_stride_state, values_stride_token, values_stride_head;
   const float* lses;
   int64_t lses_stride_state, lses_stride_token, lses_stride_head;
+
+  const float* attn_sink; /* optional [num_heads] fp32 sink logits (DeepSeek V4): the denominator
+                             gains exp(attn_sink[h] - m), output_lse excludes it; NULL = none */
+  int64_t attn_sink_stride;
 } mla_ext_merge_n_params;
 
 MLA_EXT_CAPI_EXPORT int mla_ext_merge_attn_states_n(const mla_ext_merge_n_params* p, int num_sms, void* stream);

@@ -80,17 +80,18 @@ void merge_n_typed(const MergeNParams& p) {
     const MergeNRow r = merge_n_row(NS, [&](int64_t s) { return lse_row[s * lss]; });
     const S* vrow = static_cast<const S*>(p.values) + t * p.values_stride_token + h * p.values_stride_head;
     S* o = static_cast<S*>(p.output) + t * p.output_stride_token + h * p.output_stride_head;
+    const float sink = p.attn_sink != nullptr ? p.attn_sink[h * p.attn_sink_stride] : neg_inf();
     float lse = r.lse;
-    if (r.mode == MergeMode::kPrefixOnly) {
+    if (r.mode == MergeMode::kPrefixOnly && sink == neg_inf()) {
       const S* v = vrow + r.selected * p.values_stride_state;
       for (int64_t d = 0; d < D; ++d) o[d] = v[d];
-    } else if (r.mode == MergeMode::kMix) {
+    } else if (r.mode == MergeMode::kMix || r.mode == MergeMode::kPrefixOnly) {
       float sum = 0.f;
       for (int64_t s = 0; s < NS; ++s) {
         const float l = lse_row[s * lss];
         if (!lse_is_empty(l)) sum += fast_exp(l - r.max_lse);
       }
-      const float inv = 1.f / sum;
+      const float inv = 1.f / (sum + fast_exp(sink - r.max_lse));
       float acc[kBlock];
       for (int64_t d0 = 0; d0 < D; d0 += kBlock) {
         const int64_t n = D - d0 < kBlock ? D - d0 : kBlock;

@@ -212,7 +212,8 @@ inline mla_ext::MergeParams make_merge_params(const Tensor& output,
 
 // Validates every argument of merge_attn_states_n and fills the params.
 inline mla_ext::MergeNParams make_merge_n_params(const Tensor& output, const std::optional<Tensor>& output_lse,
-                                                 const Tensor& values, const Tensor& lses) {
+                                                 const Tensor& values, const Tensor& lses,
+                                                 const std::optional<Tensor>& attn_sink = std::nullopt) {
   const char* op = "merge_attn_states_n";
   MLA_CHECK(output.dim() == 3, op,
             "expected output to be 3-D [num_tokens, num_heads, head_size], got shape ", shape_str(output));
@@ -248,6 +249,16 @@ inline mla_ext::MergeNParams make_merge_n_params(const Tensor& output, const std
     p.output_lse = static_cast<float*>(ol.data_ptr());
     p.output_lse_stride_token = ol.stride(0);
     p.output_lse_stride_head = ol.stride(1);
+  }
+  if (attn_sink.has_value()) {
+    const Tensor& sk = *attn_sink;
+    MLA_CHECK(sk.scalar_type() == ScalarType::Float, op, "expected attn_sink to be float32, got ",
+              dtype_name(sk.scalar_type()));
+    MLA_CHECK(sk.dim() == 1 && sk.size(0) == H, op, "expected attn_sink of shape [num_heads] = [", H,
+              "] (any stride), got ", shape_str(sk));
+    check_same_device(op, output, "output", sk, "attn_sink");
+    p.attn_sink = static_cast<const float*>(sk.data_ptr());
+    p.attn_sink_stride = sk.stride(0);
   }
   p.num_states = S;
   p.num_tokens = T;

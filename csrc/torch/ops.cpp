@@ -23,8 +23,9 @@ void merge_attn_states_cpu(Tensor output, std::optional<Tensor> output_lse, Tens
   mla_ext::cpu::merge_attn_states(p);
 }
 
-void merge_attn_states_n_cpu(Tensor output, std::optional<Tensor> output_lse, Tensor values, Tensor lses) {
-  const mla_ext::MergeNParams p = make_merge_n_params(output, output_lse, values, lses);
+void merge_attn_states_n_cpu(Tensor output, std::optional<Tensor> output_lse, Tensor values, Tensor lses,
+                             std::optional<Tensor> attn_sink) {
+  const mla_ext::MergeNParams p = make_merge_n_params(output, output_lse, values, lses, attn_sink);
   mla_ext::cpu::merge_attn_states_n(p);
 }
 
@@ -97,8 +98,9 @@ void merge_attn_states_cuda(Tensor output, std::optional<Tensor> output_lse, Ten
                       "merge_attn_states");
 }
 
-void merge_attn_states_n_cuda(Tensor output, std::optional<Tensor> output_lse, Tensor values, Tensor lses) {
-  const mla_ext::MergeNParams p = make_merge_n_params(output, output_lse, values, lses);
+void merge_attn_states_n_cuda(Tensor output, std::optional<Tensor> output_lse, Tensor values, Tensor lses,
+                             std::optional<Tensor> attn_sink) {
+  const mla_ext::MergeNParams p = make_merge_n_params(output, output_lse, values, lses, attn_sink);
   if (p.num_tokens == 0 || p.num_heads == 0 || p.head_size == 0) return;
   const int32_t dev = output.get_device_index();
   torch::stable::accelerator::DeviceGuard guard(dev);
@@ -161,7 +163,9 @@ STABLE_TORCH_LIBRARY(mla_ext, m) {
       "merge_attn_states(Tensor(a!) output, Tensor(b!)? output_lse, Tensor prefix_output, "
       "Tensor prefix_lse, Tensor suffix_output, Tensor suffix_lse, int? prefill_tokens_with_context=None, "
       "Tensor? output_scale=None) -> ()");
-  m.def("merge_attn_states_n(Tensor(a!) output, Tensor(b!)? output_lse, Tensor values, Tensor lses) -> ()");
+  m.def(
+      "merge_attn_states_n(Tensor(a!) output, Tensor(b!)? output_lse, Tensor values, Tensor lses, "
+      "Tensor? attn_sink=None) -> ()");
   m.def(
       "sparse_mla_decode(Tensor q, Tensor kv_cache, Tensor indices, str kv_format, float softmax_scale, "
       "Tensor(a!) output, Tensor(b!) workspace, Tensor? lengths=None, Tensor? extra_kv_cache=None, "

@@ -262,11 +262,12 @@ __global__ void __launch_bounds__(256) merge_attn_states_n_kernel(MergeNKernelAr
     const MergeNRow r = merge_n_row(num_states, [&](int64_t s) { return lse_row[s * lss]; });
     const S* vrow = static_cast<const S*>(p.values) + int64_t(t) * p.values_stride_token +
                     int64_t(h) * p.values_stride_head + int64_t(chunk) * VEC;
+    const float sink = p.attn_sink != nullptr ? p.attn_sink[int64_t(h) * p.attn_sink_stride] : neg_inf();
     V o;
     float lse = r.lse;
-    if (r.mode == MergeMode::kPrefixOnly) {
+    if (r.mode == MergeMode::kPrefixOnly && sink == neg_inf()) {
       o = *reinterpret_cast<const V*>(vrow + r.selected * p.values_stride_state);
-    } else if (r.mode == MergeMode::kMix) {
+    } else if (r.mode == MergeMode::kMix || r.mode == MergeMode::kPrefixOnly) {
       float acc[VEC];
 #pragma unroll
       for (int i = 0; i < VEC; ++i) acc[i] = 0.f;
@@ -298,7 +299,9 @@ __global__ void __launch_bounds__(256) merge_attn_states_n_kernel(MergeNKernelAr
           }
         }
       }
-      const float inv = 1.f / sum;  // sum >= 1: the largest state has weight 1
+      // sum >= 1 (the largest state has weight 1); the sink adds exp(sink - m):
+      // 0 for -inf, +inf (output 0) for +inf, NaN for NaN.
+      const float inv = 1.f / (sum + fast_exp(sink - r.max_lse));
 #pragma unroll
       for (int i = 0; i < VEC; ++i) o.v[i] = E::store(acc[i] * inv);
       lse = r.max_lse + fast_log(sum);

@@ -202,6 +202,13 @@ struct Fp8Output {  // saturate(merged * inv_scale) as e4m3fn / e4m3fnuz
 //     otherwise               m = max lse, w_s = exp(lse_s - m) over the
 //                             non-empty states (empty ones are never read),
 //                             output = sum w_s v_s / sum w_s, lse = m + log(sum w_s)
+// Optional attention sink (DeepSeek V4), one fp32 logit per head: the
+// denominator gains exp(sink[h] - m) exactly as in sparse_mla_decode, the LSE
+// excludes it: output = sum w_s v_s / (sum w_s + exp(sink[h] - m)). With
+// partial states that each ran *without* the sink, this equals a single
+// decode over the union *with* it (the sink enters once). A one-state row is
+// then scaled rather than copied (unless the sink is -inf); every-state-empty
+// rows stay 0 / -inf.
 // ---------------------------------------------------------------------------
 struct MergeNParams {
   DType dtype = DType::kBFloat16;
@@ -219,6 +226,9 @@ struct MergeNParams {
   int64_t values_stride_state = 0, values_stride_token = 0, values_stride_head = 0;
   const float* lses = nullptr;
   int64_t lses_stride_state = 0, lses_stride_token = 0, lses_stride_head = 0;
+
+  const float* attn_sink = nullptr;  // optional [num_heads] fp32 logits
+  int64_t attn_sink_stride = 0;
 };
 
 struct MergeNRow {
