@@ -8,6 +8,7 @@ import torch
 _ops = torch.ops.mla_ext
 # Resolved overloads: calling .default skips the overload lookup on every call (host time).
 _merge_op = torch.ops.mla_ext.merge_attn_states.default
+_merge_n_op = torch.ops.mla_ext.merge_attn_states_n.default
 
 
 def check_same_device(op: str, **tensors) -> None:
@@ -27,9 +28,18 @@ def check_same_device(op: str, **tensors) -> None:
 
 
 @torch.library.register_fake("mla_ext::merge_attn_states")
-def _merge_attn_states_fake(output, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse):
+def _merge_attn_states_fake(output, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse,
+                            prefill_tokens_with_context=None, output_scale=None):
     check_same_device("merge_attn_states", output=output, output_lse=output_lse, prefix_output=prefix_output,
-                      prefix_lse=prefix_lse, suffix_output=suffix_output, suffix_lse=suffix_lse)
+                      prefix_lse=prefix_lse, suffix_output=suffix_output, suffix_lse=suffix_lse,
+                      output_scale=output_scale)
+    return None
+
+
+@torch.library.register_fake("mla_ext::merge_attn_states_n")
+def _merge_attn_states_n_fake(output, output_lse, values, lses, attn_sink=None):
+    check_same_device("merge_attn_states_n", output=output, output_lse=output_lse, values=values, lses=lses,
+                      attn_sink=attn_sink)
     return None
 
 
@@ -40,6 +50,8 @@ def merge_attn_states(
     prefix_lse: torch.Tensor,
     suffix_output: torch.Tensor,
     suffix_lse: torch.Tensor,
+    prefill_tokens_with_context: Optional[int] = None,
+    output_scale: Optional[torch.Tensor] = None,
 ) -> None:
     """Merge two partial attention results over disjoint key sets, in place.
 
@@ -54,17 +66,36 @@ def merge_attn_states(
     into the layer's output buffer (no copy).
 
     Args:
-        output: ``[num_tokens, num_heads, head_size]`` float32 / float16 / bfloat16.
-            **Mutated**: fully written. Any token and head strides; the last dim
-            must have stride 1. May alias ``prefix_output`` or ``suffix_output``.
+        output: ``[num_tokens, num_heads, head_size]`` float32 / float16 / bfloat16
+            (the inputs' dtype), or float8_e4m3fn / float8_e4m3fnuz together with
+            ``output_scale``. **Mutated**: fully written. Any token and head strides;
+            the last dim must have stride 1. May alias ``prefix_output`` or
+            ``suffix_output`` (same dtype).
         output_lse: optional ``[num_tokens, num_heads]`` float32, any strides.
             **Mutated**: the merged LSE (natural log). ``None`` skips it.
-        prefix_output: ``[num_tokens, num_heads, head_size]``, dtype of ``output``,
-            its own token/head strides, last dim stride 1.
+        prefix_output: ``[num_tokens, num_heads, head_size]`` float32 / float16 /
+            bfloat16 (``output``'s dtype unless ``output`` is FP8), its own
+            token/head strides, last dim stride 1.
         prefix_lse: ``[num_tokens, num_heads]`` float32, any strides (vLLM's
             ``[num_heads, num_tokens]`` buffers pass as ``.T`` views).
-        suffix_output: like ``prefix_output``.
+        suffix_output: like ``prefix_output`` (same dtype).
         suffix_lse: like ``prefix_lse``.
+        prefill_tokens_with_context: optional int >= 0. Tokens ``t >=`` it have no
+            prefix (e.g. decode tokens packed after the prefills of a chunked-prefill
+            batch): their ``output`` is ``suffix_output`` copied (bit-exact, or
+            quantised for an FP8 output) and their ``output_lse`` is ``suffix_lse``
+            copied verbatim; ``prefix_output`` and ``prefix_lse`` are not read for
+            them. Values above ``num_tokens`` mean every token merges; ``None``
+            (default): every token merges.
+        output_scale: optional float32 tensor of exactly one element (any shape, on
+            ``output``'s device), the per-tensor static scale of an FP8 ``output``;
+            required for FP8 and rejected otherwise. Each output element is the
+            fp32 merged value times ``1 / output_scale`` (i.e. divided by the scale),
+            saturated to the format's largest finite value (448 for e4m3fn, 240 for
+            e4m3fnuz; +-inf saturate too), rounded to nearest even; NaN stays NaN.
+            The scale is read on the device at run time (a captured CUDA graph
+            picks up a new value); it should be positive and finite. LSEs are not
+            scaled.
 
     Edge cases: an LSE of ``+inf`` or ``-inf`` marks an empty side; one empty
     side selects the other side's values exactly (NaN or garbage in the empty
@@ -77,9 +108,73 @@ def merge_attn_states(
 
     Raises:
         RuntimeError: before anything is written, naming the argument, when value
-            dtypes differ or are not float32/float16/bfloat16, an LSE is not
-            float32, shapes do not match ``output``'s, a last dim is not
-            contiguous, tensors are on different devices, or ``output_lse`` has
-            the wrong shape.
+            dtypes differ or are not float32/float16/bfloat16 (output: or FP8), an
+            LSE is not float32, shapes do not match ``output``'s, a last dim is not
+            contiguous, tensors are on different devices, ``output_lse`` has the
+            wrong shape, an FP8 output comes without ``output_scale`` (or a scale
+            with a non-FP8 output), ``output_scale`` is not float32 / not one
+            element / on another device, or ``prefill_tokens_with_context < 0``.
     """
-    _merge_op(output, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse)
+    _merge_op(output, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse,
+              None if prefill_tokens_with_context is None else int(prefill_tokens_with_context), output_scale)
+
+
+def merge_attn_states_n(
+    output: torch.Tensor,
+    output_lse: Optional[torch.Tensor],
+    values: torch.Tensor,
+    lses: torch.Tensor,
+    attn_sink: Optional[torch.Tensor] = None,
+) -> None:
+    """Merge ``num_states`` partial attention results over disjoint key sets at once, in place.
+
+    The S-way form of :func:`merge_attn_states` (e.g. the per-rank partial results of
+    context-parallel decode, or split-K partials): for every token ``t`` and head ``h``,
+    over the non-empty states ``s`` (natural-log LSE, fp32 arithmetic)::
+
+        m = max_s lses[s, t, h] ;  w_s = exp(lses[s, t, h] - m)
+        output[t, h]     = sum_s w_s * values[s, t, h] / (sum_s w_s + exp(attn_sink[h] - m))
+        output_lse[t, h] = m + log(sum_s w_s)                       (sink excluded)
+
+    (no ``attn_sink``: the ``exp(attn_sink[h] - m)`` term is 0.)
+
+    One pass over memory: each state's values are read once and the output written once
+    (no chain of S-1 two-way merges through intermediate buffers).
+
+    Args:
+        output: ``[num_tokens, num_heads, head_size]`` float32 / float16 / bfloat16.
+            **Mutated**: fully written. Any token and head strides, last dim stride 1.
+            May alias one state ``values[s]`` (every state is read before the output
+            element is written).
+        output_lse: optional ``[num_tokens, num_heads]`` float32, any strides.
+            **Mutated**: the merged LSE. ``None`` skips it.
+        values: ``[num_states, num_tokens, num_heads, head_size]`` of ``output``'s dtype,
+            any state, token and head strides, last dim stride 1; ``num_states >= 1``
+            (no upper limit). Not mutated.
+        lses: ``[num_states, num_tokens, num_heads]`` float32, any strides (e.g. a
+            permuted view of ``[num_states, num_heads, num_tokens]`` buffers). Not mutated.
+        attn_sink: optional ``[num_heads]`` float32 (any stride) per-head sink logit
+            (DeepSeek V4), added to the denominator exactly as :func:`mla_ext.sparse_mla_decode`
+            does, and left out of ``output_lse`` as there. States computed *without* the sink
+            and merged *with* it equal one decode over the union of their keys with the sink
+            (the sink enters once; see :mod:`mla_ext.parallel`). ``-inf`` = no sink,
+            ``+inf`` gives output 0. Not mutated.
+
+    Edge cases (per token and head): an LSE of ``+inf`` or ``-inf`` marks an empty state,
+    whose values are never read; every state empty gives output 0 and LSE ``-inf`` (sink or
+    not); exactly one non-empty state is selected exactly (its values copied bit for bit, its
+    LSE) when there is no sink (or it is ``-inf``), and scaled by ``1 / (1 + exp(sink -
+    lse))`` otherwise; any NaN LSE gives NaN output and LSE; a NaN sink gives NaN output.
+    Zero tokens, heads or head_size return at once.
+
+    Runs on the tensors' device (CPU or CUDA/ROCm), on the current stream, allocates
+    nothing and never synchronises (CUDA-graph capturable). Offsets are 64-bit.
+
+    Raises:
+        RuntimeError: before anything is written, naming the argument, when ``values`` is
+            not 4-D ``[num_states, *output.shape]`` or has no state, dtypes differ or are
+            not float32/float16/bfloat16, ``lses`` / ``output_lse`` are not float32 or have
+            the wrong shape, a last dim is not contiguous, ``attn_sink`` is not float32
+            ``[num_heads]``, or tensors are on different devices.
+    """
+    _merge_n_op(output, output_lse, values, lses, attn_sink)

@@ -16,6 +16,8 @@ from . import formats
 __all__ = [
     "sparse_mla_decode",
     "merge_attn_states",
+    "merge_attn_states_n",
+    "fp8_saturate",
     "softmax_scale_v32",
     "softmax_scale_v4",
     "decode_tolerances",
@@ -193,6 +195,10 @@ def merge_attn_states(
     suffix_output: torch.Tensor,
     suffix_lse: torch.Tensor,
     dtype: torch.dtype = torch.float64,
+    *,
+    prefill_tokens_with_context: Optional[int] = None,
+    output_scale: Optional[float] = None,
+    fp8_dtype: Optional[torch.dtype] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Reference merge of two partial attention results over disjoint key sets (DESIGN.md §3).
 
@@ -202,6 +208,13 @@ def merge_attn_states(
         prefix_lse, suffix_lse: ``[num_tokens, num_heads]`` natural-log LSE, any strides. +inf
             means "empty" (treated as -inf).
         dtype: result dtype (float64 default).
+        prefill_tokens_with_context: optional int; tokens ``t >=`` it take the suffix's values and
+            LSE as they are (no merge, the prefix is ignored).
+        output_scale: optional float (or one-element tensor): the FP8 output path. The merged
+            values are divided by it and saturated to +-``torch.finfo(fp8_dtype).max`` (448 for
+            float8_e4m3fn, 240 for float8_e4m3fnuz; NaN stays NaN), *not* rounded to FP8, so
+            callers compare within FP8 rounding. LSEs are not scaled.
+        fp8_dtype: the FP8 output dtype (required with ``output_scale``).
 
     Returns:
         ``(out [num_tokens, num_heads, head_size], out_lse [num_tokens, num_heads])`` in ``dtype``.
@@ -210,6 +223,91 @@ def merge_attn_states(
         the empty side's values cannot leak). Both empty: 0 and -inf. A NaN LSE on either side
         gives NaN output and NaN LSE.
     """
+    out, out_lse = _merge2(prefix_output, prefix_lse, suffix_output, suffix_lse, dtype)
+    if prefill_tokens_with_context is not None:
+        p = max(0, int(prefill_tokens_with_context))
+        out[p:] = suffix_output[p:].to(dtype)
+        out_lse[p:] = suffix_lse[p:].to(dtype)
+    if output_scale is not None:
+        out = fp8_saturate(out, output_scale, fp8_dtype)
+    return out, out_lse
+
+
+def fp8_saturate(x: torch.Tensor, scale, fp8_dtype: torch.dtype) -> torch.Tensor:
+    """``x / scale`` clamped to +-``torch.finfo(fp8_dtype).max`` (NaN kept), in ``x``'s dtype.
+
+    The reference of a scaled FP8 output before its rounding to FP8 (round to nearest even)."""
+    if fp8_dtype not in (torch.float8_e4m3fn, torch.float8_e4m3fnuz):
+        raise ValueError(f"fp8_dtype must be float8_e4m3fn or float8_e4m3fnuz, got {fp8_dtype}")
+    fmax = float(torch.finfo(fp8_dtype).max)
+    scale = float(scale.reshape(-1)[0]) if isinstance(scale, torch.Tensor) else float(scale)
+    y = x / scale
+    return torch.where(torch.isnan(y), y, y.clamp(-fmax, fmax))
+
+
+def merge_attn_states_n(
+    values: torch.Tensor,
+    lses: torch.Tensor,
+    dtype: torch.dtype = torch.float64,
+    attn_sink: Optional[torch.Tensor] = None,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Reference S-way merge of partial attention results over disjoint key sets.
+
+    Args:
+        values: ``[num_states, num_tokens, num_heads, head_size]`` any float dtype, any strides.
+        lses: ``[num_states, num_tokens, num_heads]`` natural-log LSE; +-inf = empty state.
+        dtype: result dtype (float64 default).
+        attn_sink: optional ``[num_heads]`` sink logit per head: adds ``exp(sink - m)`` to the
+            denominator (not to out_lse), as :func:`sparse_mla_decode` does.
+
+    Returns:
+        ``(out [num_tokens, num_heads, head_size], out_lse [num_tokens, num_heads])``: over the
+        non-empty states, m = max lse, w_s = exp(lse_s - m), out = sum w_s v_s / (sum w_s +
+        exp(sink - m)), out_lse = m + log(sum w_s). Empty states' values never enter (NaN there
+        cannot leak); exactly one non-empty state without a sink is selected as is; all empty
+        gives 0 and -inf; any NaN LSE gives NaN output and LSE.
+    """
+    if values.dim() != 4 or lses.dim() != 3 or values.shape[:3] != lses.shape or values.shape[0] < 1:
+        raise ValueError(f"values [S, T, H, D] and lses [S, T, H] with S >= 1 expected, got "
+                         f"{tuple(values.shape)} and {tuple(lses.shape)}")
+    v = values.to(dtype)
+    lse = lses.to(dtype)
+    lse = torch.where(torch.isposinf(lse), torch.full_like(lse, float("-inf")), lse)
+    nan = torch.isnan(lse).any(0)
+    live = ~torch.isneginf(lse) & ~torch.isnan(lse)  # [S, T, H]
+    count = live.sum(0)
+    m = torch.where(live, lse, torch.full_like(lse, float("-inf"))).amax(0)
+    m_safe = torch.where(count > 0, m, torch.zeros_like(m))
+    w = torch.where(live, torch.exp(lse - m_safe), torch.zeros_like(lse))
+    wsum = w.sum(0)
+    acc = (w[..., None] * torch.where(live[..., None], v, torch.zeros_like(v))).sum(0)
+    denom = wsum.clamp_min(1.0)  # wsum >= 1 wherever count > 0
+    sink_on = torch.zeros(lse.shape[1:], dtype=torch.bool, device=lse.device)
+    if attn_sink is not None:
+        sk = attn_sink.reshape(-1).to(device=lse.device, dtype=dtype)
+        if sk.shape[0] != lse.shape[2]:
+            raise ValueError(f"attn_sink: expected [{lse.shape[2]}], got {tuple(attn_sink.shape)}")
+        sk = sk[None, :].expand(lse.shape[1:])
+        sink_on = ~torch.isneginf(sk)
+        denom = denom + torch.where(sink_on, torch.exp(sk - m_safe), torch.zeros_like(sk))
+    out = acc / denom[..., None]
+    out_lse = m_safe + torch.log(wsum)
+    # exactly one live state (and no sink): select it as is
+    first = live.to(torch.int8).argmax(0)  # [T, H]
+    sel_v = torch.gather(v, 0, first[None, ..., None].expand(1, *v.shape[1:])).squeeze(0)
+    sel_l = torch.gather(lse, 0, first[None]).squeeze(0)
+    one = (count == 1) & ~sink_on
+    out_lse = torch.where(count == 1, sel_l, out_lse)
+    out = torch.where(one[..., None], sel_v, out)
+    none = count == 0
+    out = torch.where(none[..., None], torch.zeros_like(out), out)
+    out_lse = torch.where(none, torch.full_like(out_lse, float("-inf")), out_lse)
+    out = torch.where(nan[..., None], torch.full_like(out, float("nan")), out)
+    out_lse = torch.where(nan, torch.full_like(out_lse, float("nan")), out_lse)
+    return out, out_lse
+
+
+def _merge2(prefix_output, prefix_lse, suffix_output, suffix_lse, dtype):
     va = prefix_output.to(dtype)
     vb = suffix_output.to(dtype)
     a = prefix_lse.to(dtype)

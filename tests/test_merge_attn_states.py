@@ -305,3 +305,294 @@ def test_vllm_compat_lse_shape_message():
     with pytest.raises(RuntimeError, match=r"prefix_lse of shape \[num_heads, num_tokens\] = \[3, 5\]"):
         mla_ext.compat.vllm.merge_attn_states(out, pa, la, pb, lb.T)  # prefix_lse given as [T, H]
     assert out.isnan().all()
+
+
+# ---- FP8 output (output_scale) and prefill_tokens_with_context ----
+
+FP8_DTYPES = [torch.float8_e4m3fn, torch.float8_e4m3fnuz]
+FP8_UNIT = {torch.float8_e4m3fn: 2.0 ** -9, torch.float8_e4m3fnuz: 2.0 ** -10}  # subnormal step
+
+
+def assert_fp8_close(out, ref, fp8_dtype):
+    """out (FP8) within FP8 rounding of ref (float64, already scaled and saturated)."""
+    got = out.cpu().double()
+    ref = ref.double().cpu()
+    assert torch.equal(got.isnan(), ref.isnan()), "NaN positions differ"
+    ok = ~ref.isnan()
+    err = (got - ref).abs()[ok]
+    tol = 0.0625 * ref.abs()[ok] + FP8_UNIT[fp8_dtype] / 2 + 2e-5 * ref.abs()[ok].max().clamp_min(1.0)
+    bad = err > tol
+    assert not bad.any(), f"{int(bad.sum())} FP8 elements off by more than rounding: max err {err.max():.4g}"
+
+
+def fp8_expected_bits(x32: torch.Tensor, scale: float, fp8_dtype) -> torch.Tensor:
+    """What the kernel must store for an fp32 value x32: saturate(x32 * (1/scale)) rounded by torch."""
+    inv = torch.tensor(1.0, dtype=torch.float32) / torch.tensor(scale, dtype=torch.float32)
+    fmax = torch.finfo(fp8_dtype).max
+    y = (x32.float() * inv).clamp(-fmax, fmax)
+    return y.to(fp8_dtype)
+
+
+@pytest.mark.parametrize("fp8_dtype", FP8_DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("T,H,D", [(7, 16, 128), (613, 3, 48), (3, 5, 576), (2, 7, 7), (1, 128, 512)])
+def test_fp8_output(device, fp8_dtype, dtype, T, H, D):
+    pa, la, pb, lb = make_case(T, H, D, dtype, device)
+    pa, pb = pa * 4, pb * 4  # some values saturate at scale 1/64, others land on subnormals
+    for scale in (1.0 / 64, 0.37):
+        sc = torch.tensor([scale], device=device)
+        out = poison_(torch.empty(T, H, D, dtype=torch.float32, device=device)).to(fp8_dtype)
+        out_lse = poison_(torch.empty(T, H, device=device))
+        mla_ext.merge_attn_states(out, out_lse, pa, la, pb, lb, output_scale=sc)
+        ref_o, ref_l = reference.merge_attn_states(pa.cpu(), la.cpu(), pb.cpu(), lb.cpu(),
+                                                   output_scale=scale, fp8_dtype=fp8_dtype)
+        assert not out.cpu().float().isnan().any()
+        assert_fp8_close(out, ref_o, fp8_dtype)
+        assert torch.allclose(out_lse.double().cpu(), ref_l, rtol=1e-6, atol=1e-5)  # LSE not scaled
+        if scale == 1.0 / 64 and T * H * D > 1000:  # the data reaches saturation at this scale
+            assert (out.cpu().float().abs() == torch.finfo(fp8_dtype).max).any()
+
+
+@pytest.mark.parametrize("fp8_dtype", FP8_DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fp8_rounding_bit_exact(device, fp8_dtype, dtype):
+    """Selected rows (one side empty) are quantised from the exact input value: the bits equal
+    torch's round-to-nearest-even conversion of saturate(x * (1/scale)). Covers ties, subnormals,
+    tiny negatives, saturation and +-inf."""
+    T, H, D = 6, 4, 64
+    scale = 0.5
+    fmax = torch.finfo(fp8_dtype).max
+    g = torch.Generator().manual_seed(11)
+    # magnitudes spread over the whole FP8 range (and beyond), random signs
+    mag = torch.exp2(torch.empty(T, H, D).uniform_(-16, 10, generator=g))
+    x = (mag * torch.where(torch.rand(T, H, D, generator=g) < 0.5, -1.0, 1.0))
+    # exact FP8 grid points and midpoints between them (ties) after the 1/scale = 2 multiply
+    grid = torch.arange(0, 128, dtype=torch.uint8).view(fp8_dtype).float()
+    grid = grid[~grid.isnan()]
+    mids = (grid[:-1] + grid[1:]) / 2
+    special = torch.cat([grid, mids, -mids, torch.tensor([fmax, fmax * 1.01, 1e30, float("inf"), -float("inf"),
+                                                          -1e-30, -0.0, 0.0])]) * scale
+    flat = x.view(-1)
+    flat[:special.numel()] = special
+    x = x.to(dtype)
+    x = torch.where(x.float().isnan(), torch.zeros_like(x), x)
+    la = torch.randn(T, H, generator=g)
+    lb = torch.full((T, H), -INF)            # suffix empty: prefix selected
+    lb[3:] = torch.randn(3, H, generator=g)  # tokens 3.. copy the suffix (prefill_tokens_with_context=3)
+    pb = x.clone()
+    pa = x.clone()
+    pa[3:] = float("nan")                    # never read for copied tokens
+    la[3:] = float("nan")
+    x, pa, pb, la, lb = (t.to(device) for t in (x, pa, pb, la, lb))
+    out = torch.zeros(T, H, D, dtype=fp8_dtype, device=device)
+    sc = torch.tensor(scale, device=device)  # a 0-d scale is one element too
+    mla_ext.merge_attn_states(out, None, pa, la, pb, lb, 3, sc)
+    want = fp8_expected_bits(x.cpu(), scale, fp8_dtype)
+    got = out.cpu()
+    assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), \
+        f"{int((got.view(torch.uint8) != want.view(torch.uint8)).sum())} elements differ from torch's rounding"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("P", [0, 1, 5, 9, 40])
+def test_prefill_tokens_with_context(device, dtype, P):
+    """Tokens t >= P copy the suffix (values bit-exact, LSE verbatim incl. +inf / NaN); the
+    prefix of those tokens is never read (NaN there)."""
+    T, H, D = 9, 4, 40
+    pa, la, pb, lb = make_case(T, H, D, dtype, device, gen_seed=7)
+    pa, la, pb, lb = pa.clone(), la.clone(), pb.clone(), lb.clone()
+    ref_o, ref_l = reference.merge_attn_states(pa.cpu(), la.cpu(), pb.cpu(), lb.cpu(), prefill_tokens_with_context=P)
+    pa[P:] = float("nan")
+    la[P:] = float("nan")
+    if P + 2 < T:
+        lb[P, 0] = INF            # copied verbatim, not treated as empty
+        lb[P + 1, 1] = float("nan")
+        ref_l[P, 0] = INF
+        ref_l[P + 1, 1] = float("nan")
+    out = poison_(torch.empty(T, H, D, dtype=dtype, device=device))
+    out_lse = poison_(torch.empty(T, H, device=device))
+    mla_ext.merge_attn_states(out, out_lse, pa, la, pb, lb, prefill_tokens_with_context=P)
+    m = min(P, T)
+    if m:
+        assert_close_rel(out[:m], ref_o[:m], dtype)
+        assert torch.allclose(out_lse[:m].double().cpu(), ref_l[:m], rtol=1e-6, atol=1e-5)
+    assert torch.equal(out[m:], pb[m:])
+    assert torch.equal(out_lse[m:].cpu().double(), ref_l[m:]) or torch.allclose(
+        out_lse[m:].cpu().double(), ref_l[m:], rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("fp8_dtype", FP8_DTYPES)
+def test_prefill_tokens_with_context_fp8_vllm_compat(device, fp8_dtype):
+    """Both new arguments through vLLM's call shape ([H, T] LSE buffers)."""
+    T, H, D = 12, 8, 128
+    P = 7
+    pa, la, pb, lb = make_case(T, H, D, torch.bfloat16, device, gen_seed=8)
+    out = torch.full((T, H, D), float("nan"), device=device).to(fp8_dtype)
+    out_lse_v = poison_(torch.empty(H, T, device=device))
+    scale = 0.05
+    sc = torch.tensor([scale], device=device)
+    mla_ext.compat.vllm.merge_attn_states(out, pa, la.T.contiguous(), pb, lb.T.contiguous(), out_lse_v, P, sc)
+    ref_o, ref_l = reference.merge_attn_states(pa.cpu(), la.cpu(), pb.cpu(), lb.cpu(), prefill_tokens_with_context=P,
+                                               output_scale=scale, fp8_dtype=fp8_dtype)
+    assert_fp8_close(out, ref_o, fp8_dtype)
+    assert torch.allclose(out_lse_v.T.double().cpu(), ref_l, rtol=1e-6, atol=1e-5)
+    # the copied tokens are exactly the suffix quantised
+    assert torch.equal(out[P:].cpu().view(torch.uint8), fp8_expected_bits(pb[P:].cpu(), scale, fp8_dtype).view(torch.uint8))
+
+
+@pytest.mark.parametrize("fp8_dtype", FP8_DTYPES)
+def test_fp8_output_strided_and_narrow(device, fp8_dtype):
+    """FP8 output as a strided view (token offset inside a wider buffer, odd byte offset: narrow path)."""
+    T, H, D = 33, 6, 64
+    pa, la, pb, lb = make_case(T, H, D, torch.float16, device, gen_seed=9, pad_to=96)
+    for off in (0, 1):
+        buf = torch.full((T + 2, H, D + 16 + off), float("nan"), device=device).to(fp8_dtype)
+        out = buf[1:T + 1, :, off:off + D]
+        mla_ext.merge_attn_states(out, None, pa, la.T.contiguous().T, pb, lb, None, torch.tensor([0.1], device=device))
+        ref_o, _ = reference.merge_attn_states(pa.cpu(), la.cpu(), pb.cpu(), lb.cpu(), output_scale=0.1, fp8_dtype=fp8_dtype)
+        assert_fp8_close(out, ref_o, fp8_dtype)
+        # nothing outside the view was written
+        b = buf.cpu().float()
+        assert b[0].isnan().all() and b[T + 1].isnan().all()
+        assert b[1:T + 1, :, :off].isnan().all() and b[1:T + 1, :, off + D:].isnan().all()
+
+
+@pytest.mark.parametrize("fp8_dtype", FP8_DTYPES)
+def test_fp8_empty_sides_and_nan(device, fp8_dtype):
+    T, H, D = 5, 3, 32
+    pa, la, pb, lb = make_case(T, H, D, torch.bfloat16, device, gen_seed=10)
+    pa, pb = pa.clone(), pb.clone()
+    la[0] = INF; pa[0] = float("nan")               # suffix selected
+    la[1] = -INF; lb[1] = INF; pa[1] = pb[1] = float("nan")  # both empty: 0
+    lb[2] = float("nan")                            # NaN
+    out = torch.full((T, H, D), 7.0, device=device).to(fp8_dtype)
+    out_lse = poison_(torch.empty(T, H, device=device))
+    mla_ext.merge_attn_states(out, out_lse, pa, la, pb, lb, output_scale=torch.ones(1, device=device))
+    o = out.cpu().float()
+    assert torch.equal(out[0].cpu().view(torch.uint8), fp8_expected_bits(pb[0].cpu(), 1.0, fp8_dtype).view(torch.uint8))
+    assert (o[1] == 0).all() and torch.isneginf(out_lse[1]).all()
+    assert o[2].isnan().all() and out_lse[2].isnan().all()
+    ref_o, _ = reference.merge_attn_states(pa[3:].cpu(), la[3:].cpu(), pb[3:].cpu(), lb[3:].cpu(),
+                                           output_scale=1.0, fp8_dtype=fp8_dtype)
+    assert_fp8_close(out[3:], ref_o, fp8_dtype)
+
+
+def _valid_fp8(device):
+    a = _valid(device)
+    a["output"] = torch.full(a["output"].shape, float("nan"), device=device).to(torch.float8_e4m3fn)
+    a["output_scale"] = torch.tensor([0.5], device=device)
+    return a
+
+
+def _fp8_nan(t):
+    return t.float().isnan() if t.dtype in FP8_DTYPES else t.isnan()
+
+
+NEW_ERROR_CASES = {
+    "fp8 output without scale": (lambda a: a.pop("output_scale"), "output_scale .*float8_e4m3fn output"),
+    "scale with bf16 output": (lambda a: a.update(output=poison_(torch.empty_like(a["prefix_output"]))),
+                               "output_scale to be None"),
+    "scale not fp32": (lambda a: a.update(output_scale=a["output_scale"].double()), "output_scale to be float32"),
+    "scale two elements": (lambda a: a.update(output_scale=torch.ones(2, device=a["output"].device)),
+                           "output_scale to have exactly one element"),
+    "scale empty": (lambda a: a.update(output_scale=torch.ones(0, device=a["output"].device)),
+                    "output_scale to have exactly one element"),
+    "fp8 inputs differ": (lambda a: a.update(suffix_output=a["suffix_output"].half()), "suffix_output to have prefix_output's dtype"),
+    "fp8 inputs unsupported": (lambda a: a.update(prefix_output=a["prefix_output"].double(), suffix_output=a["suffix_output"].double()),
+                               "prefix_output to be float32, float16 or bfloat16"),
+    "negative prefill_tokens_with_context": (lambda a: a.update(prefill_tokens_with_context=-1), "prefill_tokens_with_context >= 0"),
+    "fp8 output shape": (lambda a: a.update(output=a["output"][:, :2]), "prefix_output of shape"),
+}
+
+
+@pytest.mark.parametrize("case", list(NEW_ERROR_CASES))
+def test_errors_before_write_new_args(device, case):
+    args = _valid_fp8(device)
+    mutate, needle = NEW_ERROR_CASES[case]
+    mutate(args)
+    out, out_lse = args["output"], args["output_lse"]
+    with pytest.raises(RuntimeError, match=needle):
+        mla_ext.merge_attn_states(**args)
+    assert _fp8_nan(out).all() and out_lse.isnan().all()
+
+
+@requires_gpu
+def test_error_scale_on_other_device():
+    args = _valid_fp8("cuda")
+    args["output_scale"] = args["output_scale"].cpu()
+    with pytest.raises(RuntimeError, match="output_scale.*same device"):
+        mla_ext.merge_attn_states(**args)
+    assert args["output"].float().isnan().all()
+
+
+def test_opcheck_new_args(device):
+    args = _valid_fp8(device)
+    # test_schema is left out for the FP8 output only: torch's schema checker compares the
+    # mutated output with a multiply that torch does not implement for float8 on the CPU.
+    torch.library.opcheck(torch.ops.mla_ext.merge_attn_states.default,
+                          (args["output"], args["output_lse"], args["prefix_output"], args["prefix_lse"],
+                           args["suffix_output"], args["suffix_lse"], 2, args["output_scale"]),
+                          test_utils=("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic"))
+    a = _valid(device, T=5, H=4, D=64)
+    torch.library.opcheck(torch.ops.mla_ext.merge_attn_states.default, tuple(a.values()) + (3, None))
+
+
+def test_torch_compile_fullgraph_new_args(device):
+    T, H, D = 9, 4, 64
+    pa, la, pb, lb = make_case(T, H, D, torch.bfloat16, device, gen_seed=12)
+    sc = torch.tensor([0.25], device=device)
+
+    @torch.compile(fullgraph=True)
+    def f(pa, la, pb, lb, sc):
+        out = torch.empty(pa.shape, dtype=torch.float8_e4m3fn, device=pa.device)
+        out_lse = torch.empty_like(la)
+        mla_ext.merge_attn_states(out, out_lse, pa, la, pb, lb, 6, sc)
+        return out.float() * 2, out_lse
+
+    out2, out_lse = f(pa, la, pb, lb, sc)
+    ref_o, ref_l = reference.merge_attn_states(pa.cpu(), la.cpu(), pb.cpu(), lb.cpu(), prefill_tokens_with_context=6,
+                                               output_scale=0.25, fp8_dtype=torch.float8_e4m3fn)
+    assert_fp8_close((out2 / 2).to(torch.float8_e4m3fn), ref_o, torch.float8_e4m3fn)
+    assert torch.allclose(out_lse.double().cpu(), ref_l, rtol=1e-6, atol=1e-5)
+
+
+@requires_gpu
+def test_cuda_graph_fp8_scale_read_at_replay():
+    """The scale is read on the device when the graph replays: a new value in the same tensor applies."""
+    T, H, D = 64, 16, 512
+    pa, la, pb, lb = make_case(T, H, D, torch.bfloat16, "cuda", gen_seed=13)
+    out = torch.empty(T, H, D, dtype=torch.float8_e4m3fn, device="cuda")
+    sc = torch.tensor([0.5], device="cuda")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        mla_ext.merge_attn_states(out, None, pa, la, pb, lb, 40, sc)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=s):
+        mla_ext.merge_attn_states(out, None, pa, la, pb, lb, 40, sc)
+    for scale in (0.02, 1.5):
+        sc.fill_(scale)
+        out.view(torch.uint8).fill_(0x7f)
+        g.replay()
+        torch.cuda.synchronize()
+        ref_o, _ = reference.merge_attn_states(pa.cpu(), la.cpu(), pb.cpu(), lb.cpu(), prefill_tokens_with_context=40,
+                                               output_scale=scale, fp8_dtype=torch.float8_e4m3fn)
+        assert_fp8_close(out, ref_o, torch.float8_e4m3fn)
+
+
+@requires_gpu
+@pytest.mark.parametrize("fp8_dtype", FP8_DTYPES)
+def test_fp8_cpu_gpu_agree(fp8_dtype):
+    """The GPU kernel and the CPU twin produce the same FP8 codes up to one step (the GPU's exp differs)."""
+    T, H, D = 257, 8, 128
+    pa, la, pb, lb = make_case(T, H, D, torch.bfloat16, "cpu", gen_seed=14)
+    sc = torch.tensor([0.03])
+    oc = torch.empty(T, H, D, dtype=fp8_dtype)
+    mla_ext.merge_attn_states(oc, None, pa, la, pb, lb, 200, sc)
+    og = torch.empty(T, H, D, dtype=fp8_dtype, device="cuda")
+    mla_ext.merge_attn_states(og, None, pa.cuda(), la.cuda(), pb.cuda(), lb.cuda(), 200, sc.cuda())
+    a = oc.view(torch.uint8).int()
+    b = og.cpu().view(torch.uint8).int()
+    assert ((a - b).abs() <= 1).all() and (a == b).float().mean() > 0.99
+    assert torch.equal(a[200:], b[200:])  # copied rows: exact

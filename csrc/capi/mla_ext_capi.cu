@@ -10,6 +10,9 @@
 
 static_assert(sizeof(mla_ext_merge_params) == sizeof(mla_ext::MergeParams),
               "mla_ext_merge_params (mla_ext_capi.h) no longer mirrors mla_ext::MergeParams");
+static_assert(sizeof(mla_ext_merge_n_params) == sizeof(mla_ext::MergeNParams),
+              "mla_ext_merge_n_params (mla_ext_capi.h) no longer mirrors mla_ext::MergeNParams");
+static_assert(int(mla_ext::MergeOutput::kFp8E4M3FNUZ) == MLA_EXT_MERGE_OUTPUT_FP8_E4M3FNUZ, "merge outputs drifted");
 static_assert(sizeof(mla_ext_kv_set) == sizeof(mla_ext::KvSet),
               "mla_ext_kv_set (mla_ext_capi.h) no longer mirrors mla_ext::KvSet");
 static_assert(sizeof(mla_ext_sparse_decode_params) == sizeof(mla_ext::SparseDecodeParams),
@@ -69,11 +72,48 @@ int mla_ext_merge_attn_states(const mla_ext_merge_params* c, int num_sms, void* 
   p.suffix_lse = c->suffix_lse;
   p.suffix_lse_stride_token = c->suffix_lse_stride_token;
   p.suffix_lse_stride_head = c->suffix_lse_stride_head;
+  if (c->output_kind < MLA_EXT_MERGE_OUTPUT_SAME || c->output_kind > MLA_EXT_MERGE_OUTPUT_FP8_E4M3FNUZ)
+    return MLA_EXT_STATUS_INVALID_ARGUMENT;
+  p.output_kind = static_cast<mla_ext::MergeOutput>(c->output_kind);
+  p.has_prefill_tokens_with_context = c->has_prefill_tokens_with_context != 0;
+  p.prefill_tokens_with_context = c->prefill_tokens_with_context;
+  p.output_scale = c->output_scale;
   if (p.num_tokens > 0 && p.num_heads > 0 && p.head_size > 0 &&
       (p.output == nullptr || p.prefix_output == nullptr || p.suffix_output == nullptr ||
        p.prefix_lse == nullptr || p.suffix_lse == nullptr))
     return MLA_EXT_STATUS_INVALID_ARGUMENT;
   return int(mla_ext::launch_merge_attn_states(p, resolve_sms(num_sms), static_cast<mla_ext::gpuStream_t>(stream)));
+}
+
+int mla_ext_merge_attn_states_n(const mla_ext_merge_n_params* c, int num_sms, void* stream) {
+  if (c == nullptr) return MLA_EXT_STATUS_INVALID_ARGUMENT;
+  if (c->dtype < MLA_EXT_DTYPE_FLOAT32 || c->dtype > MLA_EXT_DTYPE_BFLOAT16) return MLA_EXT_STATUS_INVALID_ARGUMENT;
+  mla_ext::MergeNParams p;
+  p.dtype = static_cast<mla_ext::DType>(c->dtype);
+  p.num_states = c->num_states;
+  p.num_tokens = c->num_tokens;
+  p.num_heads = c->num_heads;
+  p.head_size = c->head_size;
+  p.output = c->output;
+  p.output_stride_token = c->output_stride_token;
+  p.output_stride_head = c->output_stride_head;
+  p.output_lse = c->output_lse;
+  p.output_lse_stride_token = c->output_lse_stride_token;
+  p.output_lse_stride_head = c->output_lse_stride_head;
+  p.values = c->values;
+  p.values_stride_state = c->values_stride_state;
+  p.values_stride_token = c->values_stride_token;
+  p.values_stride_head = c->values_stride_head;
+  p.lses = c->lses;
+  p.lses_stride_state = c->lses_stride_state;
+  p.lses_stride_token = c->lses_stride_token;
+  p.lses_stride_head = c->lses_stride_head;
+  p.attn_sink = c->attn_sink;
+  p.attn_sink_stride = c->attn_sink_stride;
+  if (p.num_tokens > 0 && p.num_heads > 0 && p.head_size > 0 &&
+      (p.output == nullptr || p.values == nullptr || p.lses == nullptr))
+    return MLA_EXT_STATUS_INVALID_ARGUMENT;
+  return int(mla_ext::launch_merge_attn_states_n(p, resolve_sms(num_sms), static_cast<mla_ext::gpuStream_t>(stream)));
 }
 
 int mla_ext_sparse_mla_decode(const mla_ext_sparse_decode_params* c, void* workspace, size_t workspace_bytes,
@@ -129,6 +169,8 @@ int mla_ext_sparse_mla_decode_num_splits(long long num_tokens, long long num_hea
 size_t mla_ext_sparse_decode_params_size(void) { return sizeof(mla_ext_sparse_decode_params); }
 
 size_t mla_ext_merge_params_size(void) { return sizeof(mla_ext_merge_params); }
+
+size_t mla_ext_merge_n_params_size(void) { return sizeof(mla_ext_merge_n_params); }
 
 const char* mla_ext_status_string(int status) {
   return mla_ext::status_string(static_cast<mla_ext::Status>(status));

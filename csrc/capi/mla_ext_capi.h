@@ -29,7 +29,9 @@ extern "C" {
 
 /* Bumped when a struct below or a signature changes (fields are only ever appended) or an
  * enum gains values. 2: MLA_EXT_KV_FP8_DS_MLA_FNUZ and MLA_EXT_KV_FP8_DS_MLA_V4_FNUZ (a
- * version-1 library rejects them with MLA_EXT_STATUS_INVALID_ARGUMENT). */
+ * version-1 library rejects them with MLA_EXT_STATUS_INVALID_ARGUMENT); merge output type,
+ * output_scale and prefill_tokens_with_context appended to mla_ext_merge_params;
+ * mla_ext_merge_attn_states_n. */
 #define MLA_EXT_CAPI_VERSION 2
 
 /* Status codes (the values of mla_ext::Status). */
@@ -43,6 +45,13 @@ enum mla_ext_status {
 
 /* Element types of merge_attn_states values (mla_ext::DType). */
 enum mla_ext_dtype { MLA_EXT_DTYPE_FLOAT32 = 0, MLA_EXT_DTYPE_FLOAT16 = 1, MLA_EXT_DTYPE_BFLOAT16 = 2 };
+
+/* Output element type of merge_attn_states (mla_ext::MergeOutput). */
+enum mla_ext_merge_output {
+  MLA_EXT_MERGE_OUTPUT_SAME = 0,          /* the values' dtype */
+  MLA_EXT_MERGE_OUTPUT_FP8_E4M3FN = 1,    /* OCP e4m3fn, saturated to +-448, needs output_scale */
+  MLA_EXT_MERGE_OUTPUT_FP8_E4M3FNUZ = 2   /* e4m3fnuz (gfx942), saturated to +-240, needs output_scale */
+};
 
 /* KV cache formats of sparse_mla_decode (mla_ext::KvFormat, DESIGN.md §4). The FP8 value
  * bytes are OCP e4m3fn (what NVIDIA and gfx950 engines write) unless the name says FNUZ:
@@ -84,11 +93,47 @@ typedef struct mla_ext_merge_params {
   int64_t suffix_stride_token, suffix_stride_head;
   const float* suffix_lse;
   int64_t suffix_lse_stride_token, suffix_lse_stride_head;
+
+  /* Version 2 (zero = version 1 behaviour). */
+  int32_t output_kind; /* enum mla_ext_merge_output; FP8: output = saturate(merged * (1 / *output_scale)) */
+  int32_t has_prefill_tokens_with_context; /* nonzero: tokens >= prefill_tokens_with_context copy the suffix */
+  int64_t prefill_tokens_with_context;     /* >= 0; the suffix (values and LSE) is copied, the prefix not read */
+  const float* output_scale;               /* FP8 outputs: one fp32 in device memory */
 } mla_ext_merge_params;
 
 /* out = merge(prefix, suffix). num_sms: the device's multiprocessor count
  * (sizes the grid); <= 0 queries the current device. */
 MLA_EXT_CAPI_EXPORT int mla_ext_merge_attn_states(const mla_ext_merge_params* p, int num_sms, void* stream);
+
+/* S partial states at once (version 2): values [num_states, num_tokens, num_heads,
+ * head_size] of `dtype`, any state/token/head strides, last dim contiguous; lses
+ * [num_states, num_tokens, num_heads] fp32, any strides (+-inf = empty). Output
+ * [num_tokens, num_heads, head_size] of `dtype`; output_lse optional. All empty:
+ * 0 and -inf; one non-empty: copied exactly; any NaN LSE: NaN. Field order and
+ * types mirror mla_ext::MergeNParams. */
+typedef struct mla_ext_merge_n_params {
+  int32_t dtype; /* enum mla_ext_dtype */
+  int64_t num_states; /* >= 1 */
+  int64_t num_tokens;
+  int64_t num_heads;
+  int64_t head_size;
+
+  void* output;
+  int64_t output_stride_token, output_stride_head;
+  float* output_lse; /* optional */
+  int64_t output_lse_stride_token, output_lse_stride_head;
+
+  const void* values;
+  int64_t values_stride_state, values_stride_token, values_stride_head;
+  const float* lses;
+  int64_t lses_stride_state, lses_stride_token, lses_stride_head;
+
+  const float* attn_sink; /* optional [num_heads] fp32 sink logits (DeepSeek V4): the denominator
+                             gains exp(attn_sink[h] - m), output_lse excludes it; NULL = none */
+  int64_t attn_sink_stride;
+} mla_ext_merge_n_params;
+
+MLA_EXT_CAPI_EXPORT int mla_ext_merge_attn_states_n(const mla_ext_merge_n_params* p, int num_sms, void* stream);
 
 /* ------------------------------------------------------------------------ */
 /* sparse_mla_decode (DESIGN.md §4)                                          */
@@ -164,10 +209,11 @@ MLA_EXT_CAPI_EXPORT int mla_ext_sparse_mla_decode_num_splits(long long num_token
 /* Misc                                                                      */
 /* ------------------------------------------------------------------------ */
 
-/* sizeof(mla_ext_sparse_decode_params) / sizeof(mla_ext_merge_params), so
+/* sizeof(mla_ext_sparse_decode_params) / (mla_ext_merge_params) / (mla_ext_merge_n_params), so
  * bindings (ctypes, other languages) can check their mirrors. */
 MLA_EXT_CAPI_EXPORT size_t mla_ext_sparse_decode_params_size(void);
 MLA_EXT_CAPI_EXPORT size_t mla_ext_merge_params_size(void);
+MLA_EXT_CAPI_EXPORT size_t mla_ext_merge_n_params_size(void);
 
 /* Human-readable text for a status value (a static string). */
 MLA_EXT_CAPI_EXPORT const char* mla_ext_status_string(int status);

@@ -13,6 +13,8 @@ namespace cpu {
 int num_threads();
 
 void merge_attn_states(const MergeParams& p);
+// S-way merge (merge_attn_states.h); p.num_states >= 1.
+void merge_attn_states_n(const MergeNParams& p);
 
 // sparse_mla_decode (DESIGN.md §4). p.num_splits must be resolved (1..kMaxSplits);
 // with num_splits > 1, `workspace` holds decode_workspace_size(T, H, num_splits)

@@ -110,22 +110,48 @@ inline mla_ext::MergeParams make_merge_params(const Tensor& output,
                                               const Tensor& prefix_output,
                                               const Tensor& prefix_lse,
                                               const Tensor& suffix_output,
-                                              const Tensor& suffix_lse) {
+                                              const Tensor& suffix_lse,
+                                              std::optional<int64_t> prefill_tokens_with_context = std::nullopt,
+                                              const std::optional<Tensor>& output_scale = std::nullopt) {
   const char* op = "merge_attn_states";
   MLA_CHECK(output.dim() == 3, op,
             "expected output to be 3-D [num_tokens, num_heads, head_size], got shape ",
             shape_str(output));
   const int64_t T = output.size(0), H = output.size(1), D = output.size(2);
-  auto check_value = [&](const Tensor& t, const char* name) {
+  mla_ext::MergeParams p;
+  // Output dtype: the inputs' dtype, or FP8 e4m3 with a per-tensor scale.
+  const ScalarType out_type = output.scalar_type();
+  const bool fp8_out = out_type == ScalarType::Float8_e4m3fn || out_type == ScalarType::Float8_e4m3fnuz;
+  if (fp8_out) {
+    p.output_kind = out_type == ScalarType::Float8_e4m3fn ? mla_ext::MergeOutput::kFp8E4M3FN
+                                                          : mla_ext::MergeOutput::kFp8E4M3FNUZ;
+    MLA_CHECK(output_scale.has_value(), op, "expected output_scale (a float32 tensor of one element) with a ",
+              dtype_name(out_type), " output, got None");
+  } else {
+    MLA_CHECK(out_type == ScalarType::Float || out_type == ScalarType::Half || out_type == ScalarType::BFloat16,
+              op, "expected output to be float32, float16 or bfloat16 (or float8_e4m3fn / float8_e4m3fnuz with "
+              "output_scale), got ", dtype_name(out_type));
+    MLA_CHECK(!output_scale.has_value(), op,
+              "expected output_scale to be None: it applies to float8_e4m3fn / float8_e4m3fnuz outputs only, "
+              "and output is ", dtype_name(out_type));
+  }
+  // The inputs' dtype: output's, or prefix_output's for an FP8 output.
+  const ScalarType in_type = fp8_out ? prefix_output.scalar_type() : out_type;
+  const char* in_ref = fp8_out ? "prefix_output" : "output";
+  p.dtype = to_value_dtype(op, fp8_out ? prefix_output : output, in_ref);
+
+  auto check_shape = [&](const Tensor& t, const char* name) {
     MLA_CHECK(t.dim() == 3 && t.size(0) == T && t.size(1) == H && t.size(2) == D, op,
               "expected ", name, " of shape [", T, ", ", H, ", ", D,
               "] (the shape of output), got ", shape_str(t));
-    MLA_CHECK(t.scalar_type() == output.scalar_type(), op, "expected ", name,
-              " to have output's dtype ", dtype_name(output.scalar_type()), ", got ",
-              dtype_name(t.scalar_type()));
     MLA_CHECK(D <= 1 || t.stride(2) == 1, op, "expected ", name,
               " to be contiguous in its last (head_size) dim, got stride ", t.stride(2));
     check_same_device(op, output, "output", t, name);
+  };
+  auto check_value = [&](const Tensor& t, const char* name) {
+    check_shape(t, name);
+    MLA_CHECK(t.scalar_type() == in_type, op, "expected ", name, " to have ", in_ref, "'s dtype ",
+              dtype_name(in_type), ", got ", dtype_name(t.scalar_type()));
   };
   auto check_lse = [&](const Tensor& t, const char* name) {
     MLA_CHECK(t.scalar_type() == ScalarType::Float, op, "expected ", name,
@@ -135,14 +161,28 @@ inline mla_ext::MergeParams make_merge_params(const Tensor& output,
               shape_str(t));
     check_same_device(op, output, "output", t, name);
   };
-  mla_ext::MergeParams p;
-  p.dtype = to_value_dtype(op, output, "output");
-  check_value(output, "output");
+  check_shape(output, "output");
   check_value(prefix_output, "prefix_output");
   check_value(suffix_output, "suffix_output");
   check_lse(prefix_lse, "prefix_lse");
   check_lse(suffix_lse, "suffix_lse");
   if (output_lse.has_value()) check_lse(*output_lse, "output_lse");
+  if (output_scale.has_value()) {
+    const Tensor& sc = *output_scale;
+    MLA_CHECK(sc.scalar_type() == ScalarType::Float, op, "expected output_scale to be float32, got ",
+              dtype_name(sc.scalar_type()));
+    MLA_CHECK(sc.numel() == 1, op, "expected output_scale to have exactly one element (a per-tensor scale), got shape ",
+              shape_str(sc));
+    check_same_device(op, output, "output", sc, "output_scale");
+    p.output_scale = static_cast<const float*>(sc.data_ptr());
+  }
+  if (prefill_tokens_with_context.has_value()) {
+    MLA_CHECK(*prefill_tokens_with_context >= 0, op,
+              "expected prefill_tokens_with_context >= 0 (tokens at and after it copy the suffix), got ",
+              *prefill_tokens_with_context);
+    p.has_prefill_tokens_with_context = 1;
+    p.prefill_tokens_with_context = *prefill_tokens_with_context;
+  }
 
   p.num_tokens = T;
   p.num_heads = H;
@@ -167,6 +207,74 @@ inline mla_ext::MergeParams make_merge_params(const Tensor& output,
   p.suffix_lse = static_cast<const float*>(suffix_lse.data_ptr());
   p.suffix_lse_stride_token = suffix_lse.stride(0);
   p.suffix_lse_stride_head = suffix_lse.stride(1);
+  return p;
+}
+
+// Validates every argument of merge_attn_states_n and fills the params.
+inline mla_ext::MergeNParams make_merge_n_params(const Tensor& output, const std::optional<Tensor>& output_lse,
+                                                 const Tensor& values, const Tensor& lses,
+                                                 const std::optional<Tensor>& attn_sink = std::nullopt) {
+  const char* op = "merge_attn_states_n";
+  MLA_CHECK(output.dim() == 3, op,
+            "expected output to be 3-D [num_tokens, num_heads, head_size], got shape ", shape_str(output));
+  const int64_t T = output.size(0), H = output.size(1), D = output.size(2);
+  mla_ext::MergeNParams p;
+  p.dtype = to_value_dtype(op, output, "output");
+  MLA_CHECK(D <= 1 || output.stride(2) == 1, op,
+            "expected output to be contiguous in its last (head_size) dim, got stride ", output.stride(2));
+  MLA_CHECK(values.dim() == 4 && values.size(1) == T && values.size(2) == H && values.size(3) == D, op,
+            "expected values of shape [num_states, ", T, ", ", H, ", ", D,
+            "] (num_states, then the shape of output), got ", shape_str(values));
+  const int64_t S = values.size(0);
+  MLA_CHECK(S >= 1, op, "expected at least one state (values.size(0) >= 1), got ", S);
+  MLA_CHECK(values.scalar_type() == output.scalar_type(), op, "expected values to have output's dtype ",
+            dtype_name(output.scalar_type()), ", got ", dtype_name(values.scalar_type()));
+  MLA_CHECK(D <= 1 || values.stride(3) == 1, op,
+            "expected values to be contiguous in its last (head_size) dim, got stride ", values.stride(3));
+  check_same_device(op, output, "output", values, "values");
+  MLA_CHECK(lses.scalar_type() == ScalarType::Float, op, "expected lses to be float32, got ",
+            dtype_name(lses.scalar_type()));
+  MLA_CHECK(lses.dim() == 3 && lses.size(0) == S && lses.size(1) == T && lses.size(2) == H, op,
+            "expected lses of shape [num_states, num_tokens, num_heads] = [", S, ", ", T, ", ", H,
+            "] (any strides), got ", shape_str(lses));
+  check_same_device(op, output, "output", lses, "lses");
+  if (output_lse.has_value()) {
+    const Tensor& ol = *output_lse;
+    MLA_CHECK(ol.scalar_type() == ScalarType::Float, op, "expected output_lse to be float32, got ",
+              dtype_name(ol.scalar_type()));
+    MLA_CHECK(ol.dim() == 2 && ol.size(0) == T && ol.size(1) == H, op,
+              "expected output_lse of shape [num_tokens, num_heads] = [", T, ", ", H, "] (any strides), got ",
+              shape_str(ol));
+    check_same_device(op, output, "output", ol, "output_lse");
+    p.output_lse = static_cast<float*>(ol.data_ptr());
+    p.output_lse_stride_token = ol.stride(0);
+    p.output_lse_stride_head = ol.stride(1);
+  }
+  if (attn_sink.has_value()) {
+    const Tensor& sk = *attn_sink;
+    MLA_CHECK(sk.scalar_type() == ScalarType::Float, op, "expected attn_sink to be float32, got ",
+              dtype_name(sk.scalar_type()));
+    MLA_CHECK(sk.dim() == 1 && sk.size(0) == H, op, "expected attn_sink of shape [num_heads] = [", H,
+              "] (any stride), got ", shape_str(sk));
+    check_same_device(op, output, "output", sk, "attn_sink");
+    p.attn_sink = static_cast<const float*>(sk.data_ptr());
+    p.attn_sink_stride = sk.stride(0);
+  }
+  p.num_states = S;
+  p.num_tokens = T;
+  p.num_heads = H;
+  p.head_size = D;
+  p.output = output.data_ptr();
+  p.output_stride_token = output.stride(0);
+  p.output_stride_head = output.stride(1);
+  p.values = values.data_ptr();
+  p.values_stride_state = values.stride(0);
+  p.values_stride_token = values.stride(1);
+  p.values_stride_head = values.stride(2);
+  p.lses = static_cast<const float*>(lses.data_ptr());
+  p.lses_stride_state = lses.stride(0);
+  p.lses_stride_token = lses.stride(1);
+  p.lses_stride_head = lses.stride(2);
   return p;
 }
 

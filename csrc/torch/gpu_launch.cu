@@ -23,6 +23,11 @@ int launch_merge_attn_states(const mla_ext::MergeParams& p, int device, void* st
                                                static_cast<mla_ext::gpuStream_t>(stream)));
 }
 
+int launch_merge_attn_states_n(const mla_ext::MergeNParams& p, int device, void* stream) {
+  return int(mla_ext::launch_merge_attn_states_n(p, processor_count(device),
+                                                 static_cast<mla_ext::gpuStream_t>(stream)));
+}
+
 int launch_sparse_mla_decode(const mla_ext::SparseDecodeParams& p, void* workspace,
                              size_t workspace_bytes, int device, void* stream) {
   return int(mla_ext::launch_sparse_mla_decode(p, workspace, workspace_bytes, processor_count(device),

@@ -21,6 +21,7 @@ int processor_count(int device);
 // Launch on `stream` (a cudaStream_t / hipStream_t); the device must be current.
 // Return an mla_ext::Status as int.
 int launch_merge_attn_states(const mla_ext::MergeParams& p, int device, void* stream);
+int launch_merge_attn_states_n(const mla_ext::MergeNParams& p, int device, void* stream);
 int launch_sparse_mla_decode(const mla_ext::SparseDecodeParams& p, void* workspace,
                              size_t workspace_bytes, int device, void* stream);
 

@@ -16,10 +16,17 @@
 namespace mla_ext_torch {
 
 void merge_attn_states_cpu(Tensor output, std::optional<Tensor> output_lse, Tensor prefix_output,
-                           Tensor prefix_lse, Tensor suffix_output, Tensor suffix_lse) {
-  const mla_ext::MergeParams p =
-      make_merge_params(output, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse);
+                           Tensor prefix_lse, Tensor suffix_output, Tensor suffix_lse,
+                           std::optional<int64_t> prefill_tokens_with_context, std::optional<Tensor> output_scale) {
+  const mla_ext::MergeParams p = make_merge_params(output, output_lse, prefix_output, prefix_lse, suffix_output,
+                                                   suffix_lse, prefill_tokens_with_context, output_scale);
   mla_ext::cpu::merge_attn_states(p);
+}
+
+void merge_attn_states_n_cpu(Tensor output, std::optional<Tensor> output_lse, Tensor values, Tensor lses,
+                             std::optional<Tensor> attn_sink) {
+  const mla_ext::MergeNParams p = make_merge_n_params(output, output_lse, values, lses, attn_sink);
+  mla_ext::cpu::merge_attn_states_n(p);
 }
 
 void sparse_mla_decode_cpu(Tensor q, Tensor kv_cache, Tensor indices, std::string kv_format,
@@ -81,14 +88,25 @@ void check_decode_gpu_alignment(const mla_ext::SparseDecodeParams& p) {
 }  // namespace
 
 void merge_attn_states_cuda(Tensor output, std::optional<Tensor> output_lse, Tensor prefix_output,
-                            Tensor prefix_lse, Tensor suffix_output, Tensor suffix_lse) {
-  const mla_ext::MergeParams p =
-      make_merge_params(output, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse);
+                            Tensor prefix_lse, Tensor suffix_output, Tensor suffix_lse,
+                            std::optional<int64_t> prefill_tokens_with_context, std::optional<Tensor> output_scale) {
+  const mla_ext::MergeParams p = make_merge_params(output, output_lse, prefix_output, prefix_lse, suffix_output,
+                                                   suffix_lse, prefill_tokens_with_context, output_scale);
   if (p.num_tokens == 0 || p.num_heads == 0 || p.head_size == 0) return;
   const int32_t dev = output.get_device_index();
   torch::stable::accelerator::DeviceGuard guard(dev);
   check_launch_status(mla_ext_gpu::launch_merge_attn_states(p, dev, current_stream(dev)),
                       "merge_attn_states");
+}
+
+void merge_attn_states_n_cuda(Tensor output, std::optional<Tensor> output_lse, Tensor values, Tensor lses,
+                             std::optional<Tensor> attn_sink) {
+  const mla_ext::MergeNParams p = make_merge_n_params(output, output_lse, values, lses, attn_sink);
+  if (p.num_tokens == 0 || p.num_heads == 0 || p.head_size == 0) return;
+  const int32_t dev = output.get_device_index();
+  torch::stable::accelerator::DeviceGuard guard(dev);
+  check_launch_status(mla_ext_gpu::launch_merge_attn_states_n(p, dev, current_stream(dev)),
+                      "merge_attn_states_n");
 }
 
 void sparse_mla_decode_cuda(Tensor q, Tensor kv_cache, Tensor indices, std::string kv_format,
@@ -140,10 +158,15 @@ bool set_force_portable(bool enable) { return force_portable_flag().exchange(ena
 }  // namespace mla_ext_torch
 
 STABLE_TORCH_LIBRARY(mla_ext, m) {
-  // Argument order as vLLM's merge_attn_states so engines can swap it in.
+  // Argument order as vLLM's merge_attn_states so engines can swap it in
+  // (vLLM appends prefill_tokens_with_context and output_scale in this order).
   m.def(
       "merge_attn_states(Tensor(a!) output, Tensor(b!)? output_lse, Tensor prefix_output, "
-      "Tensor prefix_lse, Tensor suffix_output, Tensor suffix_lse) -> ()");
+      "Tensor prefix_lse, Tensor suffix_output, Tensor suffix_lse, int? prefill_tokens_with_context=None, "
+      "Tensor? output_scale=None) -> ()");
+  m.def(
+      "merge_attn_states_n(Tensor(a!) output, Tensor(b!)? output_lse, Tensor values, Tensor lses, "
+      "Tensor? attn_sink=None) -> ()");
   m.def(
       "sparse_mla_decode(Tensor q, Tensor kv_cache, Tensor indices, str kv_format, float softmax_scale, "
       "Tensor(a!) output, Tensor(b!) workspace, Tensor? lengths=None, Tensor? extra_kv_cache=None, "
@@ -157,6 +180,7 @@ STABLE_TORCH_LIBRARY(mla_ext, m) {
 
 STABLE_TORCH_LIBRARY_IMPL(mla_ext, CPU, m) {
   m.impl("merge_attn_states", TORCH_BOX(&mla_ext_torch::merge_attn_states_cpu));
+  m.impl("merge_attn_states_n", TORCH_BOX(&mla_ext_torch::merge_attn_states_n_cpu));
   m.impl("sparse_mla_decode", TORCH_BOX(&mla_ext_torch::sparse_mla_decode_cpu));
 }
 
@@ -170,6 +194,7 @@ STABLE_TORCH_LIBRARY_IMPL(mla_ext, CompositeExplicitAutograd, m) {
 #if defined(MLA_EXT_WITH_GPU)
 STABLE_TORCH_LIBRARY_IMPL(mla_ext, CUDA, m) {
   m.impl("merge_attn_states", TORCH_BOX(&mla_ext_torch::merge_attn_states_cuda));
+  m.impl("merge_attn_states_n", TORCH_BOX(&mla_ext_torch::merge_attn_states_n_cuda));
   m.impl("sparse_mla_decode", TORCH_BOX(&mla_ext_torch::sparse_mla_decode_cuda));
 }
 #endif

@@ -19,15 +19,22 @@ def merge_attn_states(
     suffix_output: torch.Tensor,
     suffix_lse: torch.Tensor,
     output_lse: Optional[torch.Tensor] = None,
+    prefill_tokens_with_context: Optional[int] = None,
+    output_scale: Optional[torch.Tensor] = None,
 ) -> None:
     """vLLM-compatible ``merge_attn_states``: same math as :func:`mla_ext.merge_attn_states`.
 
     Args:
-        output: ``[num_tokens, num_heads, head_size]`` (float32/float16/bfloat16),
-            **mutated**; any token/head strides, last dim stride 1.
+        output: ``[num_tokens, num_heads, head_size]`` float32/float16/bfloat16 (the inputs'
+            dtype) or float8_e4m3fn/float8_e4m3fnuz with ``output_scale``; **mutated**; any
+            token/head strides, last dim stride 1.
         prefix_output, suffix_output: ``[num_tokens, num_heads, head_size]``, same dtype.
         prefix_lse, suffix_lse: ``[num_heads, num_tokens]`` float32 (vLLM's layout), any strides.
         output_lse: optional ``[num_heads, num_tokens]`` float32, **mutated**.
+        prefill_tokens_with_context: optional int; tokens at and after it copy the suffix
+            (values and LSE) instead of merging (decode tokens packed after the prefills).
+        output_scale: float32 one-element per-tensor scale of an FP8 ``output``: the merged
+            value is divided by it and saturated to the format's max (448 / 240).
 
     Raises:
         RuntimeError: as :func:`mla_ext.merge_attn_states` (shapes are checked on
@@ -40,4 +47,5 @@ def merge_attn_states(
                 raise RuntimeError(f"merge_attn_states (vLLM layout): expected {name} of shape "
                                    f"[num_heads, num_tokens] = [{want[0]}, {want[1]}], got {list(lse.shape)}")
     _merge(output, None if output_lse is None else output_lse.transpose(0, 1),
-           prefix_output, prefix_lse.transpose(0, 1), suffix_output, suffix_lse.transpose(0, 1))
+           prefix_output, prefix_lse.transpose(0, 1), suffix_output, suffix_lse.transpose(0, 1),
+           prefill_tokens_with_context, output_scale)

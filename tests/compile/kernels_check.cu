@@ -9,6 +9,8 @@
 int mla_ext_compile_check(void* stream) {
   mla_ext::MergeParams mp;
   int rc = int(mla_ext::launch_merge_attn_states(mp, 132, static_cast<mla_ext::gpuStream_t>(stream)));
+  mla_ext::MergeNParams mnp;
+  rc += int(mla_ext::launch_merge_attn_states_n(mnp, 132, static_cast<mla_ext::gpuStream_t>(stream)));
 #if defined(MLA_EXT_CHECK_DECODE)
   mla_ext::SparseDecodeParams dp;
   rc += int(mla_ext::launch_sparse_mla_decode(dp, nullptr, 0, 132, static_cast<mla_ext::gpuStream_t>(stream)));

@@ -1,6 +1,6 @@
 """Small GPU cases for compute-sanitizer (memcheck / racecheck / synccheck).
 
-Runs merge_attn_states (vector and narrow paths) and sparse_mla_decode (every layer kind, the
+Runs merge_attn_states (vector and narrow paths, FP8 output), merge_attn_states_n and sparse_mla_decode (every layer kind, the
 mma.sync and the portable paths, one and several splits, sink and lse) once each on tiny shapes,
 then checks each result against the float64 reference so a sanitizer run also proves the values.
 Usage: compute-sanitizer --tool memcheck python3 tests/gpu_dev/sanitize_case.py
@@ -28,6 +28,34 @@ for D in (128, 7):
     ro, rl = reference.merge_attn_states(po, pl, so, sl)
     err = ((out.double() - ro.to(dev)).abs().max() / ro.abs().max()).item()
     print(f"merge D={D}: max err {err:.3g}")
+    bad += not err < 2e-2
+
+# merge with an FP8 output and prefill_tokens_with_context (vector and narrow paths)
+for D in (128, 7):
+    T, H = 5, 3
+    po, so = torch.randn(T, H, D, device=dev, dtype=torch.bfloat16), torch.randn(T, H, D, device=dev, dtype=torch.bfloat16)
+    pl, sl = torch.randn(T, H, device=dev), torch.randn(T, H, device=dev)
+    out = torch.empty(T, H, D, device=dev, dtype=torch.float8_e4m3fn)
+    mla_ext.merge_attn_states(out, None, po, pl, so, sl, 3, torch.tensor([0.05], device=dev))
+    ro, _ = reference.merge_attn_states(po, pl, so, sl, prefill_tokens_with_context=3, output_scale=0.05,
+                                        fp8_dtype=torch.float8_e4m3fn)
+    err = ((out.double() - ro.to(dev)).abs() / (ro.to(dev).abs() + 1e-2)).max().item()
+    print(f"merge fp8 D={D}: max rel err {err:.3g}")
+    bad += not err < 0.07
+
+# merge_attn_states_n: S = 5 with empty states, vector (D=128) and narrow (D=7) paths
+for D in (128, 7):
+    S, T, H = 5, 4, 3
+    v = torch.randn(S, T, H, D, device=dev, dtype=torch.bfloat16)
+    lv = torch.randn(S, T, H, device=dev)
+    lv[1, 0] = float("inf")
+    lv[:, 1] = float("-inf")
+    out = torch.full((T, H, D), float("nan"), device=dev, dtype=torch.bfloat16)
+    ol = torch.full((T, H), float("nan"), device=dev)
+    mla_ext.merge_attn_states_n(out, ol, v, lv)
+    ro, rl = reference.merge_attn_states_n(v, lv)
+    err = ((out.double() - ro.to(dev)).abs().max() / ro.abs().max()).item()
+    print(f"merge_n D={D}: max err {err:.3g}")
     bad += not err < 2e-2
 
 for kind in ("v4_swa", "v4_c4", "v4_c128", "v32"):

@@ -43,6 +43,7 @@ struct alignas(sizeof(T) * N) VecN {
 struct MergeKernelArgs {
   MergeParams p;
   uint32_t total_chunks;   // num_tokens * num_heads * chunks_per_row (< 2^31)
+  uint32_t merge_tokens;   // tokens [0, merge_tokens) merge, the rest copy the suffix
   uint32_t chunks_per_row;
   FastDivmod div_chunks;   // by chunks_per_row
   FastDivmod div_heads;    // by num_heads
@@ -70,12 +71,16 @@ __device__ __forceinline__ int64_t elem_offset(const ChunkPos& c, int64_t stride
 // Each thread merges UNROLL chunks per loop trip: all 4*UNROLL loads (two
 // values, two LSEs per chunk) are issued before the first store, and output
 // addresses are recomputed at store time rather than held in registers, so
-// many bytes stay in flight at full occupancy.
-template <typename E, int VEC, int UNROLL>
+// many bytes stay in flight at full occupancy. O writes the output element
+// (SameOutput: the input dtype; Fp8Output: scaled, saturated e4m3). Tokens at
+// or after merge_tokens copy the suffix and never read the prefix.
+template <typename E, typename O, int VEC, int UNROLL>
 __global__ void __launch_bounds__(256) merge_attn_states_kernel(MergeKernelArgs k) {
   using S = typename E::storage;
   using V = VecN<S, VEC>;
+  using VO = VecN<typename O::storage, VEC>;
   const MergeParams& p = k.p;
+  const float inv_scale = O::kScaled ? 1.f / *p.output_scale : 1.f;
   const uint32_t tile = blockDim.x * UNROLL;
   for (uint32_t base = blockIdx.x * tile + threadIdx.x; base < k.total_chunks; base += gridDim.x * tile) {
     V a[UNROLL], b[UNROLL];
@@ -85,12 +90,17 @@ __global__ void __launch_bounds__(256) merge_attn_states_kernel(MergeKernelArgs 
       const uint32_t idx = base + u * blockDim.x;
       if (idx < k.total_chunks) {
         const ChunkPos c = chunk_pos(k, idx);
-        la[u] = p.prefix_lse[int64_t(c.t) * p.prefix_lse_stride_token + int64_t(c.h) * p.prefix_lse_stride_head];
         lb[u] = p.suffix_lse[int64_t(c.t) * p.suffix_lse_stride_token + int64_t(c.h) * p.suffix_lse_stride_head];
-        a[u] = *reinterpret_cast<const V*>(static_cast<const S*>(p.prefix_output) +
-                                           elem_offset(c, p.prefix_stride_token, p.prefix_stride_head, VEC));
         b[u] = *reinterpret_cast<const V*>(static_cast<const S*>(p.suffix_output) +
                                            elem_offset(c, p.suffix_stride_token, p.suffix_stride_head, VEC));
+        if (c.t < k.merge_tokens) {
+          la[u] = p.prefix_lse[int64_t(c.t) * p.prefix_lse_stride_token + int64_t(c.h) * p.prefix_lse_stride_head];
+          a[u] = *reinterpret_cast<const V*>(static_cast<const S*>(p.prefix_output) +
+                                             elem_offset(c, p.prefix_stride_token, p.prefix_stride_head, VEC));
+        } else {
+          la[u] = 0.f;
+          a[u] = V{};
+        }
       }
     }
 #pragma unroll
@@ -98,12 +108,12 @@ __global__ void __launch_bounds__(256) merge_attn_states_kernel(MergeKernelArgs 
       const uint32_t idx = base + u * blockDim.x;
       if (idx < k.total_chunks) {
         const ChunkPos c = chunk_pos(k, idx);
-        const MergeRow r = merge_row(la[u], lb[u]);
-        V o;
+        const MergeRow r = c.t < k.merge_tokens ? merge_row(la[u], lb[u]) : copy_suffix_row(lb[u]);
+        VO o;
 #pragma unroll
-        for (int i = 0; i < VEC; ++i) o.v[i] = merge_element<E>(r, a[u].v[i], b[u].v[i]);
-        *reinterpret_cast<V*>(static_cast<S*>(p.output) +
-                              elem_offset(c, p.output_stride_token, p.output_stride_head, VEC)) = o;
+        for (int i = 0; i < VEC; ++i) o.v[i] = O::write(r, a[u].v[i], b[u].v[i], inv_scale);
+        *reinterpret_cast<VO*>(static_cast<typename O::storage*>(p.output) +
+                               elem_offset(c, p.output_stride_token, p.output_stride_head, VEC)) = o;
         if (p.output_lse != nullptr && c.chunk == 0)
           p.output_lse[int64_t(c.t) * p.output_lse_stride_token + int64_t(c.h) * p.output_lse_stride_head] = r.lse;
       }
@@ -115,11 +125,13 @@ __global__ void __launch_bounds__(256) merge_attn_states_kernel(MergeKernelArgs 
 // head_size allows.
 inline int merge_vec_elems(const MergeParams& p) {
   const int esize = dtype_size(p.dtype);
+  const int out_esize = merge_output_size(p.dtype, p.output_kind);
   int vec = 16 / esize;
   auto fits = [&](int v) {
     const uint64_t bytes = uint64_t(v) * esize;
     auto ok_ptr = [&](const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) % bytes) == 0; };
-    return p.head_size % v == 0 && ok_ptr(p.output) && ok_ptr(p.prefix_output) &&
+    const bool out_ok = (reinterpret_cast<uintptr_t>(p.output) % (uint64_t(v) * out_esize)) == 0;
+    return p.head_size % v == 0 && out_ok && ok_ptr(p.prefix_output) &&
            ok_ptr(p.suffix_output) && p.output_stride_token % v == 0 &&
            p.output_stride_head % v == 0 && p.prefix_stride_token % v == 0 &&
            p.prefix_stride_head % v == 0 && p.suffix_stride_token % v == 0 &&
@@ -129,7 +141,7 @@ inline int merge_vec_elems(const MergeParams& p) {
   return vec;
 }
 
-template <typename E, int VEC>
+template <typename E, typename O, int VEC>
 Status launch_merge_vec(const MergeParams& full, int num_sms, gpuStream_t stream) {
   const int64_t cpr = full.head_size / VEC;
   const int64_t rows_per_token = full.num_heads * cpr;
@@ -144,13 +156,16 @@ Status launch_merge_vec(const MergeParams& full, int num_sms, gpuStream_t stream
     MergeKernelArgs k;
     k.p = full;
     k.p.num_tokens = nt;
-    k.p.output = static_cast<S*>(full.output) + t0 * full.output_stride_token;
+    k.p.output = static_cast<typename O::storage*>(full.output) + t0 * full.output_stride_token;
     k.p.prefix_output = static_cast<const S*>(full.prefix_output) + t0 * full.prefix_stride_token;
     k.p.suffix_output = static_cast<const S*>(full.suffix_output) + t0 * full.suffix_stride_token;
     k.p.prefix_lse = full.prefix_lse + t0 * full.prefix_lse_stride_token;
     k.p.suffix_lse = full.suffix_lse + t0 * full.suffix_lse_stride_token;
     if (full.output_lse) k.p.output_lse = full.output_lse + t0 * full.output_lse_stride_token;
     k.total_chunks = uint32_t(nt * rows_per_token);
+    int64_t merge_end = full.has_prefill_tokens_with_context ? full.prefill_tokens_with_context - t0 : nt;
+    merge_end = merge_end < 0 ? 0 : (merge_end > nt ? nt : merge_end);
+    k.merge_tokens = uint32_t(merge_end);
     k.chunks_per_row = uint32_t(cpr);
     k.div_chunks = FastDivmod(uint32_t(cpr));
     k.div_heads = FastDivmod(uint32_t(full.num_heads));
@@ -160,13 +175,13 @@ Status launch_merge_vec(const MergeParams& full, int num_sms, gpuStream_t stream
     if (int64_t(k.total_chunks) >= 4 * resident) {
       int64_t blocks = (int64_t(k.total_chunks) + 4 * threads - 1) / (4 * threads);
       if (blocks > max_blocks) blocks = max_blocks;
-      merge_attn_states_kernel<E, VEC, 4><<<dim3(uint32_t(blocks)), dim3(threads), 0, stream>>>(k);
+      merge_attn_states_kernel<E, O, VEC, 4><<<dim3(uint32_t(blocks)), dim3(threads), 0, stream>>>(k);
     } else if (int64_t(k.total_chunks) >= resident) {
       const int64_t blocks = (int64_t(k.total_chunks) + 2 * threads - 1) / (2 * threads);
-      merge_attn_states_kernel<E, VEC, 2><<<dim3(uint32_t(blocks)), dim3(threads), 0, stream>>>(k);
+      merge_attn_states_kernel<E, O, VEC, 2><<<dim3(uint32_t(blocks)), dim3(threads), 0, stream>>>(k);
     } else {
       const int64_t blocks = (int64_t(k.total_chunks) + threads - 1) / threads;
-      merge_attn_states_kernel<E, VEC, 1><<<dim3(uint32_t(blocks)), dim3(threads), 0, stream>>>(k);
+      merge_attn_states_kernel<E, O, VEC, 1><<<dim3(uint32_t(blocks)), dim3(threads), 0, stream>>>(k);
     }
     Status s = check_launch();
     if (s != Status::kSuccess) return s;
@@ -174,16 +189,26 @@ Status launch_merge_vec(const MergeParams& full, int num_sms, gpuStream_t stream
   return Status::kSuccess;
 }
 
-template <typename E>
-Status launch_merge_typed(const MergeParams& p, int num_sms, gpuStream_t stream) {
+template <typename E, typename O>
+Status launch_merge_out(const MergeParams& p, int num_sms, gpuStream_t stream) {
   constexpr int kMaxVec = 16 / int(sizeof(typename E::storage));
   const int vec = merge_vec_elems(p);
   if constexpr (kMaxVec == 8) {
-    if (vec == 8) return launch_merge_vec<E, 8>(p, num_sms, stream);
+    if (vec == 8) return launch_merge_vec<E, O, 8>(p, num_sms, stream);
   }
-  if (vec == 4) return launch_merge_vec<E, 4>(p, num_sms, stream);
-  if (vec == 2) return launch_merge_vec<E, 2>(p, num_sms, stream);
-  return launch_merge_vec<E, 1>(p, num_sms, stream);
+  if (vec == 4) return launch_merge_vec<E, O, 4>(p, num_sms, stream);
+  if (vec == 2) return launch_merge_vec<E, O, 2>(p, num_sms, stream);
+  return launch_merge_vec<E, O, 1>(p, num_sms, stream);
+}
+
+template <typename E>
+Status launch_merge_typed(const MergeParams& p, int num_sms, gpuStream_t stream) {
+  switch (p.output_kind) {
+    case MergeOutput::kSameAsInput: return launch_merge_out<E, SameOutput<E>>(p, num_sms, stream);
+    case MergeOutput::kFp8E4M3FN: return launch_merge_out<E, Fp8Output<E, false>>(p, num_sms, stream);
+    case MergeOutput::kFp8E4M3FNUZ: return launch_merge_out<E, Fp8Output<E, true>>(p, num_sms, stream);
+  }
+  return Status::kInvalidArgument;
 }
 
 // Launch on `stream`. `num_sms` (the device's multiprocessor count) sizes the
@@ -192,10 +217,173 @@ inline Status launch_merge_attn_states(const MergeParams& p, int num_sms, gpuStr
   if (p.num_tokens < 0 || p.num_heads < 0 || p.head_size < 0) return Status::kInvalidArgument;
   if (p.num_tokens == 0 || p.num_heads == 0 || p.head_size == 0) return Status::kSuccess;
   if (p.num_heads >= (int64_t(1) << 31)) return Status::kInvalidArgument;
+  if (p.output_kind != MergeOutput::kSameAsInput && p.output_scale == nullptr) return Status::kInvalidArgument;
+  if (p.has_prefill_tokens_with_context && p.prefill_tokens_with_context < 0) return Status::kInvalidArgument;
   switch (p.dtype) {
     case DType::kFloat32: return launch_merge_typed<Float32Elem>(p, num_sms, stream);
     case DType::kFloat16: return launch_merge_typed<Float16Elem>(p, num_sms, stream);
     case DType::kBFloat16: return launch_merge_typed<BFloat16Elem>(p, num_sms, stream);
+  }
+  return Status::kInvalidArgument;
+}
+
+// ---------------------------------------------------------------------------
+// merge_attn_states_n (merge_attn_states.h): S states in one pass.
+//
+// One thread per VEC-element chunk of a (token, head) row, like the two-way
+// kernel. The thread reads the row's S LSEs (tiny, shared with the row's other
+// chunks through L1), then each non-empty state's chunk exactly once, kStates
+// states per loop trip so their loads are in flight together, and writes the
+// output chunk once. It reads every input chunk before writing its output
+// chunk, so the output may alias one of the states.
+// ---------------------------------------------------------------------------
+struct MergeNKernelArgs {
+  MergeNParams p;
+  uint32_t total_chunks;  // num_tokens * num_heads * chunks_per_row (< 2^31)
+  uint32_t chunks_per_row;
+  FastDivmod div_chunks;
+  FastDivmod div_heads;
+};
+
+template <typename E, int VEC>
+__global__ void __launch_bounds__(256) merge_attn_states_n_kernel(MergeNKernelArgs k) {
+  using S = typename E::storage;
+  using V = VecN<S, VEC>;
+  constexpr int kStates = 4;
+  const MergeNParams& p = k.p;
+  const int64_t num_states = p.num_states;
+  for (uint32_t idx = blockIdx.x * blockDim.x + threadIdx.x; idx < k.total_chunks; idx += gridDim.x * blockDim.x) {
+    const uint32_t row = k.div_chunks.div(idx);
+    const uint32_t chunk = idx - row * k.chunks_per_row;
+    const uint32_t t = k.div_heads.div(row);
+    const uint32_t h = row - t * uint32_t(p.num_heads);
+    const float* lse_row = p.lses + int64_t(t) * p.lses_stride_token + int64_t(h) * p.lses_stride_head;
+    const int64_t lss = p.lses_stride_state;
+    const MergeNRow r = merge_n_row(num_states, [&](int64_t s) { return lse_row[s * lss]; });
+    const S* vrow = static_cast<const S*>(p.values) + int64_t(t) * p.values_stride_token +
+                    int64_t(h) * p.values_stride_head + int64_t(chunk) * VEC;
+    const float sink = p.attn_sink != nullptr ? p.attn_sink[int64_t(h) * p.attn_sink_stride] : neg_inf();
+    V o;
+    float lse = r.lse;
+    if (r.mode == MergeMode::kPrefixOnly && sink == neg_inf()) {
+      o = *reinterpret_cast<const V*>(vrow + r.selected * p.values_stride_state);
+    } else if (r.mode == MergeMode::kMix || r.mode == MergeMode::kPrefixOnly) {
+      float acc[VEC];
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) acc[i] = 0.f;
+      float sum = 0.f;
+      for (int64_t s0 = 0; s0 < num_states; s0 += kStates) {
+        V v[kStates];
+        float w[kStates];
+        bool ok[kStates];
+#pragma unroll
+        for (int u = 0; u < kStates; ++u) {
+          const int64_t s = s0 + u;
+          ok[u] = false;
+          w[u] = 0.f;
+          if (s < num_states) {
+            const float l = lse_row[s * lss];
+            if (!lse_is_empty(l)) {
+              ok[u] = true;
+              w[u] = fast_exp(l - r.max_lse);
+              v[u] = *reinterpret_cast<const V*>(vrow + s * p.values_stride_state);
+            }
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < kStates; ++u) {
+          if (ok[u]) {
+            sum += w[u];
+#pragma unroll
+            for (int i = 0; i < VEC; ++i) acc[i] += w[u] * E::load(v[u].v[i]);
+          }
+        }
+      }
+      // sum >= 1 (the largest state has weight 1); the sink adds exp(sink - m):
+      // 0 for -inf, +inf (output 0) for +inf, NaN for NaN.
+      const float inv = 1.f / (sum + fast_exp(sink - r.max_lse));
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) o.v[i] = E::store(acc[i] * inv);
+      lse = r.max_lse + fast_log(sum);
+    } else {
+      const S fill = E::store(r.mode == MergeMode::kZero ? 0.f : quiet_nan());
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) o.v[i] = fill;
+    }
+    *reinterpret_cast<V*>(static_cast<S*>(p.output) + int64_t(t) * p.output_stride_token +
+                          int64_t(h) * p.output_stride_head + int64_t(chunk) * VEC) = o;
+    if (p.output_lse != nullptr && chunk == 0)
+      p.output_lse[int64_t(t) * p.output_lse_stride_token + int64_t(h) * p.output_lse_stride_head] = lse;
+  }
+}
+
+inline int merge_n_vec_elems(const MergeNParams& p) {
+  const int esize = dtype_size(p.dtype);
+  int vec = 16 / esize;
+  auto fits = [&](int v) {
+    const uint64_t bytes = uint64_t(v) * esize;
+    auto ok_ptr = [&](const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) % bytes) == 0; };
+    return p.head_size % v == 0 && ok_ptr(p.output) && ok_ptr(p.values) && p.output_stride_token % v == 0 &&
+           p.output_stride_head % v == 0 && p.values_stride_state % v == 0 && p.values_stride_token % v == 0 &&
+           p.values_stride_head % v == 0;
+  };
+  while (vec > 1 && !fits(vec)) vec /= 2;
+  return vec;
+}
+
+template <typename E, int VEC>
+Status launch_merge_n_vec(const MergeNParams& full, int num_sms, gpuStream_t stream) {
+  const int64_t cpr = full.head_size / VEC;
+  const int64_t rows_per_token = full.num_heads * cpr;
+  const int64_t max_tokens = (int64_t(1) << 31) / rows_per_token;
+  if (max_tokens < 1) return Status::kInvalidArgument;
+  const int threads = 256;
+  const int64_t max_blocks = int64_t(num_sms > 0 ? num_sms : 132) * 8;  // 2048 threads per SM, grid-stride
+  using S = typename E::storage;
+  for (int64_t t0 = 0; t0 < full.num_tokens; t0 += max_tokens) {
+    const int64_t nt = full.num_tokens - t0 < max_tokens ? full.num_tokens - t0 : max_tokens;
+    MergeNKernelArgs k;
+    k.p = full;
+    k.p.num_tokens = nt;
+    k.p.output = static_cast<S*>(full.output) + t0 * full.output_stride_token;
+    k.p.values = static_cast<const S*>(full.values) + t0 * full.values_stride_token;
+    k.p.lses = full.lses + t0 * full.lses_stride_token;
+    if (full.output_lse) k.p.output_lse = full.output_lse + t0 * full.output_lse_stride_token;
+    k.total_chunks = uint32_t(nt * rows_per_token);
+    k.chunks_per_row = uint32_t(cpr);
+    k.div_chunks = FastDivmod(uint32_t(cpr));
+    k.div_heads = FastDivmod(uint32_t(full.num_heads));
+    int64_t blocks = (int64_t(k.total_chunks) + threads - 1) / threads;
+    if (blocks > max_blocks) blocks = max_blocks;
+    merge_attn_states_n_kernel<E, VEC><<<dim3(uint32_t(blocks)), dim3(threads), 0, stream>>>(k);
+    Status s = check_launch();
+    if (s != Status::kSuccess) return s;
+  }
+  return Status::kSuccess;
+}
+
+template <typename E>
+Status launch_merge_n_typed(const MergeNParams& p, int num_sms, gpuStream_t stream) {
+  constexpr int kMaxVec = 16 / int(sizeof(typename E::storage));
+  const int vec = merge_n_vec_elems(p);
+  if constexpr (kMaxVec == 8) {
+    if (vec == 8) return launch_merge_n_vec<E, 8>(p, num_sms, stream);
+  }
+  if (vec == 4) return launch_merge_n_vec<E, 4>(p, num_sms, stream);
+  if (vec == 2) return launch_merge_n_vec<E, 2>(p, num_sms, stream);
+  return launch_merge_n_vec<E, 1>(p, num_sms, stream);
+}
+
+// Launch on `stream`; num_sms sizes the grid (0: a default). Allocates
+// nothing, never synchronises. num_states must be >= 1.
+inline Status launch_merge_attn_states_n(const MergeNParams& p, int num_sms, gpuStream_t stream) {
+  if (p.num_states < 1 || p.num_tokens < 0 || p.num_heads < 0 || p.head_size < 0) return Status::kInvalidArgument;
+  if (p.num_tokens == 0 || p.num_heads == 0 || p.head_size == 0) return Status::kSuccess;
+  if (p.num_heads >= (int64_t(1) << 31)) return Status::kInvalidArgument;
+  switch (p.dtype) {
+    case DType::kFloat32: return launch_merge_n_typed<Float32Elem>(p, num_sms, stream);
+    case DType::kFloat16: return launch_merge_n_typed<Float16Elem>(p, num_sms, stream);
+    case DType::kBFloat16: return launch_merge_n_typed<BFloat16Elem>(p, num_sms, stream);
   }
   return Status::kInvalidArgument;
 }

@@ -140,6 +140,57 @@ MLA_EXT_HD float fp8_e4m3fnuz_to_float(uint8_t b) {
   return bits_to_float(u) * 6.646139978924579e35f;  // 2^119
 }
 
+// ---- FP8 e4m3 encoders (saturating), for scaled FP8 outputs ----
+// Round to nearest even; |x| at or above the format's max (448 for OCP e4m3fn,
+// 240 for e4m3fnuz) and +-inf saturate to +-max; NaN gives the format's NaN.
+// FNUZ (gfx942): exponent bias 8, no negative zero (0x80 is its only NaN), so
+// a negative value that rounds to zero is stored as +0. e4m3fn keeps the sign
+// of zero (0x80 = -0) like torch's conversion.
+template <bool FNUZ>
+MLA_EXT_HD uint8_t float_to_fp8_e4m3_sat(float f) {
+  constexpr uint32_t kBias = FNUZ ? 8u : 7u;
+  constexpr uint32_t kMaxCode = FNUZ ? 0x7fu : 0x7eu;   // 240 / 448
+  constexpr uint32_t kMaxBits = FNUZ ? 0x43700000u : 0x43e00000u;  // 240.f / 448.f
+  constexpr uint32_t kNaN = FNUZ ? 0x80u : 0x7fu;
+  const uint32_t u = float_to_bits(f);
+  const uint32_t sign = (u >> 24) & 0x80u;
+  const uint32_t a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return uint8_t(kNaN);
+  if (a >= kMaxBits) return uint8_t(sign | kMaxCode);
+  // Smallest normal: 2^(1 - bias). Below it the value is a multiple of the
+  // subnormal unit 2^(-bias - 2): code = round(|x| / unit).
+  constexpr uint32_t kMinNormalExp = 127u + 1u - kBias;  // biased fp32 exponent
+  uint32_t code;
+  if ((a >> 23) < kMinNormalExp) {
+    const uint32_t exp = a >> 23;
+    if (exp == 0) {
+      code = 0;  // fp32 zero or subnormal: far below half a unit
+    } else {
+      // |x| = man * 2^(exp - 150); unit = 2^(-bias - 2); shift = 150 - exp - bias - 2 (>= 21)
+      const uint32_t man = (a & 0x7fffffu) | 0x800000u;
+      const uint32_t shift = 148u - kBias - exp;
+      if (shift > 24u) {
+        code = 0;  // |x| < unit / 2
+      } else {
+        code = man >> shift;
+        const uint32_t rem = man & ((1u << shift) - 1u);
+        const uint32_t half = 1u << (shift - 1u);
+        if (rem > half || (rem == half && (code & 1u))) code += 1u;
+      }
+    }
+  } else {
+    // Keep 3 mantissa bits with round to nearest even, then rebias the exponent.
+    const uint32_t r = a + 0x7ffffu + ((a >> 20) & 1u);
+    code = (r >> 20) - ((127u - kBias) << 3);
+    if (code > kMaxCode) code = kMaxCode;
+  }
+  if (FNUZ && code == 0) return 0;
+  return uint8_t(sign | code);
+}
+
+MLA_EXT_HD uint8_t float_to_fp8_e4m3fn_sat(float f) { return float_to_fp8_e4m3_sat<false>(f); }
+MLA_EXT_HD uint8_t float_to_fp8_e4m3fnuz_sat(float f) { return float_to_fp8_e4m3_sat<true>(f); }
+
 // ---- UE8M0 (unsigned 8-bit exponent scale, DeepSeek V4) ----
 // b means 2^(b-127); b == 0 is 2^-127 (an fp32 subnormal), b == 255 is NaN.
 MLA_EXT_HD float ue8m0_to_float(uint8_t b) {
