@@ -239,7 +239,9 @@ def _encode_v32_rows(x: torch.Tensor, fnuz: bool = False) -> torch.Tensor:
     fmax = FP8_MAX_FNUZ if fnuz else FP8_MAX
     lat = x[:, :_V32_LATENT].reshape(n, _V32_LATENT // _V32_TILE, _V32_TILE)
     amax = lat.abs().amax(dim=-1).clamp_min(AMAX_FLOOR)  # [n, 4]
-    scale = (amax / fmax).to(torch.float32)
+    # a tensor divisor: torch's CPU kernel turns division by a Python scalar into a multiply by
+    # its reciprocal (1 ulp off at times), the GPU's does not; the bytes must not depend on device
+    scale = (amax / torch.full_like(amax, fmax)).to(torch.float32)
     fp8 = torch.float8_e4m3fnuz if fnuz else torch.float8_e4m3fn
     q = (lat / scale.unsqueeze(-1)).clamp(-fmax, fmax).to(fp8)
     out = torch.empty((n, ROW_BYTES["fp8_ds_mla"]), dtype=torch.uint8, device=x.device)
