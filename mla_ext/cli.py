@@ -122,6 +122,61 @@ def _fmt_layers(layers) -> str:
     return f"layer{'s' if len(layers) > 1 else ''} {shown}{', ...' if len(layers) > 6 else ''}"
 
 
+def _decode_cp(args, model, heads, kinds, kv_format, batches, context, steps) -> int:
+    """``mla-ext decode --cp N``: one :mod:`mla_ext.parallel.runner` run per (batch, layer kind);
+    per-step totals use the model's layer counts."""
+    import os
+    import tempfile
+
+    from . import bench
+    from .models import KIND_LABELS
+    from .parallel import runner
+
+    counts = model.kind_counts()
+    lo, hi = bench.context_range(context, args.mtp)
+    rows, failed = [], False
+    with tempfile.TemporaryDirectory() as tmp:
+        for b in batches:
+            for kind in kinds:
+                path = os.path.join(tmp, f"{kind}_{b}.json")
+                argv = ["--cp", str(args.cp), "--layer", kind, "--batch", str(b), "--heads", str(heads),
+                        "--context", str(lo), str(hi), "--mtp", str(args.mtp), "--kv-format", kv_format,
+                        "--steps", str(steps), "--seed", str(args.seed), "--json", path,
+                        "--device", "cuda" if args.device.startswith("cuda") else "cpu"]
+                topk = model.topk.get(kind)
+                if topk is not None:
+                    argv += ["--topk", str(topk)]
+                print(f"--- {KIND_LABELS[kind]} x {counts[kind]} layers, batch {b}: python -m mla_ext.parallel "
+                      + " ".join(argv[:-6]), flush=True)
+                try:
+                    runner.main(argv)
+                except (SystemExit, Exception) as e:  # verification failed in a rank, bad arguments, ...
+                    print(f"mla-ext decode --cp: {KIND_LABELS[kind]} batch {b} failed: {e}", file=sys.stderr)
+                    failed = True
+                    continue
+                with open(path) as f:
+                    res = json.load(f)
+                res.update(batch=b, kind=KIND_LABELS[kind], layers=counts[kind])
+                rows.append(res)
+    if rows:
+        table = []
+        for r in rows:
+            ranks = r["ranks"]
+            compute = max(x["decode_us"] + x["merge_us"] for x in ranks)
+            comm = max(x["comm_us"] for x in ranks)
+            step = max(x["step_us"] for x in ranks)
+            table.append(dict(batch=r["batch"], kind=r["kind"], layers=r["layers"], compute_us=compute,
+                              comm_us=comm, step_us=step, single_us=r["single_us"],
+                              step_total_us=step * r["layers"], single_total_us=r["single_us"] * r["layers"],
+                              check="ok" if r["ok"] else "FAILED"))
+        print(f"context parallel over {args.cp} ranks, per layer kind (slowest rank) and per step of all its layers:")
+        _print_table(table, list(table[0]))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"command": "decode", "model": args.model, "cp": args.cp, "runs": rows}, f, indent=2)
+    return 1 if failed else 0
+
+
 def cmd_decode(args) -> int:
     from tqdm import tqdm
 
@@ -158,6 +213,9 @@ def cmd_decode(args) -> int:
     if not plot_ok:
         print(f"mla-ext decode: matplotlib is not installed, so --plot {args.plot} will not be written "
               "(pip install matplotlib); running the rest", file=sys.stderr)
+
+    if args.cp > 1:
+        return _decode_cp(args, model, heads, kinds, kv_format, batches, context, steps)
 
     counts = model.kind_counts()
     n_layers = sum(counts[k] for k in kinds)
@@ -291,8 +349,13 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--context", type=int, default=None,
                    help="typical context length in tokens (default GPU 32768, CPU 4096)")
     d.add_argument("--mtp", type=int, default=0, help="speculative (MTP) query tokens per request (default 0)")
-    d.add_argument("--kv-format", default=None, choices=["fp8_ds_mla_v4", "fp8_ds_mla", "bf16"],
-                   help="cache format (default: the model's FP8 format)")
+    d.add_argument("--kv-format", default=None,
+                   choices=["fp8_ds_mla_v4", "fp8_ds_mla", "fp8_ds_mla_v4_fnuz", "fp8_ds_mla_fnuz", "bf16"],
+                   help="cache format (default: the model's FP8 format; _fnuz: e4m3fnuz bytes)")
+    d.add_argument("--cp", type=int, default=1,
+                   help="context-parallel ranks: >1 spreads each layer kind's KV pages over N processes "
+                        "(N GPUs with NCCL, or CPU processes with gloo), verifies against single-device "
+                        "decode and splits the step time into compute and communication (default 1)")
     d.add_argument("--device", default=_default_device(), help="cuda or cpu (default: cuda if present)")
     d.add_argument("--layers", default="all", choices=list(LAYER_SELECTIONS),
                    help="which layer kinds run (default all; dsa = V3.2)")

@@ -94,6 +94,21 @@ def test_decode_catches_a_wrong_row(tmp_path, capsys):
     assert "output error" in f["problem"]
 
 
+def test_decode_context_parallel_gloo(tmp_path, capsys):
+    # --cp 2 on the CPU: two gloo processes per layer kind, checked against single-device decode
+    path = tmp_path / "cp.json"
+    rc = cli.main(["decode", "--device", "cpu", "--cp", "2", "--layers", "c4", "--model", "deepseek-v4-pro",
+                   "--batch", "2", "--context", "1024", "--steps", "1", "--no-progress", "--json", str(path)])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    rep = json.loads(path.read_text())
+    assert rep["cp"] == 2 and [r["kind"] for r in rep["runs"]] == ["C4"]
+    [run] = rep["runs"]
+    assert run["ok"] and run["world"] == 2 and run["layers"] == 30 and len(run["ranks"]) == 2
+    assert all(r["out_err"] <= 2e-2 and r["lse_err"] <= 1e-3 for r in run["ranks"])
+    assert "context parallel over 2 ranks" in out
+
+
 def test_decode_bad_arguments(tmp_path, capsys):
     assert run_decode(tmp_path, "--tp", "3")[0] == 2
     assert "must divide the 64 heads" in capsys.readouterr().err
