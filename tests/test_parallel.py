@@ -11,7 +11,7 @@ import torch
 import mla_ext
 from mla_ext import formats, reference
 from mla_ext.builders import build_decode_inputs
-from mla_ext.parallel import SHARDING_MODES, ContextParallelDecode, PageSharding
+from mla_ext.parallel import SHARDING_MODES, ContextParallelDecode, PageSharding, compact_indices
 from conftest import DEVICES, assert_close_rel, poison_
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -50,6 +50,22 @@ def test_localize_indices_partition(mode, world, num_pages):
     out = torch.empty_like(idx)
     assert sh.localize_indices(idx, page_size=ps, num_pages=num_pages, out=out) is out
     assert torch.equal(out, sh.localize_indices(idx, page_size=ps, num_pages=num_pages))
+
+
+def test_compact_indices():
+    """Usable entries (>= 0 and at a position < lengths) first in their order, then -1; counts."""
+    g = torch.Generator().manual_seed(5)
+    idx = torch.randint(-4, 50, (7, 19), generator=g, dtype=torch.int32)
+    lengths = torch.tensor([0, 19, 25, 5, -2, 12, 1], dtype=torch.int32)
+    for lens in (None, lengths):
+        packed, count = compact_indices(idx, lens)
+        assert packed.dtype == torch.int32 and count.dtype == torch.int32 and packed.shape == idx.shape
+        for t in range(idx.shape[0]):
+            n = idx.shape[1] if lens is None else max(0, min(int(lens[t]), idx.shape[1]))
+            want = [int(x) for x in idx[t, :n] if x >= 0]
+            assert int(count[t]) == len(want)
+            assert packed[t, :len(want)].tolist() == want
+            assert (packed[t, len(want):] == -1).all()
 
 
 def test_sharding_rejects_bad_args():
@@ -95,10 +111,11 @@ CASES = [("v4_c4", "fp8_ds_mla_v4", 64), ("v4_c128", "fp8_ds_mla_v4", None), ("v
          ("v32", "fp8_ds_mla", 128)]
 
 
+@pytest.mark.parametrize("compact", [False, True])
 @pytest.mark.parametrize("world", [2, 3])
 @pytest.mark.parametrize("mode", SHARDING_MODES)
 @pytest.mark.parametrize("layer,kv_format,topk", CASES)
-def test_cp_equals_single_device_simulated(device, world, mode, layer, kv_format, topk):
+def test_cp_equals_single_device_simulated(device, world, mode, layer, kv_format, topk, compact):
     """Shards decoded without the sink, merged with it (merge_attn_states_n), equal single-device
     decode with the sink over the full cache, and the float64 reference."""
     inp = build_decode_inputs(layer, batch=3, num_heads=8, context_len=(300, 900), mtp=1, kv_format=kv_format,
@@ -118,6 +135,10 @@ def test_cp_equals_single_device_simulated(device, world, mode, layer, kv_format
             kw["extra_kv_cache"] = sh.shard_kv_cache(inp.extra_kv_cache)
             kw["extra_indices"] = sh.localize_indices(inp.extra_indices, page_size=inp.extra_kv_cache.shape[1],
                                                       num_pages=inp.extra_kv_cache.shape[0])
+        if compact:
+            idx, kw["lengths"] = compact_indices(idx, inp.lengths)
+            if inp.extra_kv_cache is not None:
+                kw["extra_indices"], kw["extra_lengths"] = compact_indices(kw["extra_indices"], inp.extra_lengths)
         o = poison_(torch.empty(T, H, 512, dtype=torch.bfloat16, device=device))
         l = poison_(torch.empty(T, H, device=device))
         mla_ext.sparse_mla_decode(inp.q, cache, idx, output=o, workspace=ws.tensor, lse=l, **kw)
@@ -135,8 +156,8 @@ def test_cp_equals_single_device_simulated(device, world, mode, layer, kv_format
     assert_close_rel(out, single, torch.bfloat16, "cp vs single-device")
     assert_close_rel(out, ref_o, torch.bfloat16, "cp vs float64 reference")
     assert torch.allclose(lse.double().cpu(), single_lse.double().cpu(), rtol=0, atol=1e-3)
-    if kv_format != "fp8_ds_mla" or device == "cpu":  # V3.2 keys are bf16-rounded on the GPU (see the op's docs)
-        assert torch.allclose(lse.double().cpu(), ref_l.cpu(), rtol=1e-5, atol=1e-4)
+    lse_tol = 1e-4 if device == "cpu" else 1e-2  # GPU: probabilities are bf16 on the tensor cores
+    assert torch.allclose(lse.double().cpu(), ref_l.cpu(), rtol=1e-5, atol=lse_tol)
 
 
 # ---- real process groups ----

@@ -45,13 +45,44 @@ from .._decode import DecodeWorkspace, sparse_mla_decode
 from .._ops import merge_attn_states_n
 from .. import formats
 
-__all__ = ["PageSharding", "ContextParallelDecode", "SHARDING_MODES", "D_V"]
+__all__ = ["PageSharding", "ContextParallelDecode", "compact_indices", "SHARDING_MODES", "D_V"]
 
 SHARDING_MODES = ("round_robin", "contiguous")
 D_V = 512  # output width of every DeepSeek MLA layout
 
 # all_gather_single replaces all_gather_into_tensor in newer torch; older ones only have the latter.
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+def compact_indices(indices: torch.Tensor, lengths: Optional[torch.Tensor] = None):
+    """Move each row's usable entries to its front, keeping their order: ``(indices, lengths)``.
+
+    After :meth:`PageSharding.localize_indices` a rank's rows keep their full width with the
+    other ranks' slots at -1, and ``sparse_mla_decode`` walks the whole width (split-K tiles are
+    cut over positions ``< lengths``). Compacted rows let a rank walk only the rows it owns.
+    The op's result is the same up to summation order.
+
+    Args:
+        indices: ``[num_tokens, W]`` integer slot ids of one set (entries < 0 are unusable).
+        lengths: optional ``[num_tokens]`` integer counts: positions ``>= lengths[t]`` are
+            unusable (as in the op).
+
+    Returns:
+        ``(int32 [num_tokens, W], int32 [num_tokens])``: the usable entries of each row first, in
+        their original order, then -1; and their count per row (pass it as the set's lengths).
+        Slots >= the cache's slot count are still skipped by the op, not here.
+    """
+    idx = indices.to(torch.int64)
+    usable = idx >= 0
+    if lengths is not None:
+        pos = torch.arange(idx.shape[1], device=idx.device)
+        usable &= pos[None, :] < lengths.to(idx.device).reshape(-1, 1).to(torch.int64)
+    order = torch.argsort((~usable).to(torch.int8), dim=1, stable=True)
+    count = usable.sum(dim=1)
+    packed = idx.gather(1, order)
+    keep = torch.arange(idx.shape[1], device=idx.device)[None, :] < count[:, None]
+    packed = torch.where(keep, packed, torch.full_like(packed, -1))
+    return packed.to(torch.int32), count.to(torch.int32)
 
 
 @dataclass(frozen=True)

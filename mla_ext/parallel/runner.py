@@ -33,7 +33,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from ..builders import LAYER_KINDS, build_decode_inputs
-from . import SHARDING_MODES, ContextParallelDecode, PageSharding
+from . import SHARDING_MODES, ContextParallelDecode, PageSharding, compact_indices
 
 OUT_TOL = 2e-2   # max |cp - single| / max |single|: two bf16 roundings (partials, then the merge)
 LSE_TOL = 1e-3   # max |cp lse - single lse| (natural log)
@@ -59,6 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--steps", type=int, default=20, help="timed steps (default 20)")
     ap.add_argument("--warmup", type=int, default=3, help="untimed steps first (default 3)")
     ap.add_argument("--num-splits", type=int, default=0, help="split-K of the local decode (0 = automatic)")
+    ap.add_argument("--no-compact", dest="compact", action="store_false",
+                    help="keep each rank's index rows at full width (foreign slots -1) instead of moving "
+                         "its own slots to the front (compact_indices), so a rank walks every position")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--reference", action="store_true",
                     help="also compare with the float64 reference (slow on large shapes)")
@@ -164,7 +167,13 @@ def run_rank(rank: int, world: int, local_rank: int, args: argparse.Namespace) -
     lse = torch.full((T, H), float("nan"), device=device)
     kw = dict(kv_format=inp.kv_format, softmax_scale=inp.softmax_scale, lengths=inp.lengths,
               extra_lengths=inp.extra_lengths)
-    local_kw = dict(kw, extra_kv_cache=local_extra_cache, extra_indices=local_extra_idx)
+    local_lengths, local_extra_lengths = inp.lengths, inp.extra_lengths
+    if args.compact:  # once per step in an engine; here outside the timed step, like localize_indices
+        local_idx, local_lengths = compact_indices(local_idx, inp.lengths)
+        if local_extra_idx is not None:
+            local_extra_idx, local_extra_lengths = compact_indices(local_extra_idx, inp.extra_lengths)
+    local_kw = dict(kw, lengths=local_lengths, extra_lengths=local_extra_lengths,
+                    extra_kv_cache=local_extra_cache, extra_indices=local_extra_idx)
 
     timer = _Timer(cuda)
     times = {"decode_us": [], "comm_us": [], "merge_us": [], "step_us": []}
@@ -231,7 +240,7 @@ def run_rank(rank: int, world: int, local_rank: int, args: argparse.Namespace) -
         return None
     ok = all(r["out_err"] <= OUT_TOL and r["lse_err"] <= LSE_TOL for r in gathered)
     return dict(ok=ok, world=world, device=str(device) if not cuda else torch.cuda.get_device_name(device),
-                backend=dist.get_backend(), layer=args.layer, kv_format=inp.kv_format, sharding=args.sharding,
+                backend=dist.get_backend(), layer=args.layer, kv_format=inp.kv_format, sharding=args.sharding, compact=args.compact,
                 num_tokens=T, num_heads=H, num_selected=inp.num_selected,
                 comm_bytes_per_rank=cp.bytes_per_rank(T), single_us=gathered[0]["single_us"], ranks=gathered)
 
@@ -242,7 +251,7 @@ def report(summary: dict, out=sys.stdout) -> None:
     cols = ["rank", "rows", "decode_us", "comm_us", "merge_us", "step_us", "out_err", "lse_err"]
     extra = [c for c in ("ref_out_err", "ref_lse_err") if c in summary["ranks"][0]]
     print(f"context-parallel sparse_mla_decode: {summary['layer']} ({summary['kv_format']}), "
-          f"{summary['world']} ranks on {summary['device']} ({summary['backend']}), {summary['sharding']} pages, "
+          f"{summary['world']} ranks on {summary['device']} ({summary['backend']}), {summary['sharding']} pages{', compacted indices' if summary.get('compact') else ''}, "
           f"T={summary['num_tokens']} H={summary['num_heads']}, {summary['num_selected']} selected rows, "
           f"{summary['comm_bytes_per_rank']} B all-gathered per rank", file=out)
     print(tabulate([[r.get(c, "") for c in cols + extra] for r in summary["ranks"]], headers=cols + extra,
