@@ -291,8 +291,10 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--context", type=int, default=None,
                    help="typical context length in tokens (default GPU 32768, CPU 4096)")
     d.add_argument("--mtp", type=int, default=0, help="speculative (MTP) query tokens per request (default 0)")
-    d.add_argument("--kv-format", default=None, choices=["fp8_ds_mla_v4", "fp8_ds_mla", "bf16"],
-                   help="cache format (default: the model's FP8 format)")
+    d.add_argument("--kv-format", default=None,
+                   choices=["fp8_ds_mla_v4", "fp8_ds_mla", "bf16", "fp8_ds_mla_v4_fnuz", "fp8_ds_mla_fnuz"],
+                   help="cache format (default: the model's FP8 format; *_fnuz: e4m3fnuz values, "
+                        "as gfx942 engines may write them)")
     d.add_argument("--device", default=_default_device(), help="cuda or cpu (default: cuda if present)")
     d.add_argument("--layers", default="all", choices=list(LAYER_SELECTIONS),
                    help="which layer kinds run (default all; dsa = V3.2)")
