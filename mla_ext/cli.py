@@ -350,8 +350,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="typical context length in tokens (default GPU 32768, CPU 4096)")
     d.add_argument("--mtp", type=int, default=0, help="speculative (MTP) query tokens per request (default 0)")
     d.add_argument("--kv-format", default=None,
-                   choices=["fp8_ds_mla_v4", "fp8_ds_mla", "fp8_ds_mla_v4_fnuz", "fp8_ds_mla_fnuz", "bf16"],
-                   help="cache format (default: the model's FP8 format; _fnuz: e4m3fnuz bytes)")
+                   choices=["fp8_ds_mla_v4", "fp8_ds_mla", "bf16", "fp8_ds_mla_v4_fnuz", "fp8_ds_mla_fnuz"],
+                   help="cache format (default: the model's FP8 format; *_fnuz: e4m3fnuz values, "
+                        "as gfx942 engines may write them)")
     d.add_argument("--cp", type=int, default=1,
                    help="context-parallel ranks: >1 spreads each layer kind's KV pages over N processes "
                         "(N GPUs with NCCL, or CPU processes with gloo), verifies against single-device "

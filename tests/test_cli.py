@@ -81,6 +81,17 @@ def test_decode_mtp_bf16_layer_subset(tmp_path, capsys):
     assert rep["kv_format"] == "bf16" and all(r["kv_format"] == "bf16" for b in rep["batches"] for r in b["rows"])
 
 
+@pytest.mark.parametrize("model,fmt", [("deepseek-v4-flash", "fp8_ds_mla_v4_fnuz"),
+                                       ("deepseek-v3.2", "fp8_ds_mla_fnuz")])
+def test_decode_fnuz_caches(tmp_path, capsys, model, fmt):
+    layers = "c4" if "v4" in model else "all"
+    rc, rep = run_decode(tmp_path, "--model", model, "--layers", layers, "--kv-format", fmt)
+    assert rc == 0, capsys.readouterr()
+    m = get_model(model)
+    check_report(rep, m, m.select(layers), [2], lambda b: b)
+    assert rep["kv_format"] == fmt and all(r["kv_format"] == fmt for b in rep["batches"] for r in b["rows"])
+
+
 def test_decode_catches_a_wrong_row(tmp_path, capsys):
     # --test-perturb KIND:TOKEN corrupts that token of the first input set after the op ran
     rc, rep = run_decode(tmp_path, "--test-perturb", "v4_c4:1")

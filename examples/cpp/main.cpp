@@ -121,7 +121,7 @@ struct DevBuf {
   explicit DevBuf(const std::vector<T>& host) : DevBuf(host.size() * sizeof(T)) {
     GPU_CHECK(gpuMemcpy(ptr, host.data(), bytes, gpuH2D));
   }
-  ~DevBuf() { gpuFree(ptr); }
+  ~DevBuf() { (void)gpuFree(ptr); }  // (void): hipError_t is [[nodiscard]]
   DevBuf(const DevBuf&) = delete;
   DevBuf& operator=(const DevBuf&) = delete;
   template <typename T>
