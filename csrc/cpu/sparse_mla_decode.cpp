@@ -316,11 +316,18 @@ void reduce_row(const SparseDecodeParams& p, int64_t row, const float* ws_out, c
   const int64_t t = row / H, h = row % H;
   const float* lse = ws_lse + row * S;
   float mx = neg_inf();
-  for (int i = 0; i < S; ++i) mx = fmaxf(mx, lse[i]);
+  bool nan = false;  // a split that met a NaN score poisons the row (as with one split)
+  for (int i = 0; i < S; ++i) {
+    mx = fmaxf(mx, lse[i]);
+    nan |= is_nan(lse[i]);
+  }
   float o[kDV];
   for (int i = 0; i < kDV; ++i) o[i] = 0.f;
   float out_lse = neg_inf();
-  if (mx != neg_inf()) {
+  if (nan) {
+    for (int i = 0; i < kDV; ++i) o[i] = quiet_nan();
+    out_lse = quiet_nan();
+  } else if (mx != neg_inf()) {
     float L = 0.f;
     for (int i = 0; i < S; ++i) {
       const float w = expf(lse[i] - mx);

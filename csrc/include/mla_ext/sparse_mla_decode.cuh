@@ -743,7 +743,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
   const bool final_out = S == 1;
   if (ssub == 0) {
     float inv = 0.f, lse = neg_inf();
-    if (row_l > 0.f) {
+    if (row_l > 0.f || is_nan(row_l)) {  // NaN scores: NaN output and lse (the CPU twin's rule)
       lse = row_m * kLn2 + logf(row_le);
       float den = row_l;
       if (final_out && p.attn_sink != nullptr && srow < nh) {
@@ -842,12 +842,18 @@ __global__ void __launch_bounds__(kReduceThreads) decode_reduce_kernel(const Red
   const int64_t t = row / H, h = row - (row / H) * H;
   const float* lse = a.ws_lse + row * S;
   float mx = neg_inf();
+  bool nan = false;  // a split that met a NaN score poisons the row (as with one split)
 #pragma unroll 4
-  for (int i = 0; i < S; ++i) mx = fmaxf(mx, lse[i]);
+  for (int i = 0; i < S; ++i) {
+    mx = fmaxf(mx, lse[i]);
+    nan |= is_nan(lse[i]);
+  }
   const int col = threadIdx.x * 4;
   float o[4] = {0.f, 0.f, 0.f, 0.f};
   float out_lse = neg_inf();
-  if (mx != neg_inf()) {
+  if (nan) {
+    o[0] = o[1] = o[2] = o[3] = out_lse = quiet_nan();
+  } else if (mx != neg_inf()) {
     float L = 0.f;
     for (int i = 0; i < S; ++i) {
       const float w = expf(lse[i] - mx);
