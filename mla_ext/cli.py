@@ -24,7 +24,9 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import sys
+from typing import Optional
 
 import torch
 
@@ -44,14 +46,45 @@ def _print_table(rows, columns, floatfmt=".5g"):
     print(tabulate(table, headers=columns, floatfmt=floatfmt))
 
 
+def _check_device(device: str) -> Optional[str]:
+    """An error message for an unusable --device, else None."""
+    if device == "cpu":
+        return None
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            return f"--device {device}: torch {torch.__version__} sees no CUDA/ROCm device"
+        return None
+    return f"--device must be cpu or cuda[:N], got {device!r}"
+
+
+def _check_out_paths(**paths) -> Optional[str]:
+    """An error message if an output file's folder does not exist (checked before any work)."""
+    for opt, path in paths.items():
+        if path is not None:
+            folder = os.path.dirname(os.path.abspath(path))
+            if not os.path.isdir(folder):
+                return f"--{opt} {path}: folder {folder} does not exist"
+    return None
+
+
 def cmd_merge(args) -> int:
     from tqdm import tqdm
 
     from .bench import measure_merge
 
+    def usage(msg: str) -> int:
+        print(f"mla-ext merge: error: {msg}", file=sys.stderr)
+        return 2
+
+    err = _check_device(args.device) or _check_out_paths(json=args.json)
+    if err:
+        return usage(err)
     gpu = args.device.startswith("cuda")
-    tokens = args.num_tokens or ([2048, 8192] if gpu else [64, 512])
-    heads = args.num_heads or ([16, 128] if gpu else [16])
+    tokens = [2048, 8192] if gpu and args.num_tokens is None else ([64, 512] if args.num_tokens is None
+                                                                   else args.num_tokens)
+    heads = ([16, 128] if gpu else [16]) if args.num_heads is None else args.num_heads
+    if not tokens or not heads or min(tokens) < 1 or min(heads) < 1 or args.head_size < 1:
+        return usage("--num-tokens, --num-heads and --head-size must be >= 1")
     dtype = getattr(torch, args.dtype)
     shapes = [(t, h) for t in tokens for h in heads]
     rows = []
@@ -125,7 +158,6 @@ def _fmt_layers(layers) -> str:
 def _decode_cp(args, model, heads, kinds, kv_format, batches, context, steps) -> int:
     """``mla-ext decode --cp N``: one :mod:`mla_ext.parallel.runner` run per (batch, layer kind);
     per-step totals use the model's layer counts."""
-    import os
     import tempfile
 
     from . import bench
@@ -146,8 +178,9 @@ def _decode_cp(args, model, heads, kinds, kv_format, batches, context, steps) ->
                 topk = model.topk.get(kind)
                 if topk is not None:
                     argv += ["--topk", str(topk)]
+                shown = [a if a != path else "FILE.json" for a in argv]
                 print(f"--- {KIND_LABELS[kind]} x {counts[kind]} layers, batch {b}: python -m mla_ext.parallel "
-                      + " ".join(argv[:-6]), flush=True)
+                      + " ".join(shown), flush=True)
                 try:
                     runner.main(argv)
                 except (SystemExit, Exception) as e:  # verification failed in a rank, bad arguments, ...
@@ -188,9 +221,10 @@ def cmd_decode(args) -> int:
         print(f"mla-ext decode: error: {msg}", file=sys.stderr)
         return 2
 
+    err = _check_device(args.device) or _check_out_paths(json=args.json, plot=args.plot)
+    if err:
+        return usage(err)
     gpu = args.device.startswith("cuda")
-    if gpu and not torch.cuda.is_available():
-        return usage(f"--device {args.device}: torch {torch.__version__} sees no CUDA/ROCm device")
     try:
         model = get_model(args.model)
         heads = model.heads_per_gpu(args.tp)
@@ -200,11 +234,15 @@ def cmd_decode(args) -> int:
     kv_format = args.kv_format or model.default_kv_format()
     if kv_format not in model.kv_formats():
         return usage(f"--kv-format for {args.model} must be one of {model.kv_formats()}, got {kv_format!r}")
-    batches = args.batch or ([64] if gpu else [4])
-    context = args.context or (32768 if gpu else 4096)
-    steps = args.steps or (20 if gpu else 2)
-    if min(batches) < 1 or context < 1 or args.mtp < 0 or steps < 1:
+    batches = ([64] if gpu else [4]) if args.batch is None else args.batch
+    context = (32768 if gpu else 4096) if args.context is None else args.context
+    steps = (20 if gpu else 2) if args.steps is None else args.steps
+    if not batches or min(batches) < 1 or context < 1 or args.mtp < 0 or steps < 1:
         return usage("--batch, --context and --steps must be >= 1 and --mtp >= 0")
+    if args.sets is not None and args.sets < 1:
+        return usage("--sets must be >= 1")
+    if args.cp < 1:
+        return usage(f"--cp must be >= 1, got {args.cp}")
     perturb = args.test_perturb
     if perturb is not None and (perturb[0] not in kinds or not 0 <= perturb[1] < min(batches) * (1 + args.mtp)):
         return usage(f"--test-perturb {perturb[0]}:{perturb[1]}: needs a layer kind that runs ({', '.join(kinds)}) "
@@ -329,7 +367,7 @@ def cmd_info(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="mla-ext", description=__doc__,
+    p = argparse.ArgumentParser(prog="mla-ext", description=__doc__.split("\nTest hook")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command")
 

@@ -120,6 +120,17 @@ def test_decode_context_parallel_gloo(tmp_path, capsys):
     assert "context parallel over 2 ranks" in out
 
 
+@pytest.mark.parametrize("argv", [
+    ["decode", "--context", "0"], ["decode", "--steps", "0"], ["decode", "--sets", "0"], ["decode", "--cp", "0"],
+    ["decode", "--device", "meta"], ["decode", "--plot", "/nonexistent-dir/x.png"],
+    ["decode", "--json", "/nonexistent-dir/x.json"], ["merge", "--num-tokens", "0"], ["merge", "--num-heads", "-3"],
+    ["merge", "--head-size", "0"], ["merge", "--device", "meta"], ["merge", "--json", "/nonexistent-dir/x.json"]])
+def test_bad_arguments_exit_2_before_any_work(argv, capsys):
+    assert cli.main(argv + ["--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "error:" in err and argv[1] in err
+
+
 def test_decode_bad_arguments(tmp_path, capsys):
     assert run_decode(tmp_path, "--tp", "3")[0] == 2
     assert "must divide the 64 heads" in capsys.readouterr().err

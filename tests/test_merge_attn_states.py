@@ -501,7 +501,7 @@ NEW_ERROR_CASES = {
     "fp8 inputs unsupported": (lambda a: a.update(prefix_output=a["prefix_output"].double(), suffix_output=a["suffix_output"].double()),
                                "prefix_output to be float32, float16 or bfloat16"),
     "negative prefill_tokens_with_context": (lambda a: a.update(prefill_tokens_with_context=-1), "prefill_tokens_with_context >= 0"),
-    "fp8 output shape": (lambda a: a.update(output=a["output"][:, :2]), "prefix_output of shape"),
+    "fp8 output shape": (lambda a: a.update(output=a["output"][:, :2]), "output and prefix_output to have the same shape"),
 }
 
 

@@ -33,3 +33,14 @@ def test_license_metadata_without_deprecation_warnings():
     else:
         assert meta == {"license": "Apache-2.0"}
         assert dist.metadata.license == "Apache-2.0"
+
+
+def test_helper_modules_reachable_as_attributes():
+    # `import mla_ext` then `mla_ext.formats...` as the README writes it (imported on first use)
+    import mla_ext
+
+    assert "fp8_ds_mla_v4" in mla_ext.formats.KV_FORMATS
+    assert callable(mla_ext.reference.sparse_mla_decode) and callable(mla_ext.builders.build_decode_inputs)
+    assert callable(mla_ext.parallel.compact_indices)
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        mla_ext.nope

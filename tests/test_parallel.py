@@ -223,6 +223,14 @@ def _gloo_worker(rank, world, port, result_dir):
             assert buf[1:n + 1, :, :8].isnan().all() and buf[1:n + 1, :, 520:].isnan().all()
             errs.append(((out.double() - single.double()).abs().max() / single.double().abs().max()).item())
             errs.append((lse - sl).abs().max().item())
+        # a padded output buffer (more rows than q) is refused before any collective
+        padded = poison_(torch.empty(T + 2, H, 512, dtype=torch.bfloat16))
+        try:
+            cp(inp.q[:T], cache, idx[:T], kv_format=inp.kv_format, softmax_scale=inp.softmax_scale, output=padded,
+               lengths=inp.lengths, extra_kv_cache=xcache, extra_indices=xidx, extra_lengths=inp.extra_lengths)
+            errs.append(1.0)  # no error: counted as a failure below
+        except ValueError as e:
+            errs.append(0.0 if "output must have the" in str(e) and padded.isnan().all() else 1.0)
         with open(os.path.join(result_dir, f"rank{rank}.json"), "w") as f:
             json.dump(errs, f)
     finally:
@@ -237,6 +245,7 @@ def test_context_parallel_decode_gloo_spawn(tmp_path):
     for r in range(world):
         e = json.loads((tmp_path / f"rank{r}.json").read_text())
         assert e[0] <= 2e-2 and e[2] <= 2e-2 and e[1] <= 1e-3 and e[3] <= 1e-3, e
+        assert e[4] == 0.0, "a padded output was not refused with a clear error"
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")

@@ -142,8 +142,8 @@ inline mla_ext::MergeParams make_merge_params(const Tensor& output,
 
   auto check_shape = [&](const Tensor& t, const char* name) {
     MLA_CHECK(t.dim() == 3 && t.size(0) == T && t.size(1) == H && t.size(2) == D, op,
-              "expected ", name, " of shape [", T, ", ", H, ", ", D,
-              "] (the shape of output), got ", shape_str(t));
+              "expected output and ", name, " to have the same shape [num_tokens, num_heads, head_size], got "
+              "output ", shape_str(output), " and ", name, " ", shape_str(t));
     MLA_CHECK(D <= 1 || t.stride(2) == 1, op, "expected ", name,
               " to be contiguous in its last (head_size) dim, got stride ", t.stride(2));
     check_same_device(op, output, "output", t, name);

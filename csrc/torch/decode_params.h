@@ -102,8 +102,8 @@ inline void fill_indices(const Tensor& q, const Tensor& idx, const char* name, i
   check_same_device(kOp, q, "q", idx, name);
   MLA_CHECK(idx.scalar_type() == ScalarType::Int, kOp, "expected ", name, " to be int32, got ",
             dtype_name(idx.scalar_type()));
-  MLA_CHECK(idx.dim() == 2 && idx.size(0) == T, kOp, "expected ", name, " of shape [num_tokens, width] = [",
-            T, ", W], got ", shape_str(idx));
+  MLA_CHECK(idx.dim() == 2 && idx.size(0) == T, kOp, "expected ", name, " of shape [num_tokens, width] with ",
+            "num_tokens = q.size(0) = ", T, ", got ", name, " ", shape_str(idx), " (q ", shape_str(q), ")");
   MLA_CHECK(idx.size(1) <= 1 || idx.stride(1) == 1, kOp, "expected ", name,
             " to be contiguous along its width (stride(1) == 1), got stride ", idx.stride(1));
   set.width = idx.size(1);

@@ -264,6 +264,9 @@ class ContextParallelDecode:
         local indices from :class:`PageSharding`), without the sink, into the send buffer."""
         T = int(q.shape[0])
         self._check_tokens(T)
+        if q.dim() != 3 or int(q.shape[1]) != self.num_heads:
+            raise ValueError(f"ContextParallelDecode: q must be [num_tokens, {self.num_heads}, d_qk] (the heads it "
+                             f"was made for), got {list(q.shape)}")
         out, lse = self.partial_views(T)
         sparse_mla_decode(q, kv_cache, indices, kv_format=kv_format, softmax_scale=softmax_scale, output=out,
                           workspace=self.workspace.tensor, lengths=lengths, extra_kv_cache=extra_kv_cache,
@@ -275,13 +278,24 @@ class ContextParallelDecode:
         self._check_tokens(num_tokens)
         bpr = self.bytes_per_rank(num_tokens)
         _all_gather_single(self._recv[:self.world_size * bpr], self._send[:bpr], group=self.group)
+        self._exchanged_tokens = num_tokens
 
     def merge(self, output: torch.Tensor, lse: Optional[torch.Tensor] = None,
               attn_sink: Optional[torch.Tensor] = None) -> None:
         """Phase 3: merge the gathered states into ``output`` (``[T, H, 512]`` bf16, any
         token/head strides; **mutated**) and ``lse`` (optional ``[T, H]`` fp32; **mutated**,
-        sink excluded), folding ``attn_sink`` (``[H]`` fp32) in once."""
-        values, lses = self.gathered_views(int(output.shape[0]))
+        sink excluded), folding ``attn_sink`` (``[H]`` fp32) in once. ``T`` must be the token
+        count of the preceding :meth:`exchange` (ValueError otherwise: a padded output buffer
+        would be merged from the wrong rows of the receive buffer)."""
+        T = getattr(self, "_exchanged_tokens", None)
+        if T is None:
+            raise ValueError("ContextParallelDecode.merge: call exchange() first")
+        if output.dim() != 3 or int(output.shape[0]) != T:
+            raise ValueError(f"ContextParallelDecode: output must have the {T} tokens of q (slice a padded "
+                             f"buffer to output[:{T}]), got shape {list(output.shape)}")
+        if lse is not None and (lse.dim() != 2 or int(lse.shape[0]) != T):
+            raise ValueError(f"ContextParallelDecode: lse must have the {T} tokens of q, got shape {list(lse.shape)}")
+        values, lses = self.gathered_views(T)
         merge_attn_states_n(output, lse, values, lses, attn_sink)
 
     def __call__(self, q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor, *, kv_format: str,
@@ -299,6 +313,12 @@ class ContextParallelDecode:
         :func:`mla_ext.sparse_mla_decode` over the union of the shards, sink applied once.
         Arguments as :func:`mla_ext.sparse_mla_decode`. Collective: every rank must call it.
         """
+        T = int(q.shape[0])
+        if output.dim() != 3 or int(output.shape[0]) != T:  # before any collective, so no rank hangs
+            raise ValueError(f"ContextParallelDecode: output must have the {T} tokens of q (slice a padded "
+                             f"buffer to output[:{T}]), got shape {list(output.shape)}")
+        if lse is not None and (lse.dim() != 2 or int(lse.shape[0]) != T):
+            raise ValueError(f"ContextParallelDecode: lse must have the {T} tokens of q, got shape {list(lse.shape)}")
         self.local_decode(q, kv_cache, indices, kv_format=kv_format, softmax_scale=softmax_scale, lengths=lengths,
                           extra_kv_cache=extra_kv_cache, extra_indices=extra_indices, extra_lengths=extra_lengths)
         self.exchange(int(q.shape[0]))
