@@ -596,3 +596,24 @@ def test_fp8_cpu_gpu_agree(fp8_dtype):
     b = og.cpu().view(torch.uint8).int()
     assert ((a - b).abs() <= 1).all() and (a == b).float().mean() > 0.99
     assert torch.equal(a[200:], b[200:])  # copied rows: exact
+
+
+def test_repeating_outputs_refused(device):
+    """An expand()ed output or output_lse (stride 0 over a dim of size > 1) is refused before any
+    write, for the two-way and the N-way merge."""
+    T, H, D = 4, 3, 8
+    g = torch.Generator().manual_seed(3)
+    v = torch.randn(T, H, D, generator=g).to(device)
+    l = torch.randn(T, H, generator=g).to(device)
+    base = poison_(torch.empty(1, H, D, device=device))
+    with pytest.raises(RuntimeError, match="output to hold each element once"):
+        mla_ext.merge_attn_states(base.expand(T, H, D), None, v, l, v, l)
+    lse_base = poison_(torch.empty(T, 1, device=device))
+    out = poison_(torch.empty(T, H, D, device=device))
+    with pytest.raises(RuntimeError, match="output_lse to hold each element once"):
+        mla_ext.merge_attn_states(out, lse_base.expand(T, H), v, l, v, l)
+    with pytest.raises(RuntimeError, match="output to hold each element once"):
+        mla_ext.merge_attn_states_n(base.expand(T, H, D), None, torch.stack([v, v]), torch.stack([l, l]))
+    with pytest.raises(RuntimeError, match="output_lse to hold each element once"):
+        mla_ext.merge_attn_states_n(out, lse_base.expand(T, H), torch.stack([v, v]), torch.stack([l, l]))
+    assert base.isnan().all() and lse_base.isnan().all() and out.isnan().all()

@@ -83,6 +83,15 @@ template <typename... Args>
     if (!(cond)) ::mla_ext_torch::fail(op, ": ", __VA_ARGS__); \
   } while (0)
 
+// An output whose elements repeat (a dim of size > 1 with stride 0, e.g. from expand()) would
+// be written once per alias, the last write winning; refused, as torch's in-place ops do.
+inline void check_no_repeats(const char* op, const Tensor& t, const char* name) {
+  for (int64_t d = 0; d < t.dim(); ++d)
+    MLA_CHECK(t.size(d) <= 1 || t.stride(d) != 0, op, "expected ", name,
+              " to hold each element once, got stride 0 in dim ", d, " of size ", t.size(d),
+              " (an expand()ed view); pass a tensor with its own storage");
+}
+
 inline void check_same_device(const char* op, const Tensor& ref, const char* ref_name,
                               const Tensor& t, const char* name) {
   bool same = ref.is_cpu() == t.is_cpu() && ref.is_cuda() == t.is_cuda() &&
@@ -162,11 +171,15 @@ inline mla_ext::MergeParams make_merge_params(const Tensor& output,
     check_same_device(op, output, "output", t, name);
   };
   check_shape(output, "output");
+  check_no_repeats(op, output, "output");
   check_value(prefix_output, "prefix_output");
   check_value(suffix_output, "suffix_output");
   check_lse(prefix_lse, "prefix_lse");
   check_lse(suffix_lse, "suffix_lse");
-  if (output_lse.has_value()) check_lse(*output_lse, "output_lse");
+  if (output_lse.has_value()) {
+    check_lse(*output_lse, "output_lse");
+    check_no_repeats(op, *output_lse, "output_lse");
+  }
   if (output_scale.has_value()) {
     const Tensor& sc = *output_scale;
     MLA_CHECK(sc.scalar_type() == ScalarType::Float, op, "expected output_scale to be float32, got ",
@@ -232,6 +245,7 @@ inline mla_ext::MergeNParams make_merge_n_params(const Tensor& output, const std
   MLA_CHECK(D <= 1 || values.stride(3) == 1, op,
             "expected values to be contiguous in its last (head_size) dim, got stride ", values.stride(3));
   check_same_device(op, output, "output", values, "values");
+  check_no_repeats(op, output, "output");
   MLA_CHECK(lses.scalar_type() == ScalarType::Float, op, "expected lses to be float32, got ",
             dtype_name(lses.scalar_type()));
   MLA_CHECK(lses.dim() == 3 && lses.size(0) == S && lses.size(1) == T && lses.size(2) == H, op,
@@ -246,6 +260,7 @@ inline mla_ext::MergeNParams make_merge_n_params(const Tensor& output, const std
               "expected output_lse of shape [num_tokens, num_heads] = [", T, ", ", H, "] (any strides), got ",
               shape_str(ol));
     check_same_device(op, output, "output", ol, "output_lse");
+    check_no_repeats(op, ol, "output_lse");
     p.output_lse = static_cast<float*>(ol.data_ptr());
     p.output_lse_stride_token = ol.stride(0);
     p.output_lse_stride_head = ol.stride(1);

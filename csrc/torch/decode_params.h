@@ -208,6 +208,7 @@ inline mla_ext::SparseDecodeParams make_decode_params(
             shape_str(output));
   MLA_CHECK(output.stride(2) == 1, kOp, "expected output to be contiguous in its last dim, got stride ",
             output.stride(2));
+  check_no_repeats(kOp, output, "output");
 
   // lse
   if (lse.has_value()) {
@@ -218,6 +219,7 @@ inline mla_ext::SparseDecodeParams make_decode_params(
     MLA_CHECK(l.dim() == 2 && l.size(0) == T && l.size(1) == H, kOp,
               "expected lse of shape [num_tokens, num_heads] = [", T, ", ", H, "] (any strides), got ",
               shape_str(l));
+    check_no_repeats(kOp, l, "lse");
   }
 
   // workspace (tensor properties; size below, once the split count is known)
