@@ -718,7 +718,7 @@ def plot_decode_roofline(report: dict, path: str) -> None:
     ax.set_ylabel("TFLOP/s")
     ax.set_title("roofline: achieved per layer kind and batch", fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2)  # below: never over a point
 
     ypos = list(range(len(rows)))
     bx.barh([y + 0.2 for y in ypos], [r["us"] for r in rows], height=0.4, color="tab:blue", label="achieved µs/call")
@@ -733,7 +733,7 @@ def plot_decode_roofline(report: dict, path: str) -> None:
     bx.set_xlabel("µs per call")
     bx.set_title("achieved vs roofline time per call", fontsize=10)
     bx.margins(x=0.25)
-    bx.legend(fontsize=7, loc="lower right")
+    bx.legend(fontsize=7, loc="upper right")
     fig.suptitle(f"{report['model_name']} decode attention, {report['heads_per_gpu']} heads/GPU (TP {report['tp']}),"
                  f" context ~{report['context']}, {report['kv_format']}, on {report['device_name']}", fontsize=10)
     fig.tight_layout()

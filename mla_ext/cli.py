@@ -408,13 +408,20 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--test-perturb", type=_parse_perturb, default=None, help=argparse.SUPPRESS)
     d.set_defaults(func=cmd_decode)
 
-    m = sub.add_parser("merge", help="verify and time merge_attn_states on MLA chunked-prefill shapes")
+    m = sub.add_parser("merge", help="verify and time merge_attn_states on MLA chunked-prefill shapes",
+                       description="Merge two partial attention results of MLA chunked prefill (the V part of\n"
+                                   "[T, H, 192] or [T, H, 576] outputs, LSEs as .T views of vLLM's [H, T]\n"
+                                   "buffers) straight into a layer-output view with merge_attn_states; verify\n"
+                                   "against the float64 reference and time it (on a GPU beside a device copy of\n"
+                                   "the same bytes). Exit status 0 ok, 1 verification failed, 2 bad arguments.",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     m.add_argument("--device", default=_default_device(), help="cuda or cpu (default: cuda if present)")
     m.add_argument("--num-tokens", type=_int_list, default=None,
                    help="comma list (default GPU 2048,8192; CPU 64,512)")
     m.add_argument("--num-heads", type=_int_list, default=None, help="comma list (default GPU 16,128; CPU 16)")
     m.add_argument("--head-size", type=int, default=128, help="V head size (default 128, MLA prefill)")
-    m.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    m.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"],
+                   help="value dtype (default bfloat16)")
     m.add_argument("--layout", default="strided", choices=["strided", "contiguous"],
                    help="strided: [..., :D] views of [T,H,192] into a layer-output buffer (default)")
     m.add_argument("--json", help="write results as JSON to this file")
