@@ -44,3 +44,24 @@ def test_helper_modules_reachable_as_attributes():
     assert callable(mla_ext.parallel.compact_indices)
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         mla_ext.nope
+
+
+def test_sdist_carries_every_source(tmp_path):
+    # `python -m build` builds the wheel from the sdist: every file csrc/sources.txt names (and the
+    # headers they include) must be in it, or the build fails with a missing csrc/sources.txt.
+    import subprocess
+    import sys
+    import tarfile
+
+    r = subprocess.run([sys.executable, "setup.py", "-q", "sdist", "-d", str(tmp_path)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    [sdist] = list(tmp_path.glob("*.tar.gz"))
+    with tarfile.open(sdist) as tf:
+        names = {n.split("/", 1)[1] for n in tf.getnames() if "/" in n}
+    listed = [line.split()[1] for line in (ROOT / "csrc" / "sources.txt").read_text().splitlines()
+              if line.strip() and not line.startswith("#") and len(line.split()) >= 2]
+    headers = [str(p.relative_to(ROOT)) for p in (ROOT / "csrc").rglob("*.h")]
+    missing = [f for f in ["csrc/sources.txt", "LICENSE", "CMakeLists.txt", *listed, *headers] if f not in names]
+    assert not missing, f"sdist lacks {missing}"
+    assert "mla_ext/_build_info.py" not in names and not any(n.endswith(".so") for n in names)
