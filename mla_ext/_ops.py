@@ -90,7 +90,8 @@ def merge_attn_states(
         output_scale: optional float32 tensor of exactly one element (any shape, on
             ``output``'s device), the per-tensor static scale of an FP8 ``output``;
             required for FP8 and rejected otherwise. Each output element is the
-            fp32 merged value times ``1 / output_scale`` (i.e. divided by the scale),
+            fp32 merged value times the fp32 ``1 / output_scale`` (as vLLM computes it; at a
+            rounding tie this can differ from an exact division by one FP8 step),
             saturated to the format's largest finite value (448 for e4m3fn, 240 for
             e4m3fnuz; +-inf saturate too), rounded to nearest even; NaN stays NaN.
             The scale is read on the device at run time (a captured CUDA graph

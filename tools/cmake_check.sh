@@ -4,7 +4,8 @@
 #     default; CUDA_ARCHS overrides) and install it into a temporary prefix;
 #  2. check that the installed C API header is C (C99) and C++11 clean;
 #  3. configure + build examples/cpp against the installed package
-#     (find_package(mla_ext)); the example is not run;
+#     (find_package(mla_ext)); the example is not run; tests/compile/capi_host_check.c
+#     (the C API's argument validation, host only) is built and run;
 #  4. configure + install the header-only package (MLA_EXT_GPU=NONE);
 #  5. MLA_EXT_GPU=HIP: configure + build + install with CMake's HIP language and
 #     Debian's ROCm (what `apt-get install hipcc` brings: clang-15, libamdhip64-dev,
@@ -47,6 +48,12 @@ cmake -S examples/cpp -B "$out/example" "${gen[@]}" -DCMAKE_PREFIX_PATH="$out/pr
   -DCMAKE_COMPILE_WARNING_AS_ERROR=ON >"$out/example.log" || { cat "$out/example.log"; exit 1; }
 cmake --build "$out/example" -j "$jobs" >"$out/example_build.log" || { cat "$out/example_build.log"; exit 1; }
 step "built examples/cpp against the installed package"
+
+# The C API's argument checks run on the host, before any launch: exercised here without a GPU.
+cc -std=c99 -Wall -Wextra -Werror -I"$out/prefix/include" tests/compile/capi_host_check.c \
+  -L"$out/prefix/lib" -lmla_ext -Wl,-rpath,"$out/prefix/lib" -o "$out/capi_host_check"
+"$out/capi_host_check"
+step "C API argument validation (host only) checked"
 
 cmake -S "$ROOT" -B "$out/build_none" "${gen[@]}" -DMLA_EXT_GPU=NONE >"$out/none.log" || { cat "$out/none.log"; exit 1; }
 cmake --install "$out/build_none" --prefix "$out/prefix_none" >/dev/null

@@ -27,6 +27,14 @@ namespace {
 
 int resolve_sms(int num_sms) { return num_sms > 0 ? num_sms : mla_ext::current_device_sm_count(); }
 
+// Sizes the decode accepts (num_splits 0 = automatic, else 1..kMaxSplits) whose workspace bytes
+// fit comfortably in size_t: T * H * S cells of 2052 bytes each, kept below 2^52.
+bool workspace_args_ok(long long num_tokens, long long num_heads, int num_splits) {
+  if (num_tokens < 0 || num_heads < 0 || num_splits < 0 || num_splits > mla_ext::kMaxSplits) return false;
+  const double cells = double(num_tokens) * double(num_heads) * double(num_splits > 0 ? num_splits : mla_ext::kMaxSplits);
+  return cells * 2052.0 < 4503599627370496.0;  // 2^52
+}
+
 mla_ext::KvSet to_cpp(const mla_ext_kv_set& c) {
   mla_ext::KvSet s;
   s.cache = c.cache;
@@ -78,6 +86,10 @@ int mla_ext_merge_attn_states(const mla_ext_merge_params* c, int num_sms, void* 
   p.has_prefill_tokens_with_context = c->has_prefill_tokens_with_context != 0;
   p.prefill_tokens_with_context = c->prefill_tokens_with_context;
   p.output_scale = c->output_scale;
+  // checked even for an empty problem, so a bad call fails the same way at every size
+  if (p.num_tokens < 0 || p.num_heads < 0 || p.head_size < 0) return MLA_EXT_STATUS_INVALID_ARGUMENT;
+  if (p.output_kind != mla_ext::MergeOutput::kSameAsInput && p.output_scale == nullptr) return MLA_EXT_STATUS_INVALID_ARGUMENT;
+  if (p.has_prefill_tokens_with_context && p.prefill_tokens_with_context < 0) return MLA_EXT_STATUS_INVALID_ARGUMENT;
   if (p.num_tokens > 0 && p.num_heads > 0 && p.head_size > 0 &&
       (p.output == nullptr || p.prefix_output == nullptr || p.suffix_output == nullptr ||
        p.prefix_lse == nullptr || p.suffix_lse == nullptr))
@@ -153,17 +165,22 @@ int mla_ext_sparse_mla_decode(const mla_ext_sparse_decode_params* c, void* works
 }
 
 size_t mla_ext_sparse_mla_decode_workspace_size(long long num_tokens, long long num_heads, int num_splits) {
+  if (!workspace_args_ok(num_tokens, num_heads, num_splits)) return MLA_EXT_INVALID_SIZE;
   return mla_ext::decode_workspace_size(num_tokens, num_heads, num_splits);
 }
 
 size_t mla_ext_sparse_mla_decode_workspace_size_for(long long num_tokens, long long num_heads, int num_splits,
                                                     int num_sms) {
-  return mla_ext::decode_workspace_size_for(num_tokens, num_heads, num_splits, resolve_sms(num_sms));
+  const int sms = resolve_sms(num_sms);
+  if (!workspace_args_ok(num_tokens, num_heads, num_splits) || sms <= 0) return MLA_EXT_INVALID_SIZE;
+  return mla_ext::decode_workspace_size_for(num_tokens, num_heads, num_splits, sms);
 }
 
 int mla_ext_sparse_mla_decode_num_splits(long long num_tokens, long long num_heads, long long total_width,
                                          int num_sms) {
-  return mla_ext::decode_num_splits(num_tokens, num_heads, total_width, resolve_sms(num_sms));
+  const int sms = resolve_sms(num_sms);
+  if (num_tokens < 0 || num_heads < 0 || total_width < 0 || sms <= 0) return 0;
+  return mla_ext::decode_num_splits(num_tokens, num_heads, total_width, sms);
 }
 
 size_t mla_ext_sparse_decode_params_size(void) { return sizeof(mla_ext_sparse_decode_params); }

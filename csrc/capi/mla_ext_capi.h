@@ -71,7 +71,7 @@ enum mla_ext_kv_format {
 
 /* Values [num_tokens, num_heads, head_size] of `dtype` with any token and head
  * strides (last dim contiguous); LSEs [num_tokens, num_heads] fp32 (natural
- * log, +inf = empty) with any strides. `output` may alias prefix_output or
+ * log, +inf or -inf = empty) with any strides. `output` may alias prefix_output or
  * suffix_output; `output_lse` may be NULL. Zero-initialise, then fill. */
 typedef struct mla_ext_merge_params {
   int32_t dtype; /* enum mla_ext_dtype */
@@ -79,8 +79,8 @@ typedef struct mla_ext_merge_params {
   int64_t num_heads;
   int64_t head_size;
 
-  void* output;
-  int64_t output_stride_token, output_stride_head;
+  void* output; /* `dtype` elements, or 1-byte FP8 elements when output_kind is FP8 */
+  int64_t output_stride_token, output_stride_head; /* all strides in elements of their tensor */
   float* output_lse; /* optional */
   int64_t output_lse_stride_token, output_lse_stride_head;
 
@@ -140,7 +140,15 @@ MLA_EXT_CAPI_EXPORT int mla_ext_merge_attn_states_n(const mla_ext_merge_n_params
 /* ------------------------------------------------------------------------ */
 
 /* One index set (main or extra) over one paged cache. Field order and types
- * mirror mla_ext::KvSet (the C++ struct of sparse_mla_decode.h). */
+ * mirror mla_ext::KvSet (the C++ struct of sparse_mla_decode.h).
+ * Byte layouts (slot = page * page_size + offset):
+ *  - BF16: token rows of d_qk bf16 values, token_stride_bytes apart.
+ *  - FP8_DS_MLA[_FNUZ] (V3.2): 656-byte token rows, token_stride_bytes apart: 512 e4m3 latent
+ *    bytes, 4 little-endian fp32 scales (scale j covers latent [128j, 128j + 128)), 64 bf16 RoPE.
+ *  - FP8_DS_MLA_V4[_FNUZ] (V4): per page, page_size data rows of 576 bytes (448 e4m3 values,
+ *    64 bf16 RoPE) from the page start, then at byte page_size * 576 one 8-byte scale row per
+ *    token (7 UE8M0 bytes, byte j = 2^(b - 127) for values [64j, 64j + 64), then 1 pad byte);
+ *    page_stride_bytes >= page_size * 584 (engines pad it; token_stride_bytes is unused). */
 typedef struct mla_ext_kv_set {
   const uint8_t* cache;         /* base of the cache (bytes), 16-byte aligned; NULL = set absent */
   int64_t page_stride_bytes;    /* bytes between pages (tensor stride(0) * element size), multiple of 16 */
@@ -182,26 +190,35 @@ typedef struct mla_ext_sparse_decode_params {
 
 /* Decode into p->output (and p->lse). With num_splits > 1 (after resolving 0),
  * `workspace` needs mla_ext_sparse_mla_decode_workspace_size(T, H, num_splits)
- * bytes of device memory (any contents; the caller owns and reuses it).
+ * bytes of device memory, 16-byte aligned (any contents; the caller owns and
+ * reuses it; a misaligned one gives MLA_EXT_STATUS_INVALID_ARGUMENT).
  * num_sms: the device's multiprocessor count (used by num_splits == 0); <= 0
  * queries the current device. */
 MLA_EXT_CAPI_EXPORT int mla_ext_sparse_mla_decode(const mla_ext_sparse_decode_params* p, void* workspace,
                                                   size_t workspace_bytes, int num_sms, void* stream);
 
-/* Workspace bytes for (num_tokens, num_heads, num_splits); 0 when num_splits <= 1. */
+/* Returned by the workspace-size functions for arguments the decode would reject (negative
+ * sizes, num_splits outside 0..64, sizes whose workspace would not fit in memory) or when
+ * num_sms <= 0 and no current device can be queried: an allocation of it fails. */
+#define MLA_EXT_INVALID_SIZE ((size_t)-1)
+
+/* Workspace bytes for (num_tokens, num_heads, num_splits); 0 when num_splits <= 1;
+ * MLA_EXT_INVALID_SIZE for invalid arguments. */
 MLA_EXT_CAPI_EXPORT size_t mla_ext_sparse_mla_decode_workspace_size(long long num_tokens, long long num_heads,
                                                                     int num_splits);
 
 /* Workspace bytes that serve every call with at most num_tokens tokens and
  * num_heads heads at this split setting (0 = automatic), for one allocation
- * reused across layers and steps. num_sms <= 0 queries the current device. */
+ * reused across layers and steps. num_sms <= 0 queries the current device.
+ * MLA_EXT_INVALID_SIZE for invalid arguments or no device to query. */
 MLA_EXT_CAPI_EXPORT size_t mla_ext_sparse_mla_decode_workspace_size_for(long long num_tokens,
                                                                         long long num_heads, int num_splits,
                                                                         int num_sms);
 
 /* The automatic split count: shapes and processor count only (never tensor
  * contents), so a captured graph replays with new indices. total_width = main
- * width + extra width. num_sms <= 0 queries the current device. */
+ * width + extra width. num_sms <= 0 queries the current device. 0 for negative
+ * arguments or no device to query. */
 MLA_EXT_CAPI_EXPORT int mla_ext_sparse_mla_decode_num_splits(long long num_tokens, long long num_heads,
                                                              long long total_width, int num_sms);
 

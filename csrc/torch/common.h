@@ -32,7 +32,12 @@ inline const char* dtype_name(ScalarType t) {
     case ScalarType::Bool: return "bool";
     case ScalarType::Float8_e4m3fn: return "float8_e4m3fn";
     case ScalarType::Float8_e4m3fnuz: return "float8_e4m3fnuz";
-    default: return "another dtype";
+    case ScalarType::Float8_e5m2: return "float8_e5m2";
+    case ScalarType::Float8_e5m2fnuz: return "float8_e5m2fnuz";
+    case ScalarType::Short: return "int16";
+    case ScalarType::ComplexFloat: return "complex64";
+    case ScalarType::ComplexDouble: return "complex128";
+    default: return "an unsupported dtype";
   }
 }
 

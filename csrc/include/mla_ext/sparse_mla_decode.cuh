@@ -950,9 +950,12 @@ inline bool check_set(const KvSet& s, KvFormat f, int d_qk, bool required) {
   if (s.cache == nullptr) return !required;
   if (s.width < 0 || s.page_size <= 0 || s.page_size > 0x7fffffff || s.num_slots < 0) return false;
   if (s.width > 0 && s.indices == nullptr) return false;
+  if (s.indices_stride_token < 0 || s.lengths_stride < 0 || s.page_stride_bytes < 0) return false;
   if (!aligned16(s.cache) || (s.page_stride_bytes & 15) != 0) return false;
   f = kv_layout(f);
-  if (f == KvFormat::kFP8DsMlaV4) return true;
+  if (f == KvFormat::kFP8DsMlaV4)  // page: page_size data rows, then page_size scale rows
+    return s.page_stride_bytes >= s.page_size * (kFP8DsMlaV4DataBytes + kFP8DsMlaV4ScaleBytes) ||
+           s.num_slots <= s.page_size;  // one page: its stride is never used
   if ((s.token_stride_bytes & 15) != 0) return false;
   const int64_t row = f == KvFormat::kBF16 ? int64_t(2) * d_qk : int64_t(kFP8DsMlaRowBytes);
   return s.token_stride_bytes >= row || s.page_size == 1;
@@ -980,6 +983,7 @@ inline Status launch_sparse_mla_decode(const SparseDecodeParams& p, void* worksp
     return Status::kInvalidArgument;
   if (!check_set(p.main, p.kv_format, p.d_qk, true)) return Status::kInvalidArgument;
   if (!check_set(p.extra, p.kv_format, p.d_qk, false)) return Status::kInvalidArgument;
+  if (p.attn_sink != nullptr && p.attn_sink_stride < 0) return Status::kInvalidArgument;
 
   const int64_t T = p.num_tokens, H = p.num_heads;
   const int S = p.num_splits;
@@ -996,6 +1000,8 @@ inline Status launch_sparse_mla_decode(const SparseDecodeParams& p, void* worksp
   if (S > 1) {
     const size_t need = decode_workspace_size(T, H, S);
     if (workspace == nullptr || workspace_bytes < need) return Status::kWorkspaceTooSmall;
+    // the kernels read and write it with 8- and 16-byte accesses
+    if ((reinterpret_cast<uintptr_t>(workspace) & 15u) != 0) return Status::kInvalidArgument;
     a.ws_out = static_cast<float*>(workspace);
     a.ws_lse = reinterpret_cast<float*>(static_cast<uint8_t*>(workspace) + decode_partial_out_bytes(T, H, S));
   }

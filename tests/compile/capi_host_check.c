@@ -1,0 +1,107 @@
+/* Host-only checks of the C API's argument validation (CI, no GPU needed): every case here
+ * must be rejected before any launch, so the results do not depend on a device being present.
+ * Built and run by tools/cmake_check.sh against the installed package. Exit 0 = all ok. */
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "mla_ext_capi.h"
+
+static int failures = 0;
+#define EXPECT(cond, what)                              \
+  do {                                                  \
+    if (!(cond)) {                                      \
+      fprintf(stderr, "capi_host_check: FAILED %s\n", what); \
+      ++failures;                                       \
+    }                                                   \
+  } while (0)
+
+int main(void) {
+  static uint8_t buf[1 << 16];
+  uint8_t* aligned = (uint8_t*)(((uintptr_t)buf + 255) & ~(uintptr_t)255);
+  EXPECT(mla_ext_capi_version() == MLA_EXT_CAPI_VERSION, "version matches the header");
+  EXPECT(mla_ext_merge_params_size() == sizeof(mla_ext_merge_params), "merge params size");
+  EXPECT(mla_ext_sparse_decode_params_size() == sizeof(mla_ext_sparse_decode_params), "decode params size");
+
+  /* workspace sizes */
+  EXPECT(mla_ext_sparse_mla_decode_workspace_size(4, 16, 1) == 0, "one split needs no workspace");
+  EXPECT(mla_ext_sparse_mla_decode_workspace_size(4, 16, 2) > 0, "two splits need a workspace");
+  EXPECT(mla_ext_sparse_mla_decode_workspace_size(4, 16, 65) == MLA_EXT_INVALID_SIZE, "num_splits > 64");
+  EXPECT(mla_ext_sparse_mla_decode_workspace_size(-1, 16, 2) == MLA_EXT_INVALID_SIZE, "negative tokens");
+  EXPECT(mla_ext_sparse_mla_decode_workspace_size(1LL << 62, 4, 2) == MLA_EXT_INVALID_SIZE, "overflow");
+  EXPECT(mla_ext_sparse_mla_decode_workspace_size_for(64, 16, -5, 132) == MLA_EXT_INVALID_SIZE, "negative splits");
+  EXPECT(mla_ext_sparse_mla_decode_workspace_size_for(64, 16, 0, 132) > 0, "automatic splits on 132 SMs");
+  EXPECT(mla_ext_sparse_mla_decode_num_splits(1, 16, 640, 132) >= 1, "num_splits with an explicit SM count");
+
+  /* merge: an FP8 output without a scale fails even with nothing to merge */
+  {
+    mla_ext_merge_params m;
+    memset(&m, 0, sizeof m);
+    m.dtype = MLA_EXT_DTYPE_BFLOAT16;
+    m.output_kind = MLA_EXT_MERGE_OUTPUT_FP8_E4M3FN;
+    EXPECT(mla_ext_merge_attn_states(&m, 132, NULL) == MLA_EXT_STATUS_INVALID_ARGUMENT, "fp8 output, no scale");
+    m.output_kind = MLA_EXT_MERGE_OUTPUT_SAME;
+    m.has_prefill_tokens_with_context = 1;
+    m.prefill_tokens_with_context = -1;
+    EXPECT(mla_ext_merge_attn_states(&m, 132, NULL) == MLA_EXT_STATUS_INVALID_ARGUMENT, "negative prefill tokens");
+    m.has_prefill_tokens_with_context = 0;
+    EXPECT(mla_ext_merge_attn_states(&m, 132, NULL) == MLA_EXT_STATUS_SUCCESS, "empty merge");
+  }
+
+  /* decode: a well-formed bf16 call, then one field broken at a time */
+  {
+    static int32_t idx[2 * 4] = {0, 1, 2, 3, 4, 5, 6, 7};
+    mla_ext_sparse_decode_params p, bad;
+    size_t ws = mla_ext_sparse_mla_decode_workspace_size(2, 16, 4);
+    memset(&p, 0, sizeof p);
+    p.kv_format = MLA_EXT_KV_BF16;
+    p.d_qk = 512;
+    p.num_tokens = 2;
+    p.num_heads = 16;
+    p.softmax_scale = 0.05f;
+    p.q = (const uint16_t*)aligned;
+    p.q_stride_token = 16 * 512;
+    p.q_stride_head = 512;
+    p.main.cache = aligned;
+    p.main.page_size = 4;
+    p.main.num_slots = 8;
+    p.main.token_stride_bytes = 1024;
+    p.main.page_stride_bytes = 4096;
+    p.main.indices = idx;
+    p.main.indices_stride_token = 4;
+    p.main.width = 4;
+    p.output = (uint16_t*)aligned;
+    p.output_stride_token = 16 * 512;
+    p.output_stride_head = 512;
+    p.num_splits = 4;
+    EXPECT(ws > 0 && ws != MLA_EXT_INVALID_SIZE, "decode workspace size");
+    bad = p;
+    EXPECT(mla_ext_sparse_mla_decode(&bad, aligned + 4, ws, 132, NULL) == MLA_EXT_STATUS_INVALID_ARGUMENT,
+           "misaligned workspace");
+    EXPECT(mla_ext_sparse_mla_decode(&bad, aligned, ws - 1, 132, NULL) == MLA_EXT_STATUS_WORKSPACE_TOO_SMALL,
+           "workspace too small");
+    bad = p;
+    bad.main.page_stride_bytes = -16;
+    EXPECT(mla_ext_sparse_mla_decode(&bad, aligned, ws, 132, NULL) == MLA_EXT_STATUS_INVALID_ARGUMENT,
+           "negative page stride");
+    bad = p;
+    bad.main.indices_stride_token = -100;
+    EXPECT(mla_ext_sparse_mla_decode(&bad, aligned, ws, 132, NULL) == MLA_EXT_STATUS_INVALID_ARGUMENT,
+           "negative indices stride");
+    bad = p;
+    bad.num_splits = 65;
+    EXPECT(mla_ext_sparse_mla_decode(&bad, aligned, ws, 132, NULL) == MLA_EXT_STATUS_INVALID_ARGUMENT,
+           "num_splits > 64");
+    bad = p;
+    bad.kv_format = MLA_EXT_KV_FP8_DS_MLA_V4;
+    bad.main.page_stride_bytes = 4 * 576; /* < page_size * 584 */
+    EXPECT(mla_ext_sparse_mla_decode(&bad, aligned, ws, 132, NULL) == MLA_EXT_STATUS_INVALID_ARGUMENT,
+           "V4 page stride below page_size * 584");
+    bad = p;
+    bad.q = (const uint16_t*)(aligned + 2);
+    EXPECT(mla_ext_sparse_mla_decode(&bad, aligned, ws, 132, NULL) == MLA_EXT_STATUS_INVALID_ARGUMENT,
+           "misaligned q");
+  }
+  printf("capi_host_check: %s\n", failures ? "FAILED" : "ok");
+  return failures ? 1 : 0;
+}
