@@ -315,19 +315,15 @@ void reduce_row(const SparseDecodeParams& p, int64_t row, const float* ws_out, c
   const int S = p.num_splits;
   const int64_t t = row / H, h = row % H;
   const float* lse = ws_lse + row * S;
-  float mx = neg_inf();
-  bool nan = false;  // a split that met a NaN score poisons the row (as with one split)
-  for (int i = 0; i < S; ++i) {
-    mx = fmaxf(mx, lse[i]);
-    nan |= is_nan(lse[i]);
-  }
+  float mx;
+  const SplitMergeMode mode = split_merge_scan(lse, S, &mx);  // the GPU reduce's rule
   float o[kDV];
   for (int i = 0; i < kDV; ++i) o[i] = 0.f;
   float out_lse = neg_inf();
-  if (nan) {
+  if (mode == SplitMergeMode::kNaN) {
     for (int i = 0; i < kDV; ++i) o[i] = quiet_nan();
     out_lse = quiet_nan();
-  } else if (mx != neg_inf()) {
+  } else if (mode == SplitMergeMode::kMix) {
     float L = 0.f;
     for (int i = 0; i < S; ++i) {
       const float w = expf(lse[i] - mx);
@@ -338,11 +334,9 @@ void reduce_row(const SparseDecodeParams& p, int64_t row, const float* ws_out, c
         for (int d = 0; d < kDV; ++d) o[d] += w * v[d];
       }
     }
-    float den = L;
-    if (p.attn_sink != nullptr) den = L + expf(p.attn_sink[h * p.attn_sink_stride] - mx);
-    const float inv = 1.f / den;
+    const float inv =
+        split_merge_finish(L, mx, p.attn_sink != nullptr ? p.attn_sink + h * p.attn_sink_stride : nullptr, &out_lse);
     for (int d = 0; d < kDV; ++d) o[d] *= inv;
-    out_lse = mx + logf(L);
   }
   uint16_t* out = p.output + t * p.output_stride_token + h * p.output_stride_head;
   for (int d = 0; d < kDV; ++d) out[d] = float_to_bf16(o[d]);

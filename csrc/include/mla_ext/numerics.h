@@ -16,8 +16,10 @@
 
 #if defined(__CUDACC__) || defined(__HIPCC__)
 #define MLA_EXT_HD __host__ __device__ __forceinline__
+#define MLA_EXT_UNROLL4 _Pragma("unroll 4")  // loop hint in code shared with the CPU twins
 #else
 #define MLA_EXT_HD inline
+#define MLA_EXT_UNROLL4
 #endif
 
 namespace mla_ext {

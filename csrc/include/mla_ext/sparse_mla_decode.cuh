@@ -841,19 +841,14 @@ __global__ void __launch_bounds__(kReduceThreads) decode_reduce_kernel(const Red
   const int64_t row = blockIdx.x;  // t * H + h
   const int64_t t = row / H, h = row - (row / H) * H;
   const float* lse = a.ws_lse + row * S;
-  float mx = neg_inf();
-  bool nan = false;  // a split that met a NaN score poisons the row (as with one split)
-#pragma unroll 4
-  for (int i = 0; i < S; ++i) {
-    mx = fmaxf(mx, lse[i]);
-    nan |= is_nan(lse[i]);
-  }
+  float mx;
+  const SplitMergeMode mode = split_merge_scan(lse, S, &mx);  // rule: sparse_mla_decode.h
   const int col = threadIdx.x * 4;
   float o[4] = {0.f, 0.f, 0.f, 0.f};
   float out_lse = neg_inf();
-  if (nan) {
+  if (mode == SplitMergeMode::kNaN) {
     o[0] = o[1] = o[2] = o[3] = out_lse = quiet_nan();
-  } else if (mx != neg_inf()) {
+  } else if (mode == SplitMergeMode::kMix) {
     float L = 0.f;
     for (int i = 0; i < S; ++i) {
       const float w = expf(lse[i] - mx);
@@ -866,12 +861,10 @@ __global__ void __launch_bounds__(kReduceThreads) decode_reduce_kernel(const Red
         o[3] = fmaf(w, v.w, o[3]);
       }
     }
-    float den = L;
-    if (p.attn_sink != nullptr) den = L + expf(p.attn_sink[h * p.attn_sink_stride] - mx);
-    const float inv = 1.f / den;
+    const float inv =
+        split_merge_finish(L, mx, p.attn_sink != nullptr ? p.attn_sink + h * p.attn_sink_stride : nullptr, &out_lse);
 #pragma unroll
     for (int e = 0; e < 4; ++e) o[e] *= inv;
-    out_lse = mx + logf(L);
   }
   uint16_t* out = p.output + t * p.output_stride_token + h * p.output_stride_head + col;
   const uint32_t lo = pack_bf16x2(o[0], o[1]), hi = pack_bf16x2(o[2], o[3]);

@@ -149,6 +149,36 @@ MLA_EXT_HD void decode_split_range(int64_t num_positions, int64_t s, int64_t num
 }
 
 // ---------------------------------------------------------------------------
+// Split-K reduction of one (token, head) row, the rule shared by the GPU reduce
+// kernel and the CPU twin (each accumulates the weighted partial outputs its own
+// way): a split whose lse is NaN (it met a NaN score) makes the row NaN; all
+// splits empty (-inf) give 0 and lse -inf; otherwise split s weighs
+// exp(lse_s - max) and the sink enters the denominator once.
+// ---------------------------------------------------------------------------
+enum class SplitMergeMode { kEmpty, kNaN, kMix };
+
+MLA_EXT_HD SplitMergeMode split_merge_scan(const float* lse, int num_splits, float* max_lse) {
+  float mx = neg_inf();
+  bool nan = false;
+  MLA_EXT_UNROLL4
+  for (int i = 0; i < num_splits; ++i) {
+    mx = fmaxf(mx, lse[i]);
+    nan |= is_nan(lse[i]);
+  }
+  *max_lse = mx;
+  return nan ? SplitMergeMode::kNaN : (mx == neg_inf() ? SplitMergeMode::kEmpty : SplitMergeMode::kMix);
+}
+
+// kMix, after summing the weights into L: the factor for the weighted sum and the row's lse
+// (sink excluded). sink: the head's sink logit, or nullptr.
+MLA_EXT_HD float split_merge_finish(float L, float max_lse, const float* sink, float* lse) {
+  float den = L;
+  if (sink != nullptr) den = L + expf(*sink - max_lse);
+  *lse = max_lse + logf(L);
+  return 1.f / den;
+}
+
+// ---------------------------------------------------------------------------
 // Workspace layout for num_splits > 1 (fp32, 256-byte aligned sections):
 //   partial_out [num_tokens, num_heads, num_splits, 512]  (normalised per split)
 //   partial_lse [num_tokens, num_heads, num_splits]       (m + log(l); -inf = empty split)
