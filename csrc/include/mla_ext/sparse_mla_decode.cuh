@@ -140,93 +140,84 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
 #endif
 }
 
-// e4m3fn byte (low 8 bits of b) -> fp32, exact; 0x7f / 0xff -> NaN (numerics.h).
+// e4m3 byte (low 8 bits of b) -> fp32, exact (numerics.h), without branches:
+// e4m3fn: bias 7, 0x7f / 0xff -> NaN; e4m3fnuz: the same bit placement one
+// exponent lower (bias 8), 0x80 -> NaN, 0x7f / 0xff -> +-240.
+template <bool FNUZ>
 __device__ __forceinline__ float e4m3_bits_to_float(uint32_t b) {
-  const float v = bits_to_float(((b & 0x80u) << 24) | ((b & 0x7fu) << 20)) * 1.329227995784916e36f;  // 2^120
-  return (b & 0x7fu) == 0x7fu ? quiet_nan() : v;
+  const float v = bits_to_float(((b & 0x80u) << 24) | ((b & 0x7fu) << 20)) *
+                  (FNUZ ? 6.646139978924579e35f : 1.329227995784916e36f);  // 2^119 : 2^120
+  return (FNUZ ? (b & 0xffu) == 0x80u : (b & 0x7fu) == 0x7fu) ? quiet_nan() : v;
 }
 
-// Four e4m3 bytes of w times s -> two bf16x2 words (element order = byte order).
+// Four e4m3 bytes of w times s -> two bf16x2 words (element order = byte order),
+// the same values as e4m3_bits_to_float<FNUZ>(byte) * s rounded to bf16.
+template <bool FNUZ>
 __device__ __forceinline__ void dequant4(uint32_t w, float s, uint32_t& lo, uint32_t& hi) {
 #if defined(MLA_EXT_DECODE_CVT_FP8)
-  // e4m3 -> f16 is exact (NaN codes -> NaN), f16 -> f32 exact, one fp32 multiply,
-  // one rounding to bf16: the same value as the scalar decode, ~2x fewer instructions.
-  asm("{\n"
-      ".reg .b16 a, b, l0, h0, l1, h1;\n"
-      ".reg .b32 x0, x1;\n"
-      ".reg .f32 f0, f1, f2, f3;\n"
-      "mov.b32 {a, b}, %2;\n"
-      "cvt.rn.f16x2.e4m3x2 x0, a;\n"
-      "cvt.rn.f16x2.e4m3x2 x1, b;\n"
-      "mov.b32 {l0, h0}, x0;\n"
-      "mov.b32 {l1, h1}, x1;\n"
-      "cvt.f32.f16 f0, l0;\n"
-      "cvt.f32.f16 f1, h0;\n"
-      "cvt.f32.f16 f2, l1;\n"
-      "cvt.f32.f16 f3, h1;\n"
-      "mul.rn.f32 f0, f0, %3;\n"
-      "mul.rn.f32 f1, f1, %3;\n"
-      "mul.rn.f32 f2, f2, %3;\n"
-      "mul.rn.f32 f3, f3, %3;\n"
-      "cvt.rn.bf16x2.f32 %0, f1, f0;\n"
-      "cvt.rn.bf16x2.f32 %1, f3, f2;\n"
-      "}\n"
-      : "=r"(lo), "=r"(hi)
-      : "r"(w), "f"(s));
+  if constexpr (!FNUZ) {
+    // e4m3 -> f16 is exact (NaN codes -> NaN), f16 -> f32 exact, one fp32 multiply,
+    // one rounding to bf16: the same value as the scalar decode, ~2x fewer instructions.
+    asm("{\n"
+        ".reg .b16 a, b, l0, h0, l1, h1;\n"
+        ".reg .b32 x0, x1;\n"
+        ".reg .f32 f0, f1, f2, f3;\n"
+        "mov.b32 {a, b}, %2;\n"
+        "cvt.rn.f16x2.e4m3x2 x0, a;\n"
+        "cvt.rn.f16x2.e4m3x2 x1, b;\n"
+        "mov.b32 {l0, h0}, x0;\n"
+        "mov.b32 {l1, h1}, x1;\n"
+        "cvt.f32.f16 f0, l0;\n"
+        "cvt.f32.f16 f1, h0;\n"
+        "cvt.f32.f16 f2, l1;\n"
+        "cvt.f32.f16 f3, h1;\n"
+        "mul.rn.f32 f0, f0, %3;\n"
+        "mul.rn.f32 f1, f1, %3;\n"
+        "mul.rn.f32 f2, f2, %3;\n"
+        "mul.rn.f32 f3, f3, %3;\n"
+        "cvt.rn.bf16x2.f32 %0, f1, f0;\n"
+        "cvt.rn.bf16x2.f32 %1, f3, f2;\n"
+        "}\n"
+        : "=r"(lo), "=r"(hi)
+        : "r"(w), "f"(s));
+  } else {
+    // No packed e4m3fnuz conversion on NVIDIA. Bit decode in f16 pairs: byte
+    // S.EEEE.MMM placed as the f16 S.0EEEE.MMM0000000 is its fnuz value times
+    // 2^-7, exactly (E = 0 lands on f16 subnormals = fnuz subnormals scaled),
+    // never inf or NaN; 0x80 gets the high byte 0xff instead (an f16 NaN). Then
+    // x 2^7 in f16 (exact), to fp32 (exact), one fp32 multiply by s, one
+    // rounding to bf16: the same values as e4m3_bits_to_float<true>(b) * s.
+    const uint32_t mag = w & 0x7f7f7f7fu;
+    const uint32_t is80 = w & ~(mag + 0x7f7f7f7fu) & 0x80808080u;  // bit 7 of each 0x80 byte
+    const uint32_t top = (w & 0x80808080u) | (is80 - (is80 >> 7));  // sign byte, 0xff for 0x80
+    const uint32_t h01 = (__byte_perm(mag, 0u, 0x1404u) >> 1) | __byte_perm(top, 0u, 0x1404u);
+    const uint32_t h23 = (__byte_perm(mag, 0u, 0x3424u) >> 1) | __byte_perm(top, 0u, 0x3424u);
+    asm("{\n"
+        ".reg .b16 l0, h0, l1, h1;\n"
+        ".reg .b32 x0, x1, k;\n"
+        ".reg .f32 f0, f1, f2, f3;\n"
+        "mov.b32 k, 0x58005800;\n"  // f16x2 {128, 128}
+        "mul.rn.f16x2 x0, %2, k;\n"
+        "mul.rn.f16x2 x1, %3, k;\n"
+        "mov.b32 {l0, h0}, x0;\n"
+        "mov.b32 {l1, h1}, x1;\n"
+        "cvt.f32.f16 f0, l0;\n"
+        "cvt.f32.f16 f1, h0;\n"
+        "cvt.f32.f16 f2, l1;\n"
+        "cvt.f32.f16 f3, h1;\n"
+        "mul.rn.f32 f0, f0, %4;\n"
+        "mul.rn.f32 f1, f1, %4;\n"
+        "mul.rn.f32 f2, f2, %4;\n"
+        "mul.rn.f32 f3, f3, %4;\n"
+        "cvt.rn.bf16x2.f32 %0, f1, f0;\n"
+        "cvt.rn.bf16x2.f32 %1, f3, f2;\n"
+        "}\n"
+        : "=r"(lo), "=r"(hi)
+        : "r"(h01), "r"(h23), "f"(s));
+  }
 #else
-  lo = pack_bf16x2(e4m3_bits_to_float(w) * s, e4m3_bits_to_float(w >> 8) * s);
-  hi = pack_bf16x2(e4m3_bits_to_float(w >> 16) * s, e4m3_bits_to_float(w >> 24) * s);
-#endif
-}
-
-// e4m3fnuz byte (low 8 bits of b) -> fp32, exact (numerics.h): the e4m3fn bit
-// placement one exponent lower (bias 8); 0x80 -> NaN, 0x7f / 0xff -> +-240.
-// Same instruction count as e4m3_bits_to_float (HIP and pre-sm_89 decode).
-__device__ __forceinline__ float e4m3fnuz_bits_to_float(uint32_t b) {
-  const float v = bits_to_float(((b & 0x80u) << 24) | ((b & 0x7fu) << 20)) * 6.646139978924579e35f;  // 2^119
-  return (b & 0xffu) == 0x80u ? quiet_nan() : v;
-}
-
-// dequant4 for e4m3fnuz bytes (a separate function: the e4m3fn kernels keep
-// dequant4 as it is).
-__device__ __forceinline__ void dequant4_fnuz(uint32_t w, float s, uint32_t& lo, uint32_t& hi) {
-#if defined(MLA_EXT_DECODE_CVT_FP8)
-  // No packed e4m3fnuz conversion on NVIDIA. Bit decode in f16 pairs: byte
-  // S.EEEE.MMM placed as the f16 S.0EEEE.MMM0000000 is its fnuz value times
-  // 2^-7, exactly (E = 0 lands on f16 subnormals = fnuz subnormals scaled),
-  // never inf or NaN; 0x80 gets the high byte 0xff instead (an f16 NaN). Then
-  // x 2^7 in f16 (exact), to fp32 (exact), one fp32 multiply by s, one
-  // rounding to bf16: the same values as e4m3fnuz_bits_to_float(b) * s.
-  const uint32_t mag = w & 0x7f7f7f7fu;
-  const uint32_t is80 = w & ~(mag + 0x7f7f7f7fu) & 0x80808080u;  // bit 7 of each 0x80 byte
-  const uint32_t top = (w & 0x80808080u) | (is80 - (is80 >> 7));  // sign byte, 0xff for 0x80
-  const uint32_t h01 = (__byte_perm(mag, 0u, 0x1404u) >> 1) | __byte_perm(top, 0u, 0x1404u);
-  const uint32_t h23 = (__byte_perm(mag, 0u, 0x3424u) >> 1) | __byte_perm(top, 0u, 0x3424u);
-  asm("{\n"
-      ".reg .b16 l0, h0, l1, h1;\n"
-      ".reg .b32 x0, x1, k;\n"
-      ".reg .f32 f0, f1, f2, f3;\n"
-      "mov.b32 k, 0x58005800;\n"  // f16x2 {128, 128}
-      "mul.rn.f16x2 x0, %2, k;\n"
-      "mul.rn.f16x2 x1, %3, k;\n"
-      "mov.b32 {l0, h0}, x0;\n"
-      "mov.b32 {l1, h1}, x1;\n"
-      "cvt.f32.f16 f0, l0;\n"
-      "cvt.f32.f16 f1, h0;\n"
-      "cvt.f32.f16 f2, l1;\n"
-      "cvt.f32.f16 f3, h1;\n"
-      "mul.rn.f32 f0, f0, %4;\n"
-      "mul.rn.f32 f1, f1, %4;\n"
-      "mul.rn.f32 f2, f2, %4;\n"
-      "mul.rn.f32 f3, f3, %4;\n"
-      "cvt.rn.bf16x2.f32 %0, f1, f0;\n"
-      "cvt.rn.bf16x2.f32 %1, f3, f2;\n"
-      "}\n"
-      : "=r"(lo), "=r"(hi)
-      : "r"(h01), "r"(h23), "f"(s));
-#else
-  lo = pack_bf16x2(e4m3fnuz_bits_to_float(w) * s, e4m3fnuz_bits_to_float(w >> 8) * s);
-  hi = pack_bf16x2(e4m3fnuz_bits_to_float(w >> 16) * s, e4m3fnuz_bits_to_float(w >> 24) * s);
+  lo = pack_bf16x2(e4m3_bits_to_float<FNUZ>(w) * s, e4m3_bits_to_float<FNUZ>(w >> 8) * s);
+  hi = pack_bf16x2(e4m3_bits_to_float<FNUZ>(w >> 16) * s, e4m3_bits_to_float<FNUZ>(w >> 24) * s);
 #endif
 }
 
@@ -358,17 +349,11 @@ struct Gather {
           s = 1.f;
         }
         uint4 lo, hi;
-        if constexpr (kv_is_fnuz(F)) {
-          dequant4_fnuz(raw[k].x, s, lo.x, lo.y);
-          dequant4_fnuz(raw[k].y, s, lo.z, lo.w);
-          dequant4_fnuz(raw[k].z, s, hi.x, hi.y);
-          dequant4_fnuz(raw[k].w, s, hi.z, hi.w);
-        } else {
-          dequant4(raw[k].x, s, lo.x, lo.y);
-          dequant4(raw[k].y, s, lo.z, lo.w);
-          dequant4(raw[k].z, s, hi.x, hi.y);
-          dequant4(raw[k].w, s, hi.z, hi.w);
-        }
+        constexpr bool kFnuz = kv_is_fnuz(F);
+        dequant4<kFnuz>(raw[k].x, s, lo.x, lo.y);
+        dequant4<kFnuz>(raw[k].y, s, lo.z, lo.w);
+        dequant4<kFnuz>(raw[k].z, s, hi.x, hi.y);
+        dequant4<kFnuz>(raw[k].w, s, hi.z, hi.w);
         *reinterpret_cast<uint4*>(krow + 16 * c) = lo;
         *reinterpret_cast<uint4*>(krow + 16 * c + 8) = hi;
       } else {
