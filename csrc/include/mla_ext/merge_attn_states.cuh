@@ -1,10 +1,12 @@
 // merge_attn_states GPU kernel and launcher (CUDA and HIP, one source).
 //
 // Memory-bound: every output element costs one read of each input and one
-// write. A thread owns VEC consecutive elements of one (token, head) row, so
-// the widest access the pointers and strides allow (16 bytes when aligned) is
-// used; rows of any head_size and any number of heads map onto a flat index
-// (no per-block limit on num_heads x head_size).
+// write. Threads are laid out by (token, head) row, so the row's position,
+// addresses and merge weights are computed once per row rather than per
+// element; each thread moves VEC consecutive elements at a time, with the
+// widest access the pointers and strides allow (16 bytes when aligned). Rows of
+// any head_size (a long row loops) and any number of heads (a flat row index,
+// no per-block limit on num_heads x head_size).
 // Each chunk is read and written by one thread only, read before it is
 // written, so the output may alias an input.
 #pragma once
@@ -42,82 +44,99 @@ struct alignas(sizeof(T) * N) VecN {
 
 struct MergeKernelArgs {
   MergeParams p;
-  uint32_t total_chunks;   // num_tokens * num_heads * chunks_per_row (< 2^31)
+  uint32_t num_rows;       // num_tokens * num_heads (< 2^31)
   uint32_t merge_tokens;   // tokens [0, merge_tokens) merge, the rest copy the suffix
   uint32_t chunks_per_row;
-  FastDivmod div_chunks;   // by chunks_per_row
   FastDivmod div_heads;    // by num_heads
 };
 
-// Element offset of chunk `idx` in a tensor with the given strides, and the row's (t, h).
-struct ChunkPos {
-  uint32_t t, h, chunk;
-};
-
-__device__ __forceinline__ ChunkPos chunk_pos(const MergeKernelArgs& k, uint32_t idx) {
-  ChunkPos c;
-  const uint32_t row = k.div_chunks.div(idx);
-  c.chunk = idx - row * k.chunks_per_row;
-  c.t = k.div_heads.div(row);
-  c.h = row - c.t * uint32_t(k.p.num_heads);
-  return c;
+// Row-wise output writers: O::write per element for the selecting modes, and a
+// straight-line fp32 combine for the mixing rows (no per-element mode switch;
+// bf16 results rounded in pairs).
+template <typename E, typename O, int VEC>
+__device__ __forceinline__ VecN<typename O::storage, VEC> merge_chunk(const MergeRow& r,
+                                                                     const VecN<typename E::storage, VEC>& a,
+                                                                     const VecN<typename E::storage, VEC>& b,
+                                                                     float inv_scale) {
+  VecN<typename O::storage, VEC> o;
+  if (r.mode == MergeMode::kMix) {
+    float f[VEC];
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) f[i] = E::load(a.v[i]) * r.prefix_weight + E::load(b.v[i]) * r.suffix_weight;
+    if constexpr (!O::kScaled && VEC % 2 == 0 && sizeof(typename O::storage) == 2) {
+#pragma unroll
+      for (int i = 0; i < VEC; i += 2) {
+        const uint32_t w = O::pack2(f[i], f[i + 1]);
+        o.v[i] = typename O::storage(w & 0xffffu);
+        o.v[i + 1] = typename O::storage(w >> 16);
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) o.v[i] = O::from_float(f[i], inv_scale);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) o.v[i] = O::write(r, a.v[i], b.v[i], inv_scale);
+  }
+  return o;
 }
 
-__device__ __forceinline__ int64_t elem_offset(const ChunkPos& c, int64_t stride_t, int64_t stride_h,
-                                               int vec) {
-  return int64_t(c.t) * stride_t + int64_t(c.h) * stride_h + int64_t(c.chunk) * vec;
-}
-
-// Each thread merges UNROLL chunks per loop trip: all 4*UNROLL loads (two
-// values, two LSEs per chunk) are issued before the first store, and output
-// addresses are recomputed at store time rather than held in registers, so
-// many bytes stay in flight at full occupancy. O writes the output element
-// (SameOutput: the input dtype; Fp8Output: scaled, saturated e4m3). Tokens at
-// or after merge_tokens copy the suffix and never read the prefix.
-template <typename E, typename O, int VEC, int UNROLL>
+// One (token, head) row per thread row of the block: blockDim = (TPR, rows per
+// block). Thread x of a row owns the row's chunks x, x + TPR, ... (VEC
+// elements each), CPT of them per trip, all loads of a trip issued before the
+// first store. The row's position, base addresses and merge weights are worked
+// out once per row, not per chunk. O writes the output element (SameOutput: the
+// input dtype; Fp8Output: scaled, saturated e4m3). Tokens at or after
+// merge_tokens copy the suffix and never read the prefix. Each chunk is read
+// and then written by the same thread, so the output may alias an input.
+template <typename E, typename O, int VEC, int CPT>
 __global__ void __launch_bounds__(256) merge_attn_states_kernel(MergeKernelArgs k) {
   using S = typename E::storage;
   using V = VecN<S, VEC>;
   using VO = VecN<typename O::storage, VEC>;
   const MergeParams& p = k.p;
+  const uint32_t row = blockIdx.x * blockDim.y + threadIdx.y;
+  if (row >= k.num_rows) return;
+  const uint32_t t = k.div_heads.div(row);
+  const uint32_t h = row - t * uint32_t(p.num_heads);
+  const bool merge = t < k.merge_tokens;
+  const uint32_t tpr = blockDim.x;
+  const S* pb = static_cast<const S*>(p.prefix_output) + int64_t(t) * p.prefix_stride_token +
+                int64_t(h) * p.prefix_stride_head;
+  const S* sb = static_cast<const S*>(p.suffix_output) + int64_t(t) * p.suffix_stride_token +
+                int64_t(h) * p.suffix_stride_head;
+  typename O::storage* ob = static_cast<typename O::storage*>(p.output) + int64_t(t) * p.output_stride_token +
+                            int64_t(h) * p.output_stride_head;
+  const float lb = p.suffix_lse[int64_t(t) * p.suffix_lse_stride_token + int64_t(h) * p.suffix_lse_stride_head];
+  const float la =
+      merge ? p.prefix_lse[int64_t(t) * p.prefix_lse_stride_token + int64_t(h) * p.prefix_lse_stride_head] : 0.f;
   const float inv_scale = O::kScaled ? 1.f / *p.output_scale : 1.f;
-  const uint32_t tile = blockDim.x * UNROLL;
-  for (uint32_t base = blockIdx.x * tile + threadIdx.x; base < k.total_chunks; base += gridDim.x * tile) {
-    V a[UNROLL], b[UNROLL];
-    float la[UNROLL], lb[UNROLL];
+  MergeRow r;
+  bool have_r = false;
+  for (uint32_t c0 = threadIdx.x; c0 < k.chunks_per_row; c0 += CPT * tpr) {
+    V a[CPT], b[CPT];
 #pragma unroll
-    for (int u = 0; u < UNROLL; ++u) {
-      const uint32_t idx = base + u * blockDim.x;
-      if (idx < k.total_chunks) {
-        const ChunkPos c = chunk_pos(k, idx);
-        lb[u] = p.suffix_lse[int64_t(c.t) * p.suffix_lse_stride_token + int64_t(c.h) * p.suffix_lse_stride_head];
-        b[u] = *reinterpret_cast<const V*>(static_cast<const S*>(p.suffix_output) +
-                                           elem_offset(c, p.suffix_stride_token, p.suffix_stride_head, VEC));
-        if (c.t < k.merge_tokens) {
-          la[u] = p.prefix_lse[int64_t(c.t) * p.prefix_lse_stride_token + int64_t(c.h) * p.prefix_lse_stride_head];
-          a[u] = *reinterpret_cast<const V*>(static_cast<const S*>(p.prefix_output) +
-                                             elem_offset(c, p.prefix_stride_token, p.prefix_stride_head, VEC));
-        } else {
-          la[u] = 0.f;
-          a[u] = V{};
-        }
+    for (int u = 0; u < CPT; ++u) {
+      const uint32_t c = c0 + u * tpr;
+      if (c < k.chunks_per_row) {
+        b[u] = *reinterpret_cast<const V*>(sb + c * VEC);
+        if (merge) a[u] = *reinterpret_cast<const V*>(pb + c * VEC);
+        else a[u] = V{};
       }
     }
-#pragma unroll
-    for (int u = 0; u < UNROLL; ++u) {
-      const uint32_t idx = base + u * blockDim.x;
-      if (idx < k.total_chunks) {
-        const ChunkPos c = chunk_pos(k, idx);
-        const MergeRow r = c.t < k.merge_tokens ? merge_row(la[u], lb[u]) : copy_suffix_row(lb[u]);
-        VO o;
-#pragma unroll
-        for (int i = 0; i < VEC; ++i) o.v[i] = O::write(r, a[u].v[i], b[u].v[i], inv_scale);
-        *reinterpret_cast<VO*>(static_cast<typename O::storage*>(p.output) +
-                               elem_offset(c, p.output_stride_token, p.output_stride_head, VEC)) = o;
-        if (p.output_lse != nullptr && c.chunk == 0)
-          p.output_lse[int64_t(c.t) * p.output_lse_stride_token + int64_t(c.h) * p.output_lse_stride_head] = r.lse;
-      }
+    if (!have_r) {
+      r = merge ? merge_row(la, lb) : copy_suffix_row(lb);
+      have_r = true;
     }
+#pragma unroll
+    for (int u = 0; u < CPT; ++u) {
+      const uint32_t c = c0 + u * tpr;
+      if (c < k.chunks_per_row) *reinterpret_cast<VO*>(ob + c * VEC) = merge_chunk<E, O, VEC>(r, a[u], b[u], inv_scale);
+    }
+  }
+  if (p.output_lse != nullptr && threadIdx.x == 0) {
+    if (!have_r) r = merge ? merge_row(la, lb) : copy_suffix_row(lb);
+    p.output_lse[int64_t(t) * p.output_lse_stride_token + int64_t(h) * p.output_lse_stride_head] = r.lse;
   }
 }
 
@@ -141,15 +160,23 @@ inline int merge_vec_elems(const MergeParams& p) {
   return vec;
 }
 
+// Threads per row: enough for CPT chunks each (at most 32, a longer row loops),
+// rows packed into 256-thread blocks.
+constexpr int kMergeCPT = 2;
+inline int merge_threads_per_row(int64_t chunks_per_row) {
+  const int64_t tpr = (chunks_per_row + kMergeCPT - 1) / kMergeCPT;
+  return int(tpr < 1 ? 1 : (tpr > 32 ? 32 : tpr));
+}
+
 template <typename E, typename O, int VEC>
 Status launch_merge_vec(const MergeParams& full, int num_sms, gpuStream_t stream) {
+  (void)num_sms;
   const int64_t cpr = full.head_size / VEC;
-  const int64_t rows_per_token = full.num_heads * cpr;
-  // Launch over token ranges so that the flat chunk index stays below 2^31.
-  const int64_t max_tokens = (int64_t(1) << 31) / rows_per_token;
-  if (max_tokens < 1) return Status::kInvalidArgument;  // one token over 2^31 chunks
-  const int threads = 256;
-  const int64_t max_blocks = int64_t(num_sms > 0 ? num_sms : 132) * 8;
+  if (full.head_size >= (int64_t(1) << 32)) return Status::kInvalidArgument;  // 32-bit in-row offsets
+  const int tpr = merge_threads_per_row(cpr);
+  const int rows_per_block = 256 / tpr;
+  // Launch over token ranges so that the flat row index stays below 2^31.
+  const int64_t max_tokens = ((int64_t(1) << 31) - 1) / full.num_heads;
   for (int64_t t0 = 0; t0 < full.num_tokens; t0 += max_tokens) {
     const int64_t nt = full.num_tokens - t0 < max_tokens ? full.num_tokens - t0 : max_tokens;
     using S = typename E::storage;
@@ -162,27 +189,15 @@ Status launch_merge_vec(const MergeParams& full, int num_sms, gpuStream_t stream
     k.p.prefix_lse = full.prefix_lse + t0 * full.prefix_lse_stride_token;
     k.p.suffix_lse = full.suffix_lse + t0 * full.suffix_lse_stride_token;
     if (full.output_lse) k.p.output_lse = full.output_lse + t0 * full.output_lse_stride_token;
-    k.total_chunks = uint32_t(nt * rows_per_token);
+    k.num_rows = uint32_t(nt * full.num_heads);
     int64_t merge_end = full.has_prefill_tokens_with_context ? full.prefill_tokens_with_context - t0 : nt;
     merge_end = merge_end < 0 ? 0 : (merge_end > nt ? nt : merge_end);
     k.merge_tokens = uint32_t(merge_end);
     k.chunks_per_row = uint32_t(cpr);
-    k.div_chunks = FastDivmod(uint32_t(cpr));
     k.div_heads = FastDivmod(uint32_t(full.num_heads));
-    // Small problems: one chunk per thread, as many blocks as possible (latency);
-    // large ones: 4 chunks in flight per thread over a grid that fills the GPU.
-    const int64_t resident = int64_t(num_sms > 0 ? num_sms : 132) * 2048;  // threads at full occupancy
-    if (int64_t(k.total_chunks) >= 4 * resident) {
-      int64_t blocks = (int64_t(k.total_chunks) + 4 * threads - 1) / (4 * threads);
-      if (blocks > max_blocks) blocks = max_blocks;
-      merge_attn_states_kernel<E, O, VEC, 4><<<dim3(uint32_t(blocks)), dim3(threads), 0, stream>>>(k);
-    } else if (int64_t(k.total_chunks) >= resident) {
-      const int64_t blocks = (int64_t(k.total_chunks) + 2 * threads - 1) / (2 * threads);
-      merge_attn_states_kernel<E, O, VEC, 2><<<dim3(uint32_t(blocks)), dim3(threads), 0, stream>>>(k);
-    } else {
-      const int64_t blocks = (int64_t(k.total_chunks) + threads - 1) / threads;
-      merge_attn_states_kernel<E, O, VEC, 1><<<dim3(uint32_t(blocks)), dim3(threads), 0, stream>>>(k);
-    }
+    const int64_t blocks = (int64_t(k.num_rows) + rows_per_block - 1) / rows_per_block;
+    merge_attn_states_kernel<E, O, VEC, kMergeCPT>
+        <<<dim3(uint32_t(blocks)), dim3(uint32_t(tpr), uint32_t(rows_per_block)), 0, stream>>>(k);
     Status s = check_launch();
     if (s != Status::kSuccess) return s;
   }

@@ -139,11 +139,24 @@ struct BFloat16Elem {
   using storage = uint16_t;
   MLA_EXT_HD static float load(storage v) { return bf16_to_float(v); }
   MLA_EXT_HD static storage store(float v) { return float_to_bf16(v); }
+  // Two values rounded at once: low half = lo (one instruction on sm_80+).
+  MLA_EXT_HD static uint32_t store2(float lo, float hi) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 800)
+    uint32_t r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+#else
+    return uint32_t(float_to_bf16(lo)) | (uint32_t(float_to_bf16(hi)) << 16);
+#endif
+  }
 };
 struct Float16Elem {
   using storage = uint16_t;
   MLA_EXT_HD static float load(storage v) { return fp16_to_float(v); }
   MLA_EXT_HD static storage store(float v) { return float_to_fp16(v); }
+  MLA_EXT_HD static uint32_t store2(float lo, float hi) {
+    return uint32_t(float_to_fp16(lo)) | (uint32_t(float_to_fp16(hi)) << 16);
+  }
 };
 
 // One output element of a row under `r`. Selected sides are copied bit-exactly.
@@ -172,10 +185,14 @@ MLA_EXT_HD float merge_value(const MergeRow& r, typename E::storage p, typename 
 }
 
 // Output element writers. `inv_scale` is 1 / output_scale (FP8 only).
+// write: one element under any mode; from_float: a merged fp32 value (kMix);
+// pack2 (16-bit outputs only): two merged values, the first in the low half.
 template <typename E>
 struct SameOutput {  // output dtype = input dtype; selected sides bit-exact
   using storage = typename E::storage;
   static constexpr bool kScaled = false;
+  MLA_EXT_HD static storage from_float(float v, float) { return E::store(v); }
+  MLA_EXT_HD static uint32_t pack2(float lo, float hi) { return E::store2(lo, hi); }
   MLA_EXT_HD static storage write(const MergeRow& r, typename E::storage p, typename E::storage s, float) {
     return merge_element<E>(r, p, s);
   }
@@ -184,6 +201,10 @@ template <typename E, bool FNUZ>
 struct Fp8Output {  // saturate(merged * inv_scale) as e4m3fn / e4m3fnuz
   using storage = uint8_t;
   static constexpr bool kScaled = true;
+  MLA_EXT_HD static storage from_float(float v, float inv_scale) {
+    return float_to_fp8_e4m3_sat<FNUZ>(v * inv_scale);
+  }
+  MLA_EXT_HD static uint32_t pack2(float, float) { return 0u; }  // not used (8-bit output)
   MLA_EXT_HD static storage write(const MergeRow& r, typename E::storage p, typename E::storage s,
                                   float inv_scale) {
     return float_to_fp8_e4m3_sat<FNUZ>(merge_value<E>(r, p, s) * inv_scale);

@@ -78,6 +78,7 @@ struct SparseDecodeParams {
 
   int num_splits = 1;               // resolved split count, 1..kMaxSplits
   bool force_portable = false;      // GPU: use the portable (no tensor-core) path
+  bool no_cluster_reduce = false;   // GPU: reduce splits with a separate kernel even on sm_90+
 };
 
 // ---------------------------------------------------------------------------
