@@ -817,46 +817,6 @@ def test_gpu_deterministic_with_poisoned_workspace():
 
 
 @requires_gpu
-@pytest.mark.parametrize("fmt,d_qk", GEOMS + FNUZ_GEOMS)
-@pytest.mark.parametrize("H", [3, 8, 32, 64, 100])
-def test_gpu_cluster_reduce_matches_reduce_kernel(fmt, d_qk, H):
-    """On sm_90+ calls with 2..8 splits reduce inside a thread-block cluster; the separate reduce
-    kernel (forced by _set_no_cluster_reduce) must give bit-identical output and lse, both must
-    match the reference, and NaN scores, empty rows and the sink must follow the same rules."""
-    g = torch.Generator().manual_seed(31 + H)
-    T, W = 5, 300
-    idx, lengths = make_indices(g, T, W, 30 * 64, "scattered", "random")
-    lengths[0] = 0  # an empty row: 0 / -inf
-    lengths[1] = 3  # fewer rows than splits: empty splits write neutral records
-    cache = make_cache(g, fmt, d_qk, 30, 64, idx, "cuda")
-    q = torch.randn(T, H, d_qk, generator=g).to(torch.bfloat16)
-    q[4, H // 2] = float("nan")  # NaN scores: that head of that token NaN, whatever S
-    sink = make_sink(g, H, "finite") if fmt != "fp8_ds_mla" else None
-    for S in (2, 3, 5, 8):
-        runs = []
-        for no_cluster in (False, True):
-            prev = torch.ops.mla_ext._set_no_cluster_reduce(no_cluster)
-            try:
-                out, lse, _ = run_check(q, cache, idx, fmt=fmt, scale=d_qk ** -0.5, device="cuda",
-                                        num_splits=S, lengths=lengths, sink=sink, check=False)
-            finally:
-                torch.ops.mla_ext._set_no_cluster_reduce(prev)
-            runs.append((out, lse))
-        (o1, l1), (o2, l2) = runs
-        assert torch.equal(o1.view(torch.int16), o2.view(torch.int16)), f"S={S}: outputs differ"
-        assert torch.equal(l1.view(torch.int32), l2.view(torch.int32)), f"S={S}: lses differ"
-        assert torch.isnan(o1[4, H // 2]).all() and torch.isnan(l1[4, H // 2])
-        assert torch.equal(o1[0].float().cpu(), torch.zeros(H, 512)) and torch.isneginf(l1[0]).all()
-        keep = torch.ones(T, dtype=torch.bool)
-        keep[4] = False
-        ref_o, ref_l = reference.sparse_mla_decode(
-            q[keep], cache.cpu() if not _is_v4(fmt) else _cpu_v4(cache), idx[keep], kv_format=fmt,
-            softmax_scale=d_qk ** -0.5, lengths=lengths[keep], attn_sink=sink)
-        check_out(o1[keep.cuda()], ref_o, fmt)
-        check_lse(l1[keep.cuda()], ref_l, kv_format=fmt)
-
-
-@requires_gpu
 def test_gpu_cache_over_2gib():
     free, _ = torch.cuda.mem_get_info()
     ps = 64

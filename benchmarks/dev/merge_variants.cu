@@ -4,8 +4,12 @@
 //   add3      : out = a + b (2 reads + 1 write, 16-byte accesses, no LSE)      -> stream ceiling
 //   merge     : mla_ext::launch_merge_attn_states, LSE [T,H] contiguous
 //   merge_lseT: same with LSE passed as [H,T] transposed views (vLLM layout)
+//   cCPT/bMIN/gGRID: the row kernel with other tuning constants (chunks per thread and trip,
+//             register-cap blocks per SM, blocks per SM before the grid strides; 0 = no cap)
 // Build: nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Icsrc/include benchmarks/dev/merge_variants.cu
 #include <algorithm>
+#include <string>
+#include <utility>
 #include <cstdio>
 #include <vector>
 
@@ -35,9 +39,10 @@ float time_it(F f) {
 }
 
 int main() {
-  const int64_t shapes[][3] = {{8192, 128, 128}, {64, 128, 512}, {1, 128, 512}};
+  const int64_t shapes[][3] = {{8192, 128, 128}, {16384, 16, 128}, {64, 128, 512}, {256, 16, 512}, {1, 128, 512}};
   int sms = 0; cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
   printf("%-18s %10s %10s %10s %10s %10s\n", "shape", "copy_us", "add3_us", "merge_us", "mergeT_us", "bytes");
+  std::vector<std::pair<const char*, std::vector<float>>> variants;
   for (auto& sh : shapes) {
     const int64_t T = sh[0], H = sh[1], D = sh[2];
     const size_t n = size_t(T) * H * D;  // elements
@@ -72,12 +77,48 @@ int main() {
       p.output_lse = LO[rot]; p.output_lse_stride_token = st; p.output_lse_stride_head = sh;
       mla_ext::launch_merge_attn_states(p, sms, 0);
     };
+    auto params = [&](void) {
+      rot = (rot + 1) % copies;
+      mla_ext::MergeParams p;
+      p.dtype = mla_ext::DType::kBFloat16; p.num_tokens = T; p.num_heads = H; p.head_size = D;
+      p.output = O[rot]; p.output_stride_token = H * D; p.output_stride_head = D;
+      p.prefix_output = A[rot]; p.prefix_stride_token = H * D; p.prefix_stride_head = D;
+      p.suffix_output = B[rot]; p.suffix_stride_token = H * D; p.suffix_stride_head = D;
+      p.prefix_lse = LA[rot]; p.prefix_lse_stride_token = H; p.prefix_lse_stride_head = 1;
+      p.suffix_lse = LB[rot]; p.suffix_lse_stride_token = H; p.suffix_lse_stride_head = 1;
+      p.output_lse = LO[rot]; p.output_lse_stride_token = H; p.output_lse_stride_head = 1;
+      return p;
+    };
+    using E = mla_ext::BFloat16Elem;
+    using OW = mla_ext::SameOutput<E>;
+    auto var = [&](const char* name, auto launch) {
+      float us = time_it([&] { launch(params()); });
+      size_t i = 0;
+      while (i < variants.size() && std::string(variants[i].first) != name) ++i;
+      if (i == variants.size()) variants.push_back({name, {}});
+      variants[i].second.push_back(us);
+    };
+    var("c2b4g16", [&](mla_ext::MergeParams p) { mla_ext::launch_merge_vec<E, OW, 8, 2, 4>(p, sms, 0, 16); });
+    var("c2b4g0", [&](mla_ext::MergeParams p) { mla_ext::launch_merge_vec<E, OW, 8, 2, 4>(p, sms, 0, 1 << 20); });
+    var("c4b3g16", [&](mla_ext::MergeParams p) { mla_ext::launch_merge_vec<E, OW, 8, 4, 3>(p, sms, 0, 16); });
+    var("c4b3g6", [&](mla_ext::MergeParams p) { mla_ext::launch_merge_vec<E, OW, 8, 4, 3>(p, sms, 0, 6); });
+    var("c4b2g16", [&](mla_ext::MergeParams p) { mla_ext::launch_merge_vec<E, OW, 8, 4, 2>(p, sms, 0, 16); });
+    var("c4b4g16", [&](mla_ext::MergeParams p) { mla_ext::launch_merge_vec<E, OW, 8, 4, 4>(p, sms, 0, 16); });
+    var("c1b4g16", [&](mla_ext::MergeParams p) { mla_ext::launch_merge_vec<E, OW, 8, 1, 4>(p, sms, 0, 16); });
+    var("c8b2g16", [&](mla_ext::MergeParams p) { mla_ext::launch_merge_vec<E, OW, 8, 8, 2>(p, sms, 0, 16); });
     float m_us = time_it([&] { run_merge(false); });
     float mt_us = time_it([&] { run_merge(true); });
     CK(cudaDeviceSynchronize());
     printf("%5lldx%3lldx%3lld %10.2f %10.2f %10.2f %10.2f %10zu\n", (long long)T, (long long)H, (long long)D,
            copy_us, add_us, m_us, mt_us, bytes);
     for (int c = 0; c < copies; ++c) { cudaFree(A[c]); cudaFree(B[c]); cudaFree(O[c]); cudaFree(LA[c]); cudaFree(LB[c]); cudaFree(LO[c]); }
+  }
+  printf("\nvariant sweep, us per call (shapes in the order above):\n");
+  for (auto& v : variants) {
+    if (std::string(v.first) == "copy") continue;
+    printf("%-10s", v.first);
+    for (float us : v.second) printf(" %10.2f", us);
+    printf("\n");
   }
   return 0;
 }

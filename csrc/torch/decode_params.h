@@ -26,14 +26,6 @@ inline std::atomic<bool>& force_portable_flag() {
   return flag;
 }
 
-// Process-global switch: on sm_90+ the CUDA path reduces splits with the
-// separate reduce kernel instead of inside a thread-block cluster while set
-// (torch.ops.mla_ext._set_no_cluster_reduce; used by tests and benchmarks).
-inline std::atomic<bool>& no_cluster_reduce_flag() {
-  static std::atomic<bool> flag{false};
-  return flag;
-}
-
 namespace decode_detail {
 
 constexpr const char* kOp = "sparse_mla_decode";
@@ -274,7 +266,6 @@ inline mla_ext::SparseDecodeParams make_decode_params(
   }
   p.num_splits = S;
   p.force_portable = force_portable_flag().load();
-  p.no_cluster_reduce = no_cluster_reduce_flag().load();
   return p;
 }
 

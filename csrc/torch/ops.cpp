@@ -167,7 +167,6 @@ int64_t sparse_mla_decode_workspace_size(int64_t num_tokens, int64_t num_heads, 
 }
 
 bool set_force_portable(bool enable) { return force_portable_flag().exchange(enable); }
-bool set_no_cluster_reduce(bool enable) { return no_cluster_reduce_flag().exchange(enable); }
 
 }  // namespace mla_ext_torch
 
@@ -190,7 +189,6 @@ STABLE_TORCH_LIBRARY(mla_ext, m) {
       "sparse_mla_decode_workspace_size(int num_tokens, int num_heads, int num_splits, "
       "int device_index) -> int");
   m.def("_set_force_portable(bool enable) -> bool");
-  m.def("_set_no_cluster_reduce(bool enable) -> bool");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(mla_ext, CPU, m) {
@@ -204,7 +202,6 @@ STABLE_TORCH_LIBRARY_IMPL(mla_ext, CompositeExplicitAutograd, m) {
   m.impl("sparse_mla_decode_workspace_size",
          TORCH_BOX(&mla_ext_torch::sparse_mla_decode_workspace_size));
   m.impl("_set_force_portable", TORCH_BOX(&mla_ext_torch::set_force_portable));
-  m.impl("_set_no_cluster_reduce", TORCH_BOX(&mla_ext_torch::set_no_cluster_reduce));
 }
 
 #if defined(MLA_EXT_WITH_GPU)

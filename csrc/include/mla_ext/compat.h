@@ -73,63 +73,6 @@ constexpr int kWarpSize = MLA_EXT_WARP_SIZE;
 #define MLA_EXT_SHFL(v, src_lane) __shfl_sync(0xffffffffu, (v), (src_lane))
 #endif
 
-// Thread-block clusters (NVIDIA sm_90+, CUDA 12+): a launch with a cluster
-// dimension, and in device code the cluster barrier and the address of another
-// block's shared memory (distributed shared memory). HIP has no clusters:
-// MLA_EXT_HAS_CLUSTERS stays undefined and callers take their other path.
-#if defined(MLA_EXT_CUDA) && defined(CUDART_VERSION) && CUDART_VERSION >= 12000
-#define MLA_EXT_HAS_CLUSTERS 1
-#endif
-#if defined(MLA_EXT_HAS_CLUSTERS) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define MLA_EXT_DEVICE_CLUSTERS 1
-#endif
-
-#if defined(MLA_EXT_HAS_CLUSTERS)
-// Launch kernel<<<grid, block, smem, stream>>>(args...) in clusters of
-// cluster_x consecutive blocks along x (grid.x must be a multiple of it).
-template <typename... KArgs, typename... Args>
-inline Status launch_clustered(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
-                               gpuStream_t stream, unsigned cluster_x, Args... args) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = cluster_x;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  if (cudaLaunchKernelEx(&cfg, kernel, args...) != cudaSuccess) {
-    (void)cudaGetLastError();  // a refused configuration is not sticky; clear it
-    return Status::kLaunchFailed;
-  }
-  return Status::kSuccess;
-}
-#endif
-
-#if defined(MLA_EXT_DEVICE_CLUSTERS)
-// All threads of every block of the cluster: writes to shared memory before
-// it are visible to every block of the cluster after it.
-__device__ __forceinline__ void cluster_sync_all() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-// Generic address of `p` (this block's shared memory) in block `rank` of the cluster.
-template <typename T>
-__device__ __forceinline__ const T* cluster_map_shared(const T* p, unsigned rank) {
-  uint64_t out;
-  asm volatile("mapa.u64 %0, %1, %2;\n" : "=l"(out) : "l"(reinterpret_cast<uint64_t>(p)), "r"(rank));
-  return reinterpret_cast<const T*>(out);
-}
-__device__ __forceinline__ unsigned cluster_block_rank() {
-  unsigned r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-  return r;
-}
-#endif
-
 // Check the launch that just happened; report a runtime failure as a Status.
 inline Status check_launch() {
   gpuError_t err = mlaGetLastError();

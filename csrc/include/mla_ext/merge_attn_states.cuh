@@ -82,61 +82,61 @@ __device__ __forceinline__ VecN<typename O::storage, VEC> merge_chunk(const Merg
 }
 
 // One (token, head) row per thread row of the block: blockDim = (TPR, rows per
-// block). Thread x of a row owns the row's chunks x, x + TPR, ... (VEC
-// elements each), CPT of them per trip, all loads of a trip issued before the
-// first store. The row's position, base addresses and merge weights are worked
-// out once per row, not per chunk. O writes the output element (SameOutput: the
+// block), the grid striding over rows. Thread x of a row owns the row's chunks
+// x, x + TPR, ... (VEC elements each), CPT of them per trip, all loads of a
+// trip issued before the first store. The row's position, base addresses and
+// merge weights are worked out once per row, not per chunk. O writes the output element (SameOutput: the
 // input dtype; Fp8Output: scaled, saturated e4m3). Tokens at or after
 // merge_tokens copy the suffix and never read the prefix. Each chunk is read
 // and then written by the same thread, so the output may alias an input.
-template <typename E, typename O, int VEC, int CPT>
-__global__ void __launch_bounds__(256) merge_attn_states_kernel(MergeKernelArgs k) {
+template <typename E, typename O, int VEC, int CPT, int MIN_BLOCKS>
+__global__ void __launch_bounds__(256, MIN_BLOCKS) merge_attn_states_kernel(MergeKernelArgs k) {
   using S = typename E::storage;
   using V = VecN<S, VEC>;
   using VO = VecN<typename O::storage, VEC>;
   const MergeParams& p = k.p;
-  const uint32_t row = blockIdx.x * blockDim.y + threadIdx.y;
-  if (row >= k.num_rows) return;
-  const uint32_t t = k.div_heads.div(row);
-  const uint32_t h = row - t * uint32_t(p.num_heads);
-  const bool merge = t < k.merge_tokens;
-  const uint32_t tpr = blockDim.x;
-  const S* pb = static_cast<const S*>(p.prefix_output) + int64_t(t) * p.prefix_stride_token +
-                int64_t(h) * p.prefix_stride_head;
-  const S* sb = static_cast<const S*>(p.suffix_output) + int64_t(t) * p.suffix_stride_token +
-                int64_t(h) * p.suffix_stride_head;
-  typename O::storage* ob = static_cast<typename O::storage*>(p.output) + int64_t(t) * p.output_stride_token +
-                            int64_t(h) * p.output_stride_head;
-  const float lb = p.suffix_lse[int64_t(t) * p.suffix_lse_stride_token + int64_t(h) * p.suffix_lse_stride_head];
-  const float la =
-      merge ? p.prefix_lse[int64_t(t) * p.prefix_lse_stride_token + int64_t(h) * p.prefix_lse_stride_head] : 0.f;
   const float inv_scale = O::kScaled ? 1.f / *p.output_scale : 1.f;
-  MergeRow r;
-  bool have_r = false;
-  for (uint32_t c0 = threadIdx.x; c0 < k.chunks_per_row; c0 += CPT * tpr) {
-    V a[CPT], b[CPT];
+  for (uint32_t row = blockIdx.x * blockDim.y + threadIdx.y; row < k.num_rows; row += gridDim.x * blockDim.y) {
+    const uint32_t t = k.div_heads.div(row);
+    const uint32_t h = row - t * uint32_t(p.num_heads);
+    const bool merge = t < k.merge_tokens;
+    const uint32_t tpr = blockDim.x;
+    const S* pb = static_cast<const S*>(p.prefix_output) + int64_t(t) * p.prefix_stride_token +
+                  int64_t(h) * p.prefix_stride_head;
+    const S* sb = static_cast<const S*>(p.suffix_output) + int64_t(t) * p.suffix_stride_token +
+                  int64_t(h) * p.suffix_stride_head;
+    typename O::storage* ob = static_cast<typename O::storage*>(p.output) + int64_t(t) * p.output_stride_token +
+                              int64_t(h) * p.output_stride_head;
+    const float lb = p.suffix_lse[int64_t(t) * p.suffix_lse_stride_token + int64_t(h) * p.suffix_lse_stride_head];
+    const float la =
+        merge ? p.prefix_lse[int64_t(t) * p.prefix_lse_stride_token + int64_t(h) * p.prefix_lse_stride_head] : 0.f;
+    MergeRow r;
+    bool have_r = false;
+    for (uint32_t c0 = threadIdx.x; c0 < k.chunks_per_row; c0 += CPT * tpr) {
+      V a[CPT], b[CPT];
 #pragma unroll
-    for (int u = 0; u < CPT; ++u) {
-      const uint32_t c = c0 + u * tpr;
-      if (c < k.chunks_per_row) {
-        b[u] = *reinterpret_cast<const V*>(sb + c * VEC);
-        if (merge) a[u] = *reinterpret_cast<const V*>(pb + c * VEC);
-        else a[u] = V{};
+      for (int u = 0; u < CPT; ++u) {
+        const uint32_t c = c0 + u * tpr;
+        if (c < k.chunks_per_row) {
+          b[u] = *reinterpret_cast<const V*>(sb + c * VEC);
+          if (merge) a[u] = *reinterpret_cast<const V*>(pb + c * VEC);
+          else a[u] = V{};
+        }
+      }
+      if (!have_r) {
+        r = merge ? merge_row(la, lb) : copy_suffix_row(lb);
+        have_r = true;
+      }
+#pragma unroll
+      for (int u = 0; u < CPT; ++u) {
+        const uint32_t c = c0 + u * tpr;
+        if (c < k.chunks_per_row) *reinterpret_cast<VO*>(ob + c * VEC) = merge_chunk<E, O, VEC>(r, a[u], b[u], inv_scale);
       }
     }
-    if (!have_r) {
-      r = merge ? merge_row(la, lb) : copy_suffix_row(lb);
-      have_r = true;
+    if (p.output_lse != nullptr && threadIdx.x == 0) {
+      if (!have_r) r = merge ? merge_row(la, lb) : copy_suffix_row(lb);
+      p.output_lse[int64_t(t) * p.output_lse_stride_token + int64_t(h) * p.output_lse_stride_head] = r.lse;
     }
-#pragma unroll
-    for (int u = 0; u < CPT; ++u) {
-      const uint32_t c = c0 + u * tpr;
-      if (c < k.chunks_per_row) *reinterpret_cast<VO*>(ob + c * VEC) = merge_chunk<E, O, VEC>(r, a[u], b[u], inv_scale);
-    }
-  }
-  if (p.output_lse != nullptr && threadIdx.x == 0) {
-    if (!have_r) r = merge ? merge_row(la, lb) : copy_suffix_row(lb);
-    p.output_lse[int64_t(t) * p.output_lse_stride_token + int64_t(h) * p.output_lse_stride_head] = r.lse;
   }
 }
 
@@ -160,20 +160,27 @@ inline int merge_vec_elems(const MergeParams& p) {
   return vec;
 }
 
+// Tuning (H200, benchmarks/dev/merge_variants.cu): chunks per thread and trip,
+// resident 256-thread blocks per processor the kernel is compiled for (a
+// register cap), and blocks launched per processor before the grid strides.
+constexpr int kMergeCPT = 4;
+constexpr int kMergeMinBlocks = 3;
+constexpr int kMergeBlocksPerSM = 16;
+
 // Threads per row: enough for CPT chunks each (at most 32, a longer row loops),
 // rows packed into 256-thread blocks.
-constexpr int kMergeCPT = 2;
-inline int merge_threads_per_row(int64_t chunks_per_row) {
-  const int64_t tpr = (chunks_per_row + kMergeCPT - 1) / kMergeCPT;
+inline int merge_threads_per_row(int64_t chunks_per_row, int cpt) {
+  const int64_t tpr = (chunks_per_row + cpt - 1) / cpt;
   return int(tpr < 1 ? 1 : (tpr > 32 ? 32 : tpr));
 }
 
-template <typename E, typename O, int VEC>
-Status launch_merge_vec(const MergeParams& full, int num_sms, gpuStream_t stream) {
-  (void)num_sms;
+template <typename E, typename O, int VEC, int CPT = kMergeCPT, int MIN_BLOCKS = kMergeMinBlocks>
+Status launch_merge_vec(const MergeParams& full, int num_sms, gpuStream_t stream,
+                        int blocks_per_sm = kMergeBlocksPerSM) {
+  const int64_t max_blocks = int64_t(num_sms > 0 ? num_sms : 132) * blocks_per_sm;
   const int64_t cpr = full.head_size / VEC;
   if (full.head_size >= (int64_t(1) << 32)) return Status::kInvalidArgument;  // 32-bit in-row offsets
-  const int tpr = merge_threads_per_row(cpr);
+  const int tpr = merge_threads_per_row(cpr, CPT);
   const int rows_per_block = 256 / tpr;
   // Launch over token ranges so that the flat row index stays below 2^31.
   const int64_t max_tokens = ((int64_t(1) << 31) - 1) / full.num_heads;
@@ -195,8 +202,9 @@ Status launch_merge_vec(const MergeParams& full, int num_sms, gpuStream_t stream
     k.merge_tokens = uint32_t(merge_end);
     k.chunks_per_row = uint32_t(cpr);
     k.div_heads = FastDivmod(uint32_t(full.num_heads));
-    const int64_t blocks = (int64_t(k.num_rows) + rows_per_block - 1) / rows_per_block;
-    merge_attn_states_kernel<E, O, VEC, kMergeCPT>
+    int64_t blocks = (int64_t(k.num_rows) + rows_per_block - 1) / rows_per_block;
+    if (blocks > max_blocks) blocks = max_blocks;
+    merge_attn_states_kernel<E, O, VEC, CPT, MIN_BLOCKS>
         <<<dim3(uint32_t(blocks)), dim3(uint32_t(tpr), uint32_t(rows_per_block)), 0, stream>>>(k);
     Status s = check_launch();
     if (s != Status::kSuccess) return s;

@@ -121,7 +121,6 @@ struct Cfg {
 
 struct DecodeArgs {
   SparseDecodeParams p;
-  bool out_vec4;     // output pointer/strides allow 8-byte bf16x4 stores (split reduction)
   float* ws_out;     // [T, H, S, 512] (S > 1)
   float* ws_lse;     // [T, H, S]
   int head_tile;     // HT
@@ -332,6 +331,7 @@ struct Gather {
   // Rows at or past `live` (a tile's positions past its split's end) are not
   // read by the products: rows up to the next multiple of 16 get zeros (their
   // 16-row MMA block is still multiplied), later rows are not written at all.
+  template <bool SKIP>
   __device__ __forceinline__ void store(uint16_t* K, int kst, float* ksc, int tid, int live) const {
     const int zero_end = (live + 15) & ~15;
 #pragma unroll
@@ -340,9 +340,9 @@ struct Gather {
       if ((kUnits % kThreads) != 0 && u >= kUnits) continue;
       const int row = u / FT::kChunks;
       const int c = u - row * FT::kChunks;
-      if (row >= zero_end) continue;
+      if (SKIP && row >= zero_end) continue;
       uint16_t* krow = K + size_t(row) * kst;
-      if (row >= live) {
+      if (SKIP && row >= live) {
         const uint4 z = make_uint4(0u, 0u, 0u, 0u);
         if (F == KvFormat::kBF16) {
           *reinterpret_cast<uint4*>(krow + 8 * c) = z;
@@ -411,32 +411,8 @@ __device__ __forceinline__ void row_address(const SparseDecodeParams& p, int64_t
 }
 
 
-// Final bf16 output of 4 consecutive dims and (col == 0) the lse of one
-// (token, head) row, after the split reduction (reduce kernel or cluster).
-__device__ __forceinline__ void write_reduced(const SparseDecodeParams& p, int64_t t, int64_t h, int col,
-                                              const float (&o)[4], float out_lse, bool out_vec4) {
-  uint16_t* out = p.output + t * p.output_stride_token + h * p.output_stride_head + col;
-  const uint32_t lo = pack_bf16x2(o[0], o[1]), hi = pack_bf16x2(o[2], o[3]);
-  if (out_vec4) {
-    *reinterpret_cast<uint2*>(out) = make_uint2(lo, hi);
-  } else {
-    out[0] = uint16_t(lo & 0xffffu);
-    out[1] = uint16_t(lo >> 16);
-    out[2] = uint16_t(hi & 0xffffu);
-    out[3] = uint16_t(hi >> 16);
-  }
-  if (col == 0 && p.lse != nullptr) p.lse[t * p.lse_stride_token + h * p.lse_stride_head] = out_lse;
-}
-
-// Most splits one cluster reduces (portable cluster size).
-constexpr int kMaxClusterSplits = 8;
-
 // ---- the split kernel body ----
-// CLUSTER (sm_90+, 2 <= S <= kMaxClusterSplits): the S splits of a (token,
-// head group) run as one thread-block cluster and reduce through distributed
-// shared memory at the end: no workspace traffic and no reduce launch, with
-// the reduce kernel's exact arithmetic (same operations, same order).
-template <int MT, int DQK, KvFormat F, bool MMA, bool CLUSTER = false>
+template <int MT, int DQK, KvFormat F, bool MMA>
 __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
   constexpr bool SC = kv_layout(F) == KvFormat::kFP8DsMla;  // scales applied after the products
   using C = Cfg<MT, DQK, MMA, SC>;
@@ -459,12 +435,11 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
   const int tid = threadIdx.x;
   const int HG = a.head_groups;
   const int S = p.num_splits;
-  // Block order: split fastest (a cluster = the S splits of one token and head group).
   uint32_t bid = blockIdx.x;
-  const int s = int(bid % uint32_t(S));
-  bid /= uint32_t(S);
   const int hg = int(bid % uint32_t(HG));
-  const int64_t t = int64_t(bid / uint32_t(HG));
+  bid /= uint32_t(HG);
+  const int s = int(bid % uint32_t(S));
+  const int64_t t = int64_t(bid / uint32_t(S));
   const int64_t H = p.num_heads;
   const int64_t h0 = int64_t(hg) * a.head_tile;
   const int nh = int((H - h0) < a.head_tile ? (H - h0) : a.head_tile);
@@ -525,9 +500,12 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
   for (int j = 0; j < ntiles; ++j) {
     const int cur = j & 1, nxt = cur ^ 1;
     // Rows of this tile inside the split (>= 1): the rest are skipped by the
-    // dequantisation and the products (MMA path), not just masked.
-    const int live = MMA ? int((p_hi - p_lo - int64_t(j) * BN) < BN ? (p_hi - p_lo - int64_t(j) * BN) : BN) : BN;
-    g.store(Ks, KST, ksc, tid, live);
+    // dequantisation and the products (MMA path), not just masked. Not for the
+    // V3.2 64-head tile, where the extra live state costs 116 bytes of spills.
+    constexpr bool kSkipRows = MMA && !(SC && MT == 4);
+    const int live =
+        kSkipRows ? int((p_hi - p_lo - int64_t(j) * BN) < BN ? (p_hi - p_lo - int64_t(j) * BN) : BN) : BN;
+    g.template store<kSkipRows>(Ks, KST, ksc, tid, live);
     if (tid < BN) {
       row_address<F>(p, p_lo + int64_t(j + 1) * BN + tid, em, idx_next, meta_d[nxt * BN + tid],
                      meta_s[nxt * BN + tid]);
@@ -553,7 +531,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
       const uint16_t* qa = Qs + (mt * 16 + (lane & 15)) * KST + (lane >> 4) * 8;
       // This warp's key rows [nt0 * 8, (nt0 + MT) * 8) all past the split's end:
       // nothing to multiply (the softmax masks those columns).
-      const bool qk_live = nt0 * 8 < live;
+      const bool qk_live = !kSkipRows || nt0 * 8 < live;
 #pragma unroll
       for (int grp = 0; grp < NGRP; ++grp) {
         if (!qk_live) break;
@@ -729,7 +707,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
           c[0] *= a0; c[1] *= a0; c[2] *= a1; c[3] *= a1;
         }
       }
-      const int kk_end = (live + 15) >> 4;  // 16-row key blocks holding live rows
+      const int kk_end = kSkipRows ? (live + 15) >> 4 : BN / 16;  // 16-row key blocks holding live rows
 #pragma unroll
       for (int kk = 0; kk < BN / 16; ++kk) {
         if (kk >= kk_end) break;
@@ -792,9 +770,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
       inv = 1.f / den;
     }
     inv_s[srow] = inv;
-    if (CLUSTER) {
-      alpha_s[srow] = lse;  // this split's lse, read by the whole cluster
-    } else if (srow < nh) {
+    if (srow < nh) {
       const int64_t h = h0 + srow;
       if (final_out) {
         if (p.lse != nullptr) p.lse[t * p.lse_stride_token + h * p.lse_stride_head] = lse;
@@ -804,18 +780,12 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
     }
   }
   __syncthreads();
-  // CLUSTER: the split's normalised partial output [HTp][512] fp32 goes to
-  // shared memory over the K / Q tiles (free after the loop's last barrier).
-  float* stash = reinterpret_cast<float*>(smem);
-  static_assert(!CLUSTER || size_t(HTp) * kDV * 4 <= C::sOff, "cluster stash must fit below the S tile");
 
   auto write2 = [&](int row, int col, float v0, float v1) {
     if (row >= nh) return;
     const int64_t h = h0 + row;
     const float inv = inv_s[row];
-    if (CLUSTER) {
-      *reinterpret_cast<float2*>(stash + row * kDV + col) = make_float2(v0 * inv, v1 * inv);
-    } else if (final_out) {
+    if (final_out) {
       uint16_t* o = p.output + t * p.output_stride_token + h * p.output_stride_head + col;
       const uint32_t pk = pack_bf16x2(v0 * inv, v1 * inv);
       if (a.out_pairs) {
@@ -851,88 +821,13 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
       for (int e = 0; e < 8; e += 2) write2(hq + 4 * i, dg * 8 + e, acc[i * 8 + e], acc[i * 8 + e + 1]);
     }
   }
-
-  if constexpr (CLUSTER) {
-#if defined(MLA_EXT_DEVICE_CLUSTERS)
-    cluster_sync_all();  // every split's stash and lse written
-    // Per head row: the reduce kernel's weights (split_merge_scan / _finish), kept in the S tile.
-    float* wts = Ss;  // row r: [0, S) weights, then inv, out_lse, mode
-    static_assert(SST >= kMaxClusterSplits + 3, "S tile row too short for the cluster weights");
-    if (tid < nh) {
-      float l[kMaxClusterSplits];
-#pragma unroll
-      for (int i = 0; i < kMaxClusterSplits; ++i)
-        if (i < S) l[i] = *cluster_map_shared(alpha_s + tid, unsigned(i));
-      float mx;
-      const SplitMergeMode mode = split_merge_scan(l, S, &mx);
-      float inv = 0.f, out_lse = neg_inf();
-      if (mode == SplitMergeMode::kNaN) {
-        out_lse = quiet_nan();
-      } else if (mode == SplitMergeMode::kMix) {
-        float L = 0.f;
-#pragma unroll
-        for (int i = 0; i < kMaxClusterSplits; ++i) {
-          if (i < S) {
-            const float w = expf(l[i] - mx);
-            L += w;
-            wts[tid * SST + i] = w;
-          }
-        }
-        const int64_t h = h0 + tid;
-        inv = split_merge_finish(L, mx, p.attn_sink != nullptr ? p.attn_sink + h * p.attn_sink_stride : nullptr,
-                                 &out_lse);
-      }
-      wts[tid * SST + kMaxClusterSplits] = inv;
-      wts[tid * SST + kMaxClusterSplits + 1] = out_lse;
-      wts[tid * SST + kMaxClusterSplits + 2] = float(int(mode));
-    }
-    __syncthreads();
-    // This block's share of the head tile's output, 4 dims per step.
-    const int n4 = nh * (kDV / 4);
-    const int u_lo = int(int64_t(n4) * s / S), u_hi = int(int64_t(n4) * (s + 1) / S);
-    for (int u = u_lo + tid; u < u_hi; u += kThreads) {
-      const int row = u / (kDV / 4), col = (u - row * (kDV / 4)) * 4;
-      const float* wr = wts + row * SST;
-      const SplitMergeMode mode = SplitMergeMode(int(wr[kMaxClusterSplits + 2]));
-      float o[4] = {0.f, 0.f, 0.f, 0.f};
-      if (mode == SplitMergeMode::kNaN) {
-        o[0] = o[1] = o[2] = o[3] = quiet_nan();
-      } else if (mode == SplitMergeMode::kMix) {
-#pragma unroll
-        for (int i = 0; i < kMaxClusterSplits; ++i) {
-          if (i < S) {
-            const float w = wr[i];
-            if (w > 0.f) {
-              const float4 v = *reinterpret_cast<const float4*>(cluster_map_shared(stash + row * kDV + col, unsigned(i)));
-              o[0] = fmaf(w, v.x, o[0]);
-              o[1] = fmaf(w, v.y, o[1]);
-              o[2] = fmaf(w, v.z, o[2]);
-              o[3] = fmaf(w, v.w, o[3]);
-            }
-          }
-        }
-        const float inv = wr[kMaxClusterSplits];
-#pragma unroll
-        for (int e = 0; e < 4; ++e) o[e] *= inv;
-      }
-      write_reduced(p, t, h0 + row, col, o, wr[kMaxClusterSplits + 1], a.out_vec4);
-    }
-    cluster_sync_all();  // no block leaves while another still reads its shared memory
-#endif
-  }
 }
 
-template <int MT, int DQK, KvFormat F, bool CLUSTER = false>
+template <int MT, int DQK, KvFormat F>
 __global__ void __launch_bounds__(kThreads, (MT == 1 && F != KvFormat::kBF16) ? MLA_EXT_DECODE_MT1_MIN_BLOCKS : 1)
     decode_split_mma_kernel(const DecodeArgs a) {
 #if defined(MLA_EXT_DECODE_MMA)
-  // CLUSTER kernels are only launched where their device code has clusters
-  // (the launcher checks the binary's architecture); elsewhere they are plain.
-#if defined(MLA_EXT_DEVICE_CLUSTERS)
-  decode_body<MT, DQK, F, true, CLUSTER>(a);
-#else
   decode_body<MT, DQK, F, true>(a);
-#endif
 #else
   // NVIDIA below sm_80 (or a host/HIP pass): the portable body fits in this
   // kernel's (larger) shared-memory allocation.
@@ -988,7 +883,17 @@ __global__ void __launch_bounds__(kReduceThreads) decode_reduce_kernel(const Red
 #pragma unroll
     for (int e = 0; e < 4; ++e) o[e] *= inv;
   }
-  write_reduced(p, t, h, col, o, out_lse, a.out_vec4);
+  uint16_t* out = p.output + t * p.output_stride_token + h * p.output_stride_head + col;
+  const uint32_t lo = pack_bf16x2(o[0], o[1]), hi = pack_bf16x2(o[2], o[3]);
+  if (a.out_vec4) {
+    *reinterpret_cast<uint2*>(out) = make_uint2(lo, hi);
+  } else {
+    out[0] = uint16_t(lo & 0xffffu);
+    out[1] = uint16_t(lo >> 16);
+    out[2] = uint16_t(hi & 0xffffu);
+    out[3] = uint16_t(hi >> 16);
+  }
+  if (threadIdx.x == 0 && p.lse != nullptr) p.lse[t * p.lse_stride_token + h * p.lse_stride_head] = out_lse;
 }
 
 // Raise the dynamic shared-memory limit of one kernel once per device (the
@@ -1005,41 +910,11 @@ inline bool ensure_smem(bool (&done)[64], const void* kernel, size_t bytes) {
   return true;
 }
 
-// Split kernel in clusters of S blocks with the reduction fused in (sm_90+
-// device code): kSuccess, or kLaunchFailed when it cannot run here (no
-// cluster support in this build or binary, or the launch was refused), in
-// which case nothing was launched and the caller takes the two-kernel path.
-template <int MT, int DQK, KvFormat F>
-inline Status launch_split_cluster(const DecodeArgs& a, uint32_t blocks, gpuStream_t stream) {
-#if defined(MLA_EXT_HAS_CLUSTERS)
-  using C = Cfg<MT, DQK, true, kv_layout(F) == KvFormat::kFP8DsMla>;
-  const void* fn = reinterpret_cast<const void*>(decode_split_mma_kernel<MT, DQK, F, true>);
-  static int usable[64] = {};  // per device: 0 unknown, 1 yes, -1 no
-  int dev = 0;
-  if (mlaGetDevice(&dev) != MLA_EXT_GPU_SUCCESS || dev < 0 || dev >= 64) return Status::kLaunchFailed;
-  if (usable[dev] == 0) {
-    cudaFuncAttributes fa;
-    const bool sm90_code = cudaFuncGetAttributes(&fa, fn) == cudaSuccess && fa.binaryVersion >= 90;
-    usable[dev] = sm90_code ? 1 : -1;
-    (void)cudaGetLastError();
-  }
-  if (usable[dev] < 0) return Status::kLaunchFailed;
-  static bool done[64] = {};
-  if (!ensure_smem(done, fn, C::bytes)) return Status::kLaunchFailed;
-  return launch_clustered(decode_split_mma_kernel<MT, DQK, F, true>, dim3(blocks), dim3(kThreads), C::bytes,
-                          stream, unsigned(a.p.num_splits), a);
-#else
-  (void)a; (void)blocks; (void)stream;
-  return Status::kLaunchFailed;
-#endif
-}
-
 template <int MT, int DQK, KvFormat F, bool MMA>
-inline Status launch_split(const DecodeArgs& a, uint32_t blocks, gpuStream_t stream, bool cluster) {
+inline Status launch_split(const DecodeArgs& a, uint32_t blocks, gpuStream_t stream) {
   using C = Cfg<MT, DQK, MMA, kv_layout(F) == KvFormat::kFP8DsMla>;
   static bool done[64] = {};
   if constexpr (MMA) {
-    if (cluster) return launch_split_cluster<MT, DQK, F>(a, blocks, stream);
     if (!ensure_smem(done, reinterpret_cast<const void*>(decode_split_mma_kernel<MT, DQK, F>), C::bytes))
       return Status::kLaunchFailed;
     decode_split_mma_kernel<MT, DQK, F><<<dim3(blocks), dim3(kThreads), C::bytes, stream>>>(a);
@@ -1052,29 +927,29 @@ inline Status launch_split(const DecodeArgs& a, uint32_t blocks, gpuStream_t str
 }
 
 template <int DQK, KvFormat F, bool MMA>
-inline Status launch_split_mt(int mt, const DecodeArgs& a, uint32_t blocks, gpuStream_t stream, bool cluster) {
+inline Status launch_split_mt(int mt, const DecodeArgs& a, uint32_t blocks, gpuStream_t stream) {
   switch (mt) {
-    case 1: return launch_split<1, DQK, F, MMA>(a, blocks, stream, cluster);
-    case 2: return launch_split<2, DQK, F, MMA>(a, blocks, stream, cluster);
-    default: return launch_split<4, DQK, F, MMA>(a, blocks, stream, cluster);
+    case 1: return launch_split<1, DQK, F, MMA>(a, blocks, stream);
+    case 2: return launch_split<2, DQK, F, MMA>(a, blocks, stream);
+    default: return launch_split<4, DQK, F, MMA>(a, blocks, stream);
   }
 }
 
 template <bool MMA>
-inline Status launch_split_fmt(int mt, const DecodeArgs& a, uint32_t blocks, gpuStream_t stream, bool cluster) {
+inline Status launch_split_fmt(int mt, const DecodeArgs& a, uint32_t blocks, gpuStream_t stream) {
   const SparseDecodeParams& p = a.p;
   switch (p.kv_format) {
     case KvFormat::kBF16:
-      return p.d_qk == 576 ? launch_split_mt<576, KvFormat::kBF16, MMA>(mt, a, blocks, stream, cluster)
-                           : launch_split_mt<512, KvFormat::kBF16, MMA>(mt, a, blocks, stream, cluster);
+      return p.d_qk == 576 ? launch_split_mt<576, KvFormat::kBF16, MMA>(mt, a, blocks, stream)
+                           : launch_split_mt<512, KvFormat::kBF16, MMA>(mt, a, blocks, stream);
     case KvFormat::kFP8DsMla:
-      return launch_split_mt<576, KvFormat::kFP8DsMla, MMA>(mt, a, blocks, stream, cluster);
+      return launch_split_mt<576, KvFormat::kFP8DsMla, MMA>(mt, a, blocks, stream);
     case KvFormat::kFP8DsMlaV4:
-      return launch_split_mt<512, KvFormat::kFP8DsMlaV4, MMA>(mt, a, blocks, stream, cluster);
+      return launch_split_mt<512, KvFormat::kFP8DsMlaV4, MMA>(mt, a, blocks, stream);
     case KvFormat::kFP8DsMlaFnuz:
-      return launch_split_mt<576, KvFormat::kFP8DsMlaFnuz, MMA>(mt, a, blocks, stream, cluster);
+      return launch_split_mt<576, KvFormat::kFP8DsMlaFnuz, MMA>(mt, a, blocks, stream);
     case KvFormat::kFP8DsMlaV4Fnuz:
-      return launch_split_mt<512, KvFormat::kFP8DsMlaV4Fnuz, MMA>(mt, a, blocks, stream, cluster);
+      return launch_split_mt<512, KvFormat::kFP8DsMlaV4Fnuz, MMA>(mt, a, blocks, stream);
   }
   return Status::kInvalidArgument;
 }
@@ -1145,22 +1020,14 @@ inline Status launch_sparse_mla_decode(const SparseDecodeParams& p, void* worksp
   a.scale_log2 = p.softmax_scale * kLog2e;
   a.out_pairs = (reinterpret_cast<uintptr_t>(p.output) & 3u) == 0 && (p.output_stride_token & 1) == 0 &&
                 (p.output_stride_head & 1) == 0;
-  a.out_vec4 = (reinterpret_cast<uintptr_t>(p.output) & 7u) == 0 && (p.output_stride_token & 3) == 0 &&
-               (p.output_stride_head & 3) == 0;
 
   // Tensor cores on NVIDIA sm_80+ unless forced portable (the tensor-core
   // kernels' shared-memory requests exceed what older GPUs have); HIP always portable.
-  // On sm_90+ a call with 2..kMaxClusterSplits splits reduces inside a cluster
-  // (one launch); otherwise, or if that launch is refused, a reduce kernel follows.
   Status st;
-  const int cc = current_device_cc_major();
-  if (kWarpSize == 32 && !p.force_portable && cc >= 8) {
-    if (cc >= 9 && S >= 2 && S <= kMaxClusterSplits && !p.no_cluster_reduce &&
-        launch_split_fmt<kWarpSize == 32>(mt, a, uint32_t(blocks), stream, true) == Status::kSuccess)
-      return Status::kSuccess;
-    st = launch_split_fmt<kWarpSize == 32>(mt, a, uint32_t(blocks), stream, false);  // never MMA on HIP
+  if (kWarpSize == 32 && !p.force_portable && current_device_cc_major() >= 8) {
+    st = launch_split_fmt<kWarpSize == 32>(mt, a, uint32_t(blocks), stream);  // never the MMA kernel on HIP
   } else {
-    st = launch_split_fmt<false>(mt, a, uint32_t(blocks), stream, false);
+    st = launch_split_fmt<false>(mt, a, uint32_t(blocks), stream);
   }
   if (st != Status::kSuccess || S == 1) return st;
 
@@ -1168,7 +1035,8 @@ inline Status launch_sparse_mla_decode(const SparseDecodeParams& p, void* worksp
   r.p = p;
   r.ws_out = a.ws_out;
   r.ws_lse = a.ws_lse;
-  r.out_vec4 = a.out_vec4;
+  r.out_vec4 = (reinterpret_cast<uintptr_t>(p.output) & 7u) == 0 && (p.output_stride_token & 3) == 0 &&
+               (p.output_stride_head & 3) == 0;
   // A programmatic dependent launch of this reduce (overlapping its launch with
   // the split kernel's tail) was measured slower on the H200 (31 -> 36 us at
   // T = 1, 64 splits), so it is an ordinary launch.

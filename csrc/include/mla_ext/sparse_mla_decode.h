@@ -78,7 +78,6 @@ struct SparseDecodeParams {
 
   int num_splits = 1;               // resolved split count, 1..kMaxSplits
   bool force_portable = false;      // GPU: use the portable (no tensor-core) path
-  bool no_cluster_reduce = false;   // GPU: reduce splits with a separate kernel even on sm_90+
 };
 
 // ---------------------------------------------------------------------------
@@ -111,8 +110,11 @@ inline int decode_max_auto_splits(int64_t num_tokens, int64_t num_heads, int num
   return int(s);
 }
 
-// Minimum index entries a split should own before splitting further pays.
-constexpr int64_t kMinEntriesPerSplit = 64;
+// Minimum index entries a split should own before splitting further pays. 32
+// (half a tensor-core tile): the kernels skip a tile's rows past its split's
+// end, and at one token 32-entry splits beat 64-entry ones by 1-2 us on the
+// H200 (benchmarks/RESULTS.md, split sweep of 2026-11-30, second session).
+constexpr int64_t kMinEntriesPerSplit = 32;
 
 // The automatic split count for a call whose index sets have total width
 // `total_width` (main width + extra width).
