@@ -17,9 +17,9 @@ import os
 dev = os.environ.get("MLA_EXT_DEVICE", "cuda")
 bad = 0
 
-# merge: 16-byte path (D=128) and narrow path (D=7), with output_lse
-for D in (128, 7):
-    T, H = 5, 3
+# merge: 16-byte path (D=128) and narrow path (D=7), with output_lse; the last case is large
+# enough (>= 4 chunks per resident thread) for the flat kernel, the others take the row kernel
+for T, H, D in ((5, 3, 128), (5, 3, 7), (4400, 16, 128)):
     po, so = torch.randn(T, H, D, device=dev, dtype=torch.bfloat16), torch.randn(T, H, D, device=dev, dtype=torch.bfloat16)
     pl, sl = torch.randn(T, H, device=dev), torch.randn(T, H, device=dev)
     out = torch.full((T, H, D), float("nan"), device=dev, dtype=torch.bfloat16)
@@ -27,7 +27,7 @@ for D in (128, 7):
     mla_ext.merge_attn_states(out, ol, po, pl, so, sl)
     ro, rl = reference.merge_attn_states(po, pl, so, sl)
     err = ((out.double() - ro.to(dev)).abs().max() / ro.abs().max()).item()
-    print(f"merge D={D}: max err {err:.3g}")
+    print(f"merge T={T} H={H} D={D}: max err {err:.3g}")
     bad += not err < 2e-2
 
 # merge with an FP8 output and prefill_tokens_with_context (vector and narrow paths)

@@ -110,11 +110,15 @@ inline int decode_max_auto_splits(int64_t num_tokens, int64_t num_heads, int num
   return int(s);
 }
 
-// Minimum index entries a split should own before splitting further pays. 32
-// (half a tensor-core tile): the kernels skip a tile's rows past its split's
-// end, and at one token 32-entry splits beat 64-entry ones by 1-2 us on the
-// H200 (benchmarks/RESULTS.md, split sweep of 2026-11-30, second session).
+// Minimum index entries a split should own before splitting further pays: 32
+// (half a tensor-core tile; the kernels skip a tile's rows past its split's
+// end) up to 32 splits, then 64 (the reduction reads every
+// split's 2 KB per head, and with many splits that dominates). Fitted to the
+// H200 split sweep in benchmarks/RESULTS.md (2026-11-30): 32-entry splits win
+// 1-2 us at one token for 128-640 entries; for 2048 entries 32 splits beat 64.
 constexpr int64_t kMinEntriesPerSplit = 32;
+constexpr int64_t kMinEntriesPerManySplits = 64;
+constexpr int64_t kManySplits = 32;
 
 // The automatic split count for a call whose index sets have total width
 // `total_width` (main width + extra width).
@@ -122,6 +126,10 @@ inline int decode_num_splits(int64_t num_tokens, int64_t num_heads, int64_t tota
                              int num_sms) {
   int s = decode_max_auto_splits(num_tokens, num_heads, num_sms);
   int64_t by_width = (total_width + kMinEntriesPerSplit - 1) / kMinEntriesPerSplit;
+  if (by_width > kManySplits) {  // monotonic in the width: 32 splits until 64-entry splits give more
+    by_width = (total_width + kMinEntriesPerManySplits - 1) / kMinEntriesPerManySplits;
+    if (by_width < kManySplits) by_width = kManySplits;
+  }
   if (by_width < 1) by_width = 1;
   if (int64_t(s) > by_width) s = int(by_width);
   return s;
