@@ -103,7 +103,6 @@ int main() {
     var("row_c2", [&](mla_ext::MergeParams p) { mla_ext::launch_merge_vec<E, OW, 8, 2, 1>(p, sms, 0, 1 << 16, MK::kRow); });
     var("row_c1", [&](mla_ext::MergeParams p) { mla_ext::launch_merge_vec<E, OW, 8, 1, 1>(p, sms, 0, 1 << 16, MK::kRow); });
     var("row_c2b4g16", [&](mla_ext::MergeParams p) { mla_ext::launch_merge_vec<E, OW, 8, 2, 4>(p, sms, 0, 16, MK::kRow); });
-    var("row_c4b3g16", [&](mla_ext::MergeParams p) { mla_ext::launch_merge_vec<E, OW, 8, 4, 3>(p, sms, 0, 16, MK::kRow); });
     float m_us = time_it([&] { run_merge(false); });
     float mt_us = time_it([&] { run_merge(true); });
     CK(cudaDeviceSynchronize());
