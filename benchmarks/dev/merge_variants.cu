@@ -4,8 +4,8 @@
 //   add3      : out = a + b (2 reads + 1 write, 16-byte accesses, no LSE)      -> stream ceiling
 //   merge     : mla_ext::launch_merge_attn_states, LSE [T,H] contiguous
 //   merge_lseT: same with LSE passed as [H,T] transposed views (vLLM layout)
-//   flat / row_*: each of the two kernels forced (row_cCPT[bMIN gGRID]: chunks per thread and
-//             trip, register-cap blocks per SM, blocks per SM before the grid strides)
+//   cCPT[bMIN gGRID]: the kernel with other tuning constants (chunks per thread and trip,
+//             register-cap blocks per SM, blocks per SM before the grid strides)
 // Build: nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Icsrc/include benchmarks/dev/merge_variants.cu
 #include <algorithm>
 #include <string>
@@ -98,11 +98,10 @@ int main() {
       if (i == variants.size()) variants.push_back({name, {}});
       variants[i].second.push_back(us);
     };
-    using MK = mla_ext::MergeKernel;
-    var("flat", [&](mla_ext::MergeParams p) { mla_ext::launch_merge_vec<E, OW, 8>(p, sms, 0, 1 << 16, MK::kFlat); });
-    var("row_c2", [&](mla_ext::MergeParams p) { mla_ext::launch_merge_vec<E, OW, 8, 2, 1>(p, sms, 0, 1 << 16, MK::kRow); });
-    var("row_c1", [&](mla_ext::MergeParams p) { mla_ext::launch_merge_vec<E, OW, 8, 1, 1>(p, sms, 0, 1 << 16, MK::kRow); });
-    var("row_c2b4g16", [&](mla_ext::MergeParams p) { mla_ext::launch_merge_vec<E, OW, 8, 2, 4>(p, sms, 0, 16, MK::kRow); });
+    var("c2", [&](mla_ext::MergeParams p) { mla_ext::launch_merge_vec<E, OW, 8, 2, 1>(p, sms, 0, 1 << 16); });
+    var("c1", [&](mla_ext::MergeParams p) { mla_ext::launch_merge_vec<E, OW, 8, 1, 1>(p, sms, 0, 1 << 16); });
+    var("c2b4g16", [&](mla_ext::MergeParams p) { mla_ext::launch_merge_vec<E, OW, 8, 2, 4>(p, sms, 0, 16); });
+    var("c4b3g16", [&](mla_ext::MergeParams p) { mla_ext::launch_merge_vec<E, OW, 8, 4, 3>(p, sms, 0, 16); });
     float m_us = time_it([&] { run_merge(false); });
     float mt_us = time_it([&] { run_merge(true); });
     CK(cudaDeviceSynchronize());

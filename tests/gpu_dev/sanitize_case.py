@@ -17,8 +17,8 @@ import os
 dev = os.environ.get("MLA_EXT_DEVICE", "cuda")
 bad = 0
 
-# merge: 16-byte path (D=128) and narrow path (D=7), with output_lse; the last case is large
-# enough (>= 4 chunks per resident thread) for the flat kernel, the others take the row kernel
+# merge: 16-byte path (D=128) and narrow path (D=7), with output_lse; the last case is a large
+# call (tens of thousands of blocks)
 for T, H, D in ((5, 3, 128), (5, 3, 7), (4400, 16, 128)):
     po, so = torch.randn(T, H, D, device=dev, dtype=torch.bfloat16), torch.randn(T, H, D, device=dev, dtype=torch.bfloat16)
     pl, sl = torch.randn(T, H, device=dev), torch.randn(T, H, device=dev)

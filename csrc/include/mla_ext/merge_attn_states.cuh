@@ -1,18 +1,14 @@
 // merge_attn_states GPU kernel and launcher (CUDA and HIP, one source).
 //
 // Memory-bound: every output element costs one read of each input and one
-// write. Two kernels, chosen by size (measured on the H200, benchmarks/NOTES.md):
-//  - row kernel (small and mid-sized calls): threads laid out by (token, head)
-//    row, the row's position, addresses and merge weights computed once per
-//    row; shortest latency chain.
-//  - flat kernel (calls of >= 4 chunks per resident thread): a flat chunk index
-//    striding over the whole call, 4 chunks in flight per thread; sustains
-//    more bandwidth on large calls than the row kernel did.
-// Both move VEC consecutive elements per access, the widest the pointers and
-// strides allow (16 bytes when aligned); rows of any head_size and any number
-// of heads (no per-block limit on num_heads x head_size). Each chunk is read
-// and written by one thread only, read before it is written, so the output may
-// alias an input.
+// write. Threads are laid out by (token, head) row, so the row's position,
+// addresses and merge weights are computed once per row rather than per
+// 16-byte chunk; each thread moves VEC consecutive elements at a time, with the
+// widest access the pointers and strides allow (16 bytes when aligned). Rows of
+// any head_size (a long row loops) and any number of heads (a flat row index,
+// no per-block limit on num_heads x head_size). Each chunk is read and written
+// by one thread only, read before it is written, so the output may alias an
+// input.
 #pragma once
 
 #include "mla_ext/compat.h"
@@ -49,10 +45,8 @@ struct alignas(sizeof(T) * N) VecN {
 struct MergeKernelArgs {
   MergeParams p;
   uint32_t num_rows;       // num_tokens * num_heads (< 2^31)
-  uint32_t total_chunks;   // num_rows * chunks_per_row (flat kernel: < 2^31)
   uint32_t merge_tokens;   // tokens [0, merge_tokens) merge, the rest copy the suffix
   uint32_t chunks_per_row;
-  FastDivmod div_chunks;   // by chunks_per_row (flat kernel)
   FastDivmod div_heads;    // by num_heads
 };
 
@@ -87,80 +81,6 @@ __device__ __forceinline__ VecN<typename O::storage, VEC> merge_chunk(const Merg
   return o;
 }
 
-// ---- flat kernel ----
-struct ChunkPos {
-  uint32_t t, h, chunk;
-};
-
-__device__ __forceinline__ ChunkPos chunk_pos(const MergeKernelArgs& k, uint32_t idx) {
-  ChunkPos c;
-  const uint32_t row = k.div_chunks.div(idx);
-  c.chunk = idx - row * k.chunks_per_row;
-  c.t = k.div_heads.div(row);
-  c.h = row - c.t * uint32_t(k.p.num_heads);
-  return c;
-}
-
-__device__ __forceinline__ int64_t elem_offset(const ChunkPos& c, int64_t stride_t, int64_t stride_h,
-                                               int vec) {
-  return int64_t(c.t) * stride_t + int64_t(c.h) * stride_h + int64_t(c.chunk) * vec;
-}
-
-// Each thread merges UNROLL chunks per loop trip: all 4*UNROLL loads (two
-// values, two LSEs per chunk) are issued before the first store, and output
-// addresses are recomputed at store time rather than held in registers, so
-// many bytes stay in flight at full occupancy. Tokens at or after
-// merge_tokens copy the suffix and never read the prefix.
-template <typename E, typename O, int VEC, int UNROLL>
-__global__ void __launch_bounds__(256) merge_attn_states_flat_kernel(MergeKernelArgs k) {
-  using S = typename E::storage;
-  using V = VecN<S, VEC>;
-  using VO = VecN<typename O::storage, VEC>;
-  const MergeParams& p = k.p;
-  const float inv_scale = O::kScaled ? 1.f / *p.output_scale : 1.f;
-  const uint32_t tile = blockDim.x * UNROLL;
-  for (uint32_t base = blockIdx.x * tile + threadIdx.x; base < k.total_chunks; base += gridDim.x * tile) {
-    V a[UNROLL], b[UNROLL];
-    float la[UNROLL], lb[UNROLL];
-#pragma unroll
-    for (int u = 0; u < UNROLL; ++u) {
-      const uint32_t idx = base + u * blockDim.x;
-      if (idx < k.total_chunks) {
-        const ChunkPos c = chunk_pos(k, idx);
-        lb[u] = p.suffix_lse[int64_t(c.t) * p.suffix_lse_stride_token + int64_t(c.h) * p.suffix_lse_stride_head];
-        b[u] = *reinterpret_cast<const V*>(static_cast<const S*>(p.suffix_output) +
-                                           elem_offset(c, p.suffix_stride_token, p.suffix_stride_head, VEC));
-        if (c.t < k.merge_tokens) {
-          la[u] = p.prefix_lse[int64_t(c.t) * p.prefix_lse_stride_token + int64_t(c.h) * p.prefix_lse_stride_head];
-          a[u] = *reinterpret_cast<const V*>(static_cast<const S*>(p.prefix_output) +
-                                             elem_offset(c, p.prefix_stride_token, p.prefix_stride_head, VEC));
-        } else {
-          la[u] = 0.f;
-          a[u] = V{};
-        }
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < UNROLL; ++u) {
-      const uint32_t idx = base + u * blockDim.x;
-      if (idx < k.total_chunks) {
-        const ChunkPos c = chunk_pos(k, idx);
-        const MergeRow r = c.t < k.merge_tokens ? merge_row(la[u], lb[u]) : copy_suffix_row(lb[u]);
-        // Per-element writer, not merge_chunk: the row-wise branch costs this
-        // kernel 18 registers (61 -> 79) and 20% of its bandwidth at UNROLL 4.
-        VO o;
-#pragma unroll
-        for (int i = 0; i < VEC; ++i) o.v[i] = O::write(r, a[u].v[i], b[u].v[i], inv_scale);
-        *reinterpret_cast<VO*>(static_cast<typename O::storage*>(p.output) +
-                               elem_offset(c, p.output_stride_token, p.output_stride_head, VEC)) = o;
-        if (p.output_lse != nullptr && c.chunk == 0)
-          p.output_lse[int64_t(c.t) * p.output_lse_stride_token + int64_t(c.h) * p.output_lse_stride_head] = r.lse;
-      }
-    }
-  }
-}
-
-// ---- row kernel ----
 // One (token, head) row per thread row of the block: blockDim = (TPR, rows per
 // block), the grid striding over rows. Thread x of a row owns the row's chunks
 // x, x + TPR, ... (VEC elements each), CPT of them per trip, all loads of a
@@ -243,8 +163,10 @@ inline int merge_vec_elems(const MergeParams& p) {
 // Row-kernel tuning (H200, benchmarks/dev/merge_variants.cu): chunks per
 // thread and trip, resident 256-thread blocks per processor it is compiled for
 // (1: no register cap), blocks launched per processor before the grid strides.
-// CPT 1 measured 0.1-0.6 us faster than 2 on small calls in the dev sweep but
-// has not been through the GPU test suite and the graph benchmark yet.
+// Shipped: the configuration the GPU tests and the graph benchmark ran on. In
+// the dev sweep CPT 1 was 0.1-0.6 us faster on small calls, and a 64-register
+// cap with <= 16 blocks per processor 4% faster on large ones; neither has been
+// through the GPU tests yet.
 constexpr int kMergeCPT = 2;
 constexpr int kMergeMinBlocks = 1;
 constexpr int kMergeBlocksPerSM = 1 << 16;
@@ -256,25 +178,16 @@ inline int merge_threads_per_row(int64_t chunks_per_row, int cpt) {
   return int(tpr < 1 ? 1 : (tpr > 32 ? 32 : tpr));
 }
 
-// kAuto: the flat kernel for calls of >= 4 chunks per resident thread, the row
-// kernel below; kRow / kFlat force one (benchmarks/dev).
-enum class MergeKernel { kAuto, kRow, kFlat };
-
 template <typename E, typename O, int VEC, int CPT = kMergeCPT, int MIN_BLOCKS = kMergeMinBlocks>
 Status launch_merge_vec(const MergeParams& full, int num_sms, gpuStream_t stream,
-                        int blocks_per_sm = kMergeBlocksPerSM, MergeKernel which = MergeKernel::kAuto) {
+                        int blocks_per_sm = kMergeBlocksPerSM) {
   const int64_t sms = num_sms > 0 ? num_sms : 132;
   const int64_t cpr = full.head_size / VEC;
   if (full.head_size >= (int64_t(1) << 32)) return Status::kInvalidArgument;  // 32-bit in-row offsets
-  const int64_t rows_per_token = full.num_heads * cpr;  // chunks per token
-  const int64_t resident = sms * 2048;                  // threads at full occupancy
-  const bool flat = which == MergeKernel::kFlat ||
-                    (which == MergeKernel::kAuto && full.num_tokens * rows_per_token >= 4 * resident);
   const int tpr = merge_threads_per_row(cpr, CPT);
   const int rows_per_block = 256 / tpr;
-  // Launch over token ranges so that the flat indices stay below 2^31.
-  const int64_t max_tokens = flat ? (int64_t(1) << 31) / rows_per_token : ((int64_t(1) << 31) - 1) / full.num_heads;
-  if (max_tokens < 1) return Status::kInvalidArgument;  // one token over 2^31 chunks
+  // Launch over token ranges so that the flat row index stays below 2^31.
+  const int64_t max_tokens = ((int64_t(1) << 31) - 1) / full.num_heads;
   for (int64_t t0 = 0; t0 < full.num_tokens; t0 += max_tokens) {
     const int64_t nt = full.num_tokens - t0 < max_tokens ? full.num_tokens - t0 : max_tokens;
     using S = typename E::storage;
@@ -288,23 +201,15 @@ Status launch_merge_vec(const MergeParams& full, int num_sms, gpuStream_t stream
     k.p.suffix_lse = full.suffix_lse + t0 * full.suffix_lse_stride_token;
     if (full.output_lse) k.p.output_lse = full.output_lse + t0 * full.output_lse_stride_token;
     k.num_rows = uint32_t(nt * full.num_heads);
-    k.total_chunks = flat ? uint32_t(nt * rows_per_token) : 0u;
     int64_t merge_end = full.has_prefill_tokens_with_context ? full.prefill_tokens_with_context - t0 : nt;
     merge_end = merge_end < 0 ? 0 : (merge_end > nt ? nt : merge_end);
     k.merge_tokens = uint32_t(merge_end);
     k.chunks_per_row = uint32_t(cpr);
-    k.div_chunks = FastDivmod(uint32_t(cpr));
     k.div_heads = FastDivmod(uint32_t(full.num_heads));
-    if (flat) {
-      int64_t blocks = (int64_t(k.total_chunks) + 4 * 256 - 1) / (4 * 256);
-      if (blocks > sms * 8) blocks = sms * 8;
-      merge_attn_states_flat_kernel<E, O, VEC, 4><<<dim3(uint32_t(blocks)), dim3(256), 0, stream>>>(k);
-    } else {
-      int64_t blocks = (int64_t(k.num_rows) + rows_per_block - 1) / rows_per_block;
-      if (blocks > sms * blocks_per_sm) blocks = sms * blocks_per_sm;
-      merge_attn_states_kernel<E, O, VEC, CPT, MIN_BLOCKS>
-          <<<dim3(uint32_t(blocks)), dim3(uint32_t(tpr), uint32_t(rows_per_block)), 0, stream>>>(k);
-    }
+    int64_t blocks = (int64_t(k.num_rows) + rows_per_block - 1) / rows_per_block;
+    if (blocks > sms * blocks_per_sm) blocks = sms * blocks_per_sm;
+    merge_attn_states_kernel<E, O, VEC, CPT, MIN_BLOCKS>
+        <<<dim3(uint32_t(blocks)), dim3(uint32_t(tpr), uint32_t(rows_per_block)), 0, stream>>>(k);
     Status s = check_launch();
     if (s != Status::kSuccess) return s;
   }
