@@ -64,7 +64,7 @@ int main() {
     float add_us = time_it([&] { rot = (rot + 1) % copies;
       size_t nv = n / 8; int blocks = int(std::min<size_t>((nv + 255) / 256, size_t(sms) * 8));
       add3<<<blocks, 256>>>((const uint4*)A[rot], (const uint4*)B[rot], (uint4*)O[rot], nv); });
-    auto run_merge = [&](bool transposed) {
+    auto params = [&](bool transposed) {
       rot = (rot + 1) % copies;
       mla_ext::MergeParams p;
       p.dtype = mla_ext::DType::kBFloat16; p.num_tokens = T; p.num_heads = H; p.head_size = D;
@@ -75,24 +75,13 @@ int main() {
       p.prefix_lse = LA[rot]; p.prefix_lse_stride_token = st; p.prefix_lse_stride_head = sh;
       p.suffix_lse = LB[rot]; p.suffix_lse_stride_token = st; p.suffix_lse_stride_head = sh;
       p.output_lse = LO[rot]; p.output_lse_stride_token = st; p.output_lse_stride_head = sh;
-      mla_ext::launch_merge_attn_states(p, sms, 0);
-    };
-    auto params = [&](void) {
-      rot = (rot + 1) % copies;
-      mla_ext::MergeParams p;
-      p.dtype = mla_ext::DType::kBFloat16; p.num_tokens = T; p.num_heads = H; p.head_size = D;
-      p.output = O[rot]; p.output_stride_token = H * D; p.output_stride_head = D;
-      p.prefix_output = A[rot]; p.prefix_stride_token = H * D; p.prefix_stride_head = D;
-      p.suffix_output = B[rot]; p.suffix_stride_token = H * D; p.suffix_stride_head = D;
-      p.prefix_lse = LA[rot]; p.prefix_lse_stride_token = H; p.prefix_lse_stride_head = 1;
-      p.suffix_lse = LB[rot]; p.suffix_lse_stride_token = H; p.suffix_lse_stride_head = 1;
-      p.output_lse = LO[rot]; p.output_lse_stride_token = H; p.output_lse_stride_head = 1;
       return p;
     };
+    auto run_merge = [&](bool transposed) { mla_ext::launch_merge_attn_states(params(transposed), sms, 0); };
     using E = mla_ext::BFloat16Elem;
     using OW = mla_ext::SameOutput<E>;
     auto var = [&](const char* name, auto launch) {
-      float us = time_it([&] { launch(params()); });
+      float us = time_it([&] { launch(params(false)); });
       size_t i = 0;
       while (i < variants.size() && std::string(variants[i].first) != name) ++i;
       if (i == variants.size()) variants.push_back({name, {}});

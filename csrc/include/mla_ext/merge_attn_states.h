@@ -140,15 +140,7 @@ struct BFloat16Elem {
   MLA_EXT_HD static float load(storage v) { return bf16_to_float(v); }
   MLA_EXT_HD static storage store(float v) { return float_to_bf16(v); }
   // Two values rounded at once: low half = lo (one instruction on sm_80+).
-  MLA_EXT_HD static uint32_t store2(float lo, float hi) {
-#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 800)
-    uint32_t r;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-#else
-    return uint32_t(float_to_bf16(lo)) | (uint32_t(float_to_bf16(hi)) << 16);
-#endif
-  }
+  MLA_EXT_HD static uint32_t store2(float lo, float hi) { return pack_bf16x2(lo, hi); }
 };
 struct Float16Elem {
   using storage = uint16_t;

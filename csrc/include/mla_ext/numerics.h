@@ -65,6 +65,18 @@ MLA_EXT_HD uint16_t float_to_bf16(float f) {
   return uint16_t(u >> 16);
 }
 
+// Two floats rounded to bf16 (nearest even) in one 32-bit word, lo in the low
+// half. One instruction on sm_80+.
+MLA_EXT_HD uint32_t pack_bf16x2(float lo, float hi) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 800)
+  uint32_t r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+#else
+  return uint32_t(float_to_bf16(lo)) | (uint32_t(float_to_bf16(hi)) << 16);
+#endif
+}
+
 // exp/log for LSE arithmetic: the hardware approximations on the GPU (a few
 // ulp; memory-bound kernels cannot afford the accurate software sequences),
 // the C library on the host.

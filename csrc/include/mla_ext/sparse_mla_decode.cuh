@@ -129,17 +129,7 @@ struct DecodeArgs {
   bool out_pairs;    // output pointer/strides allow 4-byte bf16 pair stores
 };
 
-// ---- small numeric helpers ----
-__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
-#if defined(MLA_EXT_DECODE_MMA)
-  uint32_t r;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-  return r;
-#else
-  return uint32_t(float_to_bf16(lo)) | (uint32_t(float_to_bf16(hi)) << 16);
-#endif
-}
-
+// ---- small numeric helpers (pack_bf16x2: numerics.h) ----
 // e4m3 byte (low 8 bits of b) -> fp32, exact (numerics.h), without branches:
 // e4m3fn: bias 7, 0x7f / 0xff -> NaN; e4m3fnuz: the same bit placement one
 // exponent lower (bias 8), 0x80 -> NaN, 0x7f / 0xff -> +-240.
