@@ -114,7 +114,8 @@ def merge_attn_states(
             contiguous, tensors are on different devices, ``output_lse`` has the
             wrong shape, an FP8 output comes without ``output_scale`` (or a scale
             with a non-FP8 output), ``output_scale`` is not float32 / not one
-            element / on another device, or ``prefill_tokens_with_context < 0``.
+            element / on another device, ``prefill_tokens_with_context < 0``, or
+            head_size is 2^31 or more.
     """
     _merge_op(output, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse,
               None if prefill_tokens_with_context is None else int(prefill_tokens_with_context), output_scale)

@@ -200,6 +200,17 @@ def test_errors_before_write(device, case):
     assert out_lse.isnan().all()
 
 
+def test_error_head_size_too_large(device):
+    # Zero tokens: no storage, but the head_size limit (32-bit in-row offsets) still applies.
+    T, H, D = 0, 2, 2**31
+    v = torch.empty(T, H, D, dtype=torch.bfloat16, device=device)
+    lse = torch.empty(T, H, device=device)
+    with pytest.raises(RuntimeError, match="head_size below 2\\^31"):
+        mla_ext.merge_attn_states(v, lse, v, lse, v, lse)
+    ok = torch.empty(T, H, D - 1, dtype=torch.bfloat16, device=device)
+    mla_ext.merge_attn_states(ok, lse, ok, lse, ok, lse)  # one below the limit: accepted (nothing to do)
+
+
 @requires_gpu
 def test_error_mixed_devices():
     args = _valid("cuda")

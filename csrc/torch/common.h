@@ -132,6 +132,7 @@ inline mla_ext::MergeParams make_merge_params(const Tensor& output,
             "expected output to be 3-D [num_tokens, num_heads, head_size], got shape ",
             shape_str(output));
   const int64_t T = output.size(0), H = output.size(1), D = output.size(2);
+  MLA_CHECK(D < (int64_t(1) << 31), op, "expected head_size below 2^31 elements, got ", D);
   mla_ext::MergeParams p;
   // Output dtype: the inputs' dtype, or FP8 e4m3 with a per-tensor scale.
   const ScalarType out_type = output.scalar_type();

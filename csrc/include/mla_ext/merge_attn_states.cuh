@@ -96,7 +96,10 @@ __global__ void __launch_bounds__(256, MIN_BLOCKS) merge_attn_states_kernel(Merg
   using VO = VecN<typename O::storage, VEC>;
   const MergeParams& p = k.p;
   const float inv_scale = O::kScaled ? 1.f / *p.output_scale : 1.f;
-  for (uint32_t row = blockIdx.x * blockDim.y + threadIdx.y; row < k.num_rows; row += gridDim.x * blockDim.y) {
+  // 64-bit row counter: row + stride can pass 2^32 (num_rows < 2^31, stride up to 2^31 + 255).
+  for (uint64_t row64 = uint64_t(blockIdx.x) * blockDim.y + threadIdx.y; row64 < k.num_rows;
+       row64 += uint64_t(gridDim.x) * blockDim.y) {
+    const uint32_t row = uint32_t(row64);
     const uint32_t t = k.div_heads.div(row);
     const uint32_t h = row - t * uint32_t(p.num_heads);
     const bool merge = t < k.merge_tokens;
@@ -183,7 +186,8 @@ Status launch_merge_vec(const MergeParams& full, int num_sms, gpuStream_t stream
                         int blocks_per_sm = kMergeBlocksPerSM) {
   const int64_t sms = num_sms > 0 ? num_sms : 132;
   const int64_t cpr = full.head_size / VEC;
-  if (full.head_size >= (int64_t(1) << 32)) return Status::kInvalidArgument;  // 32-bit in-row offsets
+  // 32-bit in-row element offsets and chunk counters (c0 + 64 must not wrap).
+  if (full.head_size >= (int64_t(1) << 31)) return Status::kInvalidArgument;
   const int tpr = merge_threads_per_row(cpr, CPT);
   const int rows_per_block = 256 / tpr;
   // Launch over token ranges so that the flat row index stays below 2^31.
@@ -257,8 +261,8 @@ inline Status launch_merge_attn_states(const MergeParams& p, int num_sms, gpuStr
 // ---------------------------------------------------------------------------
 // merge_attn_states_n (merge_attn_states.h): S states in one pass.
 //
-// One thread per VEC-element chunk of a (token, head) row, like the two-way
-// kernel. The thread reads the row's S LSEs (tiny, shared with the row's other
+// One thread per VEC-element chunk of a (token, head) row over a flat chunk
+// index (the two-way kernel lays threads out by row instead). The thread reads the row's S LSEs (tiny, shared with the row's other
 // chunks through L1), then each non-empty state's chunk exactly once, kStates
 // states per loop trip so their loads are in flight together, and writes the
 // output chunk once. It reads every input chunk before writing its output

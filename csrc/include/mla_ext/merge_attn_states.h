@@ -28,7 +28,8 @@ inline int merge_output_size(DType in, MergeOutput out) {
 }
 
 // All strides are in elements of the tensor they belong to, 64-bit.
-// Values: [num_tokens, num_heads, head_size], last dim contiguous.
+// Values: [num_tokens, num_heads, head_size], last dim contiguous; head_size
+// below 2^31 (the GPU launcher returns kInvalidArgument otherwise).
 // LSE: [num_tokens, num_heads] fp32, any strides (natural log).
 struct MergeParams {
   DType dtype = DType::kBFloat16;
