@@ -70,7 +70,8 @@ enum mla_ext_kv_format {
 /* ------------------------------------------------------------------------ */
 
 /* Values [num_tokens, num_heads, head_size] of `dtype` with any token and head
- * strides (last dim contiguous); LSEs [num_tokens, num_heads] fp32 (natural
+ * strides (last dim contiguous), head_size below 2^31 (MLA_EXT_STATUS_INVALID_ARGUMENT
+ * otherwise); LSEs [num_tokens, num_heads] fp32 (natural
  * log, +inf or -inf = empty) with any strides. `output` may alias prefix_output or
  * suffix_output; `output_lse` may be NULL. Zero-initialise, then fill. */
 typedef struct mla_ext_merge_params {
