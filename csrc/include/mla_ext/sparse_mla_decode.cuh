@@ -22,6 +22,8 @@
 //      raw e4m3fn/fnuz values (exact) with the fp32 scales in their own [4][BN]
 //      array, applied to each 128-dim group's partial Q.K sum after the product
 //      and to a per-group copy of P before the P.V product (keys never rounded);
+//      rows past the split's end (the last tile of a split) are zeroed up to the
+//      next 16-row block and skipped by the products beyond it (MMA path);
 //   4. S = Q K^T into shared fp32, masked online softmax (exp2 domain), P;
 //   5. O = O*alpha + P V with V = the first 512 columns of the same tile.
 // Tensor-core path (NVIDIA sm_80+): BN = 64, Q staged in shared memory, S and
@@ -491,7 +493,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
     const int cur = j & 1, nxt = cur ^ 1;
     // Rows of this tile inside the split (>= 1): the rest are skipped by the
     // dequantisation and the products (MMA path), not just masked. Not for the
-    // V3.2 64-head tile, where the extra live state costs 116 bytes of spills.
+    // V3.2 64-head tile, where the extra live state costs 116-208 bytes of spills.
     constexpr bool kSkipRows = MMA && !(SC && MT == 4);
     const int live =
         kSkipRows ? int((p_hi - p_lo - int64_t(j) * BN) < BN ? (p_hi - p_lo - int64_t(j) * BN) : BN) : BN;
