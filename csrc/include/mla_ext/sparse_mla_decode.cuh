@@ -147,66 +147,57 @@ __device__ __forceinline__ float e4m3_bits_to_float(uint32_t b) {
 template <bool FNUZ>
 __device__ __forceinline__ void dequant4(uint32_t w, float s, uint32_t& lo, uint32_t& hi) {
 #if defined(MLA_EXT_DECODE_CVT_FP8)
+  uint32_t x0, x1;  // the four values as two f16x2 words, exact
   if constexpr (!FNUZ) {
-    // e4m3 -> f16 is exact (NaN codes -> NaN), f16 -> f32 exact, one fp32 multiply,
-    // one rounding to bf16: the same value as the scalar decode, ~2x fewer instructions.
+    // e4m3 -> f16 is exact (NaN codes -> NaN): ~2x fewer instructions than the scalar decode.
     asm("{\n"
-        ".reg .b16 a, b, l0, h0, l1, h1;\n"
-        ".reg .b32 x0, x1;\n"
-        ".reg .f32 f0, f1, f2, f3;\n"
+        ".reg .b16 a, b;\n"
         "mov.b32 {a, b}, %2;\n"
-        "cvt.rn.f16x2.e4m3x2 x0, a;\n"
-        "cvt.rn.f16x2.e4m3x2 x1, b;\n"
-        "mov.b32 {l0, h0}, x0;\n"
-        "mov.b32 {l1, h1}, x1;\n"
-        "cvt.f32.f16 f0, l0;\n"
-        "cvt.f32.f16 f1, h0;\n"
-        "cvt.f32.f16 f2, l1;\n"
-        "cvt.f32.f16 f3, h1;\n"
-        "mul.rn.f32 f0, f0, %3;\n"
-        "mul.rn.f32 f1, f1, %3;\n"
-        "mul.rn.f32 f2, f2, %3;\n"
-        "mul.rn.f32 f3, f3, %3;\n"
-        "cvt.rn.bf16x2.f32 %0, f1, f0;\n"
-        "cvt.rn.bf16x2.f32 %1, f3, f2;\n"
+        "cvt.rn.f16x2.e4m3x2 %0, a;\n"
+        "cvt.rn.f16x2.e4m3x2 %1, b;\n"
         "}\n"
-        : "=r"(lo), "=r"(hi)
-        : "r"(w), "f"(s));
+        : "=r"(x0), "=r"(x1)
+        : "r"(w));
   } else {
     // No packed e4m3fnuz conversion on NVIDIA. Bit decode in f16 pairs: byte
     // S.EEEE.MMM placed as the f16 S.0EEEE.MMM0000000 is its fnuz value times
     // 2^-7, exactly (E = 0 lands on f16 subnormals = fnuz subnormals scaled),
     // never inf or NaN; 0x80 gets the high byte 0xff instead (an f16 NaN). Then
-    // x 2^7 in f16 (exact), to fp32 (exact), one fp32 multiply by s, one
-    // rounding to bf16: the same values as e4m3_bits_to_float<true>(b) * s.
+    // x 2^7 in f16 (exact).
     const uint32_t mag = w & 0x7f7f7f7fu;
     const uint32_t is80 = w & ~(mag + 0x7f7f7f7fu) & 0x80808080u;  // bit 7 of each 0x80 byte
     const uint32_t top = (w & 0x80808080u) | (is80 - (is80 >> 7));  // sign byte, 0xff for 0x80
     const uint32_t h01 = (__byte_perm(mag, 0u, 0x1404u) >> 1) | __byte_perm(top, 0u, 0x1404u);
     const uint32_t h23 = (__byte_perm(mag, 0u, 0x3424u) >> 1) | __byte_perm(top, 0u, 0x3424u);
     asm("{\n"
-        ".reg .b16 l0, h0, l1, h1;\n"
-        ".reg .b32 x0, x1, k;\n"
-        ".reg .f32 f0, f1, f2, f3;\n"
+        ".reg .b32 k;\n"
         "mov.b32 k, 0x58005800;\n"  // f16x2 {128, 128}
-        "mul.rn.f16x2 x0, %2, k;\n"
-        "mul.rn.f16x2 x1, %3, k;\n"
-        "mov.b32 {l0, h0}, x0;\n"
-        "mov.b32 {l1, h1}, x1;\n"
-        "cvt.f32.f16 f0, l0;\n"
-        "cvt.f32.f16 f1, h0;\n"
-        "cvt.f32.f16 f2, l1;\n"
-        "cvt.f32.f16 f3, h1;\n"
-        "mul.rn.f32 f0, f0, %4;\n"
-        "mul.rn.f32 f1, f1, %4;\n"
-        "mul.rn.f32 f2, f2, %4;\n"
-        "mul.rn.f32 f3, f3, %4;\n"
-        "cvt.rn.bf16x2.f32 %0, f1, f0;\n"
-        "cvt.rn.bf16x2.f32 %1, f3, f2;\n"
+        "mul.rn.f16x2 %0, %2, k;\n"
+        "mul.rn.f16x2 %1, %3, k;\n"
         "}\n"
-        : "=r"(lo), "=r"(hi)
-        : "r"(h01), "r"(h23), "f"(s));
+        : "=r"(x0), "=r"(x1)
+        : "r"(h01), "r"(h23));
   }
+  // f16 -> f32 exact, one fp32 multiply by s, one rounding to bf16: the same
+  // values as e4m3_bits_to_float<FNUZ>(byte) * s rounded to bf16.
+  asm("{\n"
+      ".reg .b16 l0, h0, l1, h1;\n"
+      ".reg .f32 f0, f1, f2, f3;\n"
+      "mov.b32 {l0, h0}, %2;\n"
+      "mov.b32 {l1, h1}, %3;\n"
+      "cvt.f32.f16 f0, l0;\n"
+      "cvt.f32.f16 f1, h0;\n"
+      "cvt.f32.f16 f2, l1;\n"
+      "cvt.f32.f16 f3, h1;\n"
+      "mul.rn.f32 f0, f0, %4;\n"
+      "mul.rn.f32 f1, f1, %4;\n"
+      "mul.rn.f32 f2, f2, %4;\n"
+      "mul.rn.f32 f3, f3, %4;\n"
+      "cvt.rn.bf16x2.f32 %0, f1, f0;\n"
+      "cvt.rn.bf16x2.f32 %1, f3, f2;\n"
+      "}\n"
+      : "=r"(lo), "=r"(hi)
+      : "r"(x0), "r"(x1), "f"(s));
 #else
   lo = pack_bf16x2(e4m3_bits_to_float<FNUZ>(w) * s, e4m3_bits_to_float<FNUZ>(w >> 8) * s);
   hi = pack_bf16x2(e4m3_bits_to_float<FNUZ>(w >> 16) * s, e4m3_bits_to_float<FNUZ>(w >> 24) * s);
