@@ -66,7 +66,7 @@ __device__ __forceinline__ VecN<typename O::storage, VEC> merge_chunk(const Merg
     if constexpr (!O::kScaled && VEC % 2 == 0 && sizeof(typename O::storage) == 2) {
 #pragma unroll
       for (int i = 0; i < VEC; i += 2) {
-        const uint32_t w = O::pack2(f[i], f[i + 1]);
+        const uint32_t w = E::store2(f[i], f[i + 1]);  // output dtype = input dtype here
         o.v[i] = typename O::storage(w & 0xffffu);
         o.v[i + 1] = typename O::storage(w >> 16);
       }

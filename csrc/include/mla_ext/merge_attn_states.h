@@ -178,14 +178,12 @@ MLA_EXT_HD float merge_value(const MergeRow& r, typename E::storage p, typename 
 }
 
 // Output element writers. `inv_scale` is 1 / output_scale (FP8 only).
-// write: one element under any mode; from_float: a merged fp32 value (kMix);
-// pack2 (16-bit outputs only): two merged values, the first in the low half.
+// write: one element under any mode; from_float: a merged fp32 value (kMix).
 template <typename E>
 struct SameOutput {  // output dtype = input dtype; selected sides bit-exact
   using storage = typename E::storage;
   static constexpr bool kScaled = false;
   MLA_EXT_HD static storage from_float(float v, float) { return E::store(v); }
-  MLA_EXT_HD static uint32_t pack2(float lo, float hi) { return E::store2(lo, hi); }
   MLA_EXT_HD static storage write(const MergeRow& r, typename E::storage p, typename E::storage s, float) {
     return merge_element<E>(r, p, s);
   }
@@ -197,10 +195,9 @@ struct Fp8Output {  // saturate(merged * inv_scale) as e4m3fn / e4m3fnuz
   MLA_EXT_HD static storage from_float(float v, float inv_scale) {
     return float_to_fp8_e4m3_sat<FNUZ>(v * inv_scale);
   }
-  MLA_EXT_HD static uint32_t pack2(float, float) { return 0u; }  // not used (8-bit output)
   MLA_EXT_HD static storage write(const MergeRow& r, typename E::storage p, typename E::storage s,
                                   float inv_scale) {
-    return float_to_fp8_e4m3_sat<FNUZ>(merge_value<E>(r, p, s) * inv_scale);
+    return from_float(merge_value<E>(r, p, s), inv_scale);
   }
 };
 
