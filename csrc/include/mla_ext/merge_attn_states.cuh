@@ -171,8 +171,8 @@ inline int merge_vec_elems(const MergeParams& p) {
 // cap with <= 16 blocks per processor 4% faster on large ones; neither has been
 // through the GPU tests yet.
 constexpr int kMergeCPT = 2;
-constexpr int kMergeMinBlocks = 1;
-constexpr int kMergeBlocksPerSM = 1 << 16;
+constexpr int kMergeMinBlocks = 4;
+constexpr int kMergeBlocksPerSM = 16;
 
 // Threads per row: enough for CPT chunks each (at most 32, a longer row loops),
 // rows packed into 256-thread blocks.
