@@ -411,6 +411,31 @@ inline Status launch_merge_attn_states_n(const MergeNParams& p, int num_sms, gpu
   if (p.num_states < 1 || p.num_tokens < 0 || p.num_heads < 0 || p.head_size < 0) return Status::kInvalidArgument;
   if (p.num_tokens == 0 || p.num_heads == 0 || p.head_size == 0) return Status::kSuccess;
   if (p.num_heads >= (int64_t(1) << 31)) return Status::kInvalidArgument;
+  if (p.num_states == 2 && p.attn_sink == nullptr) {
+    // Two states, no sink: the two-way rule is this rule for S = 2 (NaN, both
+    // empty, one empty -> exact copy and its lse, else the weighted mix), and
+    // its kernel reads each row's LSEs once instead of twice.
+    MergeParams m;
+    m.dtype = p.dtype;
+    m.num_tokens = p.num_tokens;
+    m.num_heads = p.num_heads;
+    m.head_size = p.head_size;
+    m.output = p.output;
+    m.output_stride_token = p.output_stride_token;
+    m.output_stride_head = p.output_stride_head;
+    m.output_lse = p.output_lse;
+    m.output_lse_stride_token = p.output_lse_stride_token;
+    m.output_lse_stride_head = p.output_lse_stride_head;
+    m.prefix_output = p.values;
+    m.suffix_output = static_cast<const uint8_t*>(p.values) + p.values_stride_state * dtype_size(p.dtype);
+    m.prefix_stride_token = m.suffix_stride_token = p.values_stride_token;
+    m.prefix_stride_head = m.suffix_stride_head = p.values_stride_head;
+    m.prefix_lse = p.lses;
+    m.suffix_lse = p.lses + p.lses_stride_state;
+    m.prefix_lse_stride_token = m.suffix_lse_stride_token = p.lses_stride_token;
+    m.prefix_lse_stride_head = m.suffix_lse_stride_head = p.lses_stride_head;
+    return launch_merge_attn_states(m, num_sms, stream);
+  }
   switch (p.dtype) {
     case DType::kFloat32: return launch_merge_n_typed<Float32Elem>(p, num_sms, stream);
     case DType::kFloat16: return launch_merge_n_typed<Float16Elem>(p, num_sms, stream);
