@@ -183,13 +183,18 @@ inline int merge_threads_per_row(int64_t chunks_per_row, int cpt) {
 
 template <typename E, typename O, int VEC, int CPT = kMergeCPT, int MIN_BLOCKS = kMergeMinBlocks>
 Status launch_merge_vec(const MergeParams& full, int num_sms, gpuStream_t stream,
-                        int blocks_per_sm = kMergeBlocksPerSM) {
+                        int blocks_per_sm = kMergeBlocksPerSM, bool spread = true) {
   const int64_t sms = num_sms > 0 ? num_sms : 132;
   const int64_t cpr = full.head_size / VEC;
   // 32-bit in-row element offsets and chunk counters (c0 + 64 must not wrap).
   if (full.head_size >= (int64_t(1) << 31)) return Status::kInvalidArgument;
   const int tpr = merge_threads_per_row(cpr, CPT);
-  const int rows_per_block = 256 / tpr;
+  int rows_per_block = 256 / tpr;
+  // Small calls (fewer 256-thread blocks than processors): smaller blocks, so
+  // the rows spread over more processors and each one waits on fewer loads.
+  const int64_t total_rows = full.num_tokens * full.num_heads;
+  while (spread && rows_per_block > 1 && (total_rows + rows_per_block - 1) / rows_per_block < sms)
+    rows_per_block /= 2;
   // Launch over token ranges so that the flat row index stays below 2^31.
   const int64_t max_tokens = ((int64_t(1) << 31) - 1) / full.num_heads;
   for (int64_t t0 = 0; t0 < full.num_tokens; t0 += max_tokens) {
