@@ -301,6 +301,35 @@ def test_offsets_past_2_pow_32():
     torch.cuda.empty_cache()
 
 
+@requires_gpu
+def test_more_than_2_pow_31_chunks():
+    """A call over 2^31 + 1 chunks: the launcher cuts it into launches of < 2^31 chunks, the second
+    starting mid-token (head 1). Inputs are token-broadcast (stride 0) so only the output is large
+    (4 GiB); head_size 1 takes the one-element path, one chunk per row. The last token is past
+    prefill_tokens_with_context, so it copies the suffix, across the launch boundary."""
+    if torch.cuda.get_device_properties(0).total_memory < 16 * (1 << 30):
+        pytest.skip("needs ~5 GiB of device memory")
+    H, D = 3, 1
+    T = (2**31 + 1) // H  # T * H = 2^31 + 1 rows
+    assert T * H == 2**31 + 1
+    pa1, la1, pb1, lb1 = make_case(1, H, D, torch.bfloat16, "cuda", gen_seed=11)
+    pa, pb = pa1.expand(T, H, D), pb1.expand(T, H, D)
+    la, lb = la1.expand(T, H), lb1.expand(T, H)
+    out = torch.full((T, H, D), float("nan"), dtype=torch.bfloat16, device="cuda")
+    mla_ext.merge_attn_states(out, None, pa, la, pb, lb, prefill_tokens_with_context=T - 1)
+    one = poison_(torch.empty(1, H, D, dtype=torch.bfloat16, device="cuda"))
+    run_and_check(one, None, pa1, la1, pb1, lb1, torch.bfloat16)  # the one-token call, against float64
+    want = one.view(H)
+    flat = out.view(T, H)
+    step = 1 << 26
+    for t0 in range(0, T - 1, step):  # every merged token equals the one-token call, bit for bit
+        blk = flat[t0:min(t0 + step, T - 1)]
+        assert torch.equal(blk, want.expand_as(blk)), f"tokens from {t0}"
+    assert torch.equal(flat[T - 1], pb1.view(H)), "last token must copy the suffix"
+    del out, flat
+    torch.cuda.empty_cache()
+
+
 def test_meta_and_real_tensors_mixed_raise():
     """A meta tensor among real ones dispatches to the fake implementation: it must raise too."""
     args = _valid("cpu")

@@ -4,10 +4,10 @@
 //   add3      : out = a + b (2 reads + 1 write, 16-byte accesses, no LSE)      -> stream ceiling
 //   merge     : mla_ext::launch_merge_attn_states, LSE [T,H] contiguous
 //   merge_lseT: same with LSE passed as [H,T] transposed views (vLLM layout)
-//   cCPT[bMIN gGRID]: the kernel with other tuning constants (chunks per thread and trip,
-//             register-cap blocks per SM, blocks per SM before the grid strides)
-//   c2nospread: c2 without the small-call rule (256-thread blocks however few rows)
-//   flatN     : one chunk per thread, no loop, N-thread blocks (flat_one_shot below)
+//   tN        : the kernel with N-thread blocks (the library uses kMergeThreads)
+// History (H200, 2026-11-30, 8192x128x128): copy 202 us, add3 203, a row-per-thread-row
+// grid-stride kernel 223-232 (2 chunks/thread) or 248-258 (1), one chunk per thread with no
+// loop 193 (128- or 256-thread blocks): the library kernel is now the last.
 // Build: nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Icsrc/include benchmarks/dev/merge_variants.cu
 #include <algorithm>
 #include <string>
@@ -24,45 +24,6 @@ __global__ void add3(const uint4* a, const uint4* b, uint4* o, size_t n) {
     uint4 x = a[i], y = b[i];
     o[i] = make_uint4(x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w);
   }
-}
-
-// One 16-byte chunk per thread, no loop, THREADS-thread blocks (the layout of
-// the public kernel the issue quotes at 97% of the copy), this library's
-// numerics: is the layout what the row kernel lacks on large calls?
-template <int THREADS>
-__global__ void __launch_bounds__(THREADS) flat_one_shot(mla_ext::MergeKernelArgs k, mla_ext::FastDivmod div_cpr,
-                                                         uint32_t total) {
-  using E = mla_ext::BFloat16Elem;
-  using V = mla_ext::VecN<uint16_t, 8>;
-  const uint32_t idx = blockIdx.x * THREADS + threadIdx.x;
-  if (idx >= total) return;
-  const mla_ext::MergeParams& p = k.p;
-  const uint32_t row = div_cpr.div(idx);
-  const uint32_t c = idx - row * k.chunks_per_row;
-  const uint32_t t = k.div_heads.div(row);
-  const uint32_t h = row - t * uint32_t(p.num_heads);
-  const V b = *reinterpret_cast<const V*>(static_cast<const uint16_t*>(p.suffix_output) + int64_t(t) * p.suffix_stride_token +
-                                          int64_t(h) * p.suffix_stride_head + c * 8);
-  const V a = *reinterpret_cast<const V*>(static_cast<const uint16_t*>(p.prefix_output) + int64_t(t) * p.prefix_stride_token +
-                                          int64_t(h) * p.prefix_stride_head + c * 8);
-  const float la = p.prefix_lse[int64_t(t) * p.prefix_lse_stride_token + int64_t(h) * p.prefix_lse_stride_head];
-  const float lb = p.suffix_lse[int64_t(t) * p.suffix_lse_stride_token + int64_t(h) * p.suffix_lse_stride_head];
-  const mla_ext::MergeRow r = mla_ext::merge_row(la, lb);
-  *reinterpret_cast<V*>(static_cast<uint16_t*>(p.output) + int64_t(t) * p.output_stride_token +
-                        int64_t(h) * p.output_stride_head + c * 8) =
-      mla_ext::merge_chunk<E, mla_ext::SameOutput<E>, 8>(r, a, b, 1.f);
-  if (c == 0) p.output_lse[int64_t(t) * p.output_lse_stride_token + int64_t(h) * p.output_lse_stride_head] = r.lse;
-}
-
-template <int THREADS>
-void launch_flat(const mla_ext::MergeParams& p) {
-  mla_ext::MergeKernelArgs k;
-  k.p = p;
-  k.num_rows = uint32_t(p.num_tokens * p.num_heads);
-  k.chunks_per_row = uint32_t(p.head_size / 8);
-  k.div_heads = mla_ext::FastDivmod(uint32_t(p.num_heads));
-  const uint32_t total = k.num_rows * k.chunks_per_row;
-  flat_one_shot<THREADS><<<(total + THREADS - 1) / THREADS, THREADS>>>(k, mla_ext::FastDivmod(k.chunks_per_row), total);
 }
 
 template <typename F>
@@ -128,14 +89,9 @@ int main() {
       if (i == variants.size()) variants.push_back({name, {}});
       variants[i].second.push_back(us);
     };
-    var("c2", [&](mla_ext::MergeParams p) { mla_ext::launch_merge_vec<E, OW, 8, 2, 1>(p, sms, 0, 1 << 16); });
-    var("c1", [&](mla_ext::MergeParams p) { mla_ext::launch_merge_vec<E, OW, 8, 1, 1>(p, sms, 0, 1 << 16); });
-    var("c2b4g16", [&](mla_ext::MergeParams p) { mla_ext::launch_merge_vec<E, OW, 8, 2, 4>(p, sms, 0, 16); });
-    var("c2nospread", [&](mla_ext::MergeParams p) { mla_ext::launch_merge_vec<E, OW, 8, 2, 1>(p, sms, 0, 1 << 16, false); });
-    var("c1b4g16", [&](mla_ext::MergeParams p) { mla_ext::launch_merge_vec<E, OW, 8, 1, 4>(p, sms, 0, 16); });
-    var("flat128", [&](mla_ext::MergeParams p) { launch_flat<128>(p); });
-    var("flat256", [&](mla_ext::MergeParams p) { launch_flat<256>(p); });
-    var("c4b3g16", [&](mla_ext::MergeParams p) { mla_ext::launch_merge_vec<E, OW, 8, 4, 3>(p, sms, 0, 16); });
+    var("t128", [&](mla_ext::MergeParams p) { mla_ext::launch_merge_vec<E, OW, 8, 128>(p, 0); });
+    var("t256", [&](mla_ext::MergeParams p) { mla_ext::launch_merge_vec<E, OW, 8, 256>(p, 0); });
+    var("t64", [&](mla_ext::MergeParams p) { mla_ext::launch_merge_vec<E, OW, 8, 64>(p, 0); });
     float m_us = time_it([&] { run_merge(false); });
     float mt_us = time_it([&] { run_merge(true); });
     CK(cudaDeviceSynchronize());

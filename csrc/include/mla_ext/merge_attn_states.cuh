@@ -1,14 +1,15 @@
 // merge_attn_states GPU kernel and launcher (CUDA and HIP, one source).
 //
 // Memory-bound: every output element costs one read of each input and one
-// write. Threads are laid out by (token, head) row, so the row's position,
-// addresses and merge weights are computed once per row rather than per
-// 16-byte chunk; each thread moves VEC consecutive elements at a time, with the
-// widest access the pointers and strides allow (16 bytes when aligned). Rows of
-// any head_size (a long row loops) and any number of heads (a flat row index,
-// no per-block limit on num_heads x head_size). Each chunk is read and written
-// by one thread only, read before it is written, so the output may alias an
-// input.
+// write. One thread per VEC-element chunk of a (token, head) row, one chunk per
+// thread and no loop: a 128-thread block covers 128 consecutive chunks, and the
+// grid covers the whole call (long calls are cut into launches of < 2^31
+// chunks). Each thread reads its row's two LSEs (shared with the row's other
+// chunks through L1), its two input chunks, and writes one output chunk, with
+// the widest access the pointers and strides allow (16 bytes when aligned). Any
+// head_size and any number of heads (a flat chunk index, no per-block limit on
+// num_heads x head_size). Each chunk is read and written by one thread only,
+// read before it is written, so the output may alias an input.
 #pragma once
 
 #include "mla_ext/compat.h"
@@ -43,14 +44,16 @@ struct alignas(sizeof(T) * N) VecN {
 };
 
 struct MergeKernelArgs {
-  MergeParams p;
-  uint32_t num_rows;       // num_tokens * num_heads (< 2^31)
+  MergeParams p;           // pointers advanced to this launch's first token
+  uint32_t num_chunks;     // chunks in this launch (< 2^31)
+  uint32_t first_head;     // head of this launch's first row (< 2^31)
   uint32_t merge_tokens;   // tokens [0, merge_tokens) merge, the rest copy the suffix
   uint32_t chunks_per_row;
+  FastDivmod div_chunks;   // by chunks_per_row
   FastDivmod div_heads;    // by num_heads
 };
 
-// Row-wise output writers: O::write per element for the selecting modes, and a
+// Output chunk writers: O::write per element for the selecting modes, and a
 // straight-line fp32 combine for the mixing rows (no per-element mode switch;
 // bf16 results rounded in pairs).
 template <typename E, typename O, int VEC>
@@ -81,66 +84,42 @@ __device__ __forceinline__ VecN<typename O::storage, VEC> merge_chunk(const Merg
   return o;
 }
 
-// One (token, head) row per thread row of the block: blockDim = (TPR, rows per
-// block), the grid striding over rows. Thread x of a row owns the row's chunks
-// x, x + TPR, ... (VEC elements each), CPT of them per trip, all loads of a
-// trip issued before the first store. The row's position, base addresses and
-// merge weights are worked out once per row, not per chunk. O writes the output element (SameOutput: the
-// input dtype; Fp8Output: scaled, saturated e4m3). Tokens at or after
-// merge_tokens copy the suffix and never read the prefix. Each chunk is read
-// and then written by the same thread, so the output may alias an input.
-template <typename E, typename O, int VEC, int CPT, int MIN_BLOCKS>
-__global__ void __launch_bounds__(256, MIN_BLOCKS) merge_attn_states_kernel(MergeKernelArgs k) {
+// One VEC-element chunk per thread: chunk index -> (row, chunk in row) ->
+// (token, head), all in 32-bit arithmetic (first_head + row < 2^32). The
+// thread loads both input chunks and the row's two LSEs before it works out
+// the merge weights, then stores its output chunk; chunk 0's thread writes the
+// row's output LSE. O writes the output element (SameOutput: the input dtype;
+// Fp8Output: scaled, saturated e4m3). Tokens at or after merge_tokens copy the
+// suffix and never read the prefix.
+template <typename E, typename O, int VEC, int THREADS>
+__global__ void __launch_bounds__(THREADS) merge_attn_states_kernel(MergeKernelArgs k) {
   using S = typename E::storage;
   using V = VecN<S, VEC>;
   using VO = VecN<typename O::storage, VEC>;
+  const uint32_t idx = blockIdx.x * THREADS + threadIdx.x;
+  if (idx >= k.num_chunks) return;
   const MergeParams& p = k.p;
+  const uint32_t row = k.div_chunks.div(idx);
+  const uint32_t c = idx - row * k.chunks_per_row;
+  const uint32_t r0 = k.first_head + row;
+  const uint32_t t = k.div_heads.div(r0);
+  const uint32_t h = r0 - t * uint32_t(p.num_heads);
+  const bool merge = t < k.merge_tokens;
+  const V b = *reinterpret_cast<const V*>(static_cast<const S*>(p.suffix_output) + int64_t(t) * p.suffix_stride_token +
+                                          int64_t(h) * p.suffix_stride_head + c * VEC);
+  V a{};
+  if (merge)
+    a = *reinterpret_cast<const V*>(static_cast<const S*>(p.prefix_output) + int64_t(t) * p.prefix_stride_token +
+                                    int64_t(h) * p.prefix_stride_head + c * VEC);
+  const float lb = p.suffix_lse[int64_t(t) * p.suffix_lse_stride_token + int64_t(h) * p.suffix_lse_stride_head];
+  const float la =
+      merge ? p.prefix_lse[int64_t(t) * p.prefix_lse_stride_token + int64_t(h) * p.prefix_lse_stride_head] : 0.f;
+  const MergeRow r = merge ? merge_row(la, lb) : copy_suffix_row(lb);
   const float inv_scale = O::kScaled ? 1.f / *p.output_scale : 1.f;
-  // 64-bit row counter: row + stride can pass 2^32 (num_rows < 2^31, stride up to 2^31 + 255).
-  for (uint64_t row64 = uint64_t(blockIdx.x) * blockDim.y + threadIdx.y; row64 < k.num_rows;
-       row64 += uint64_t(gridDim.x) * blockDim.y) {
-    const uint32_t row = uint32_t(row64);
-    const uint32_t t = k.div_heads.div(row);
-    const uint32_t h = row - t * uint32_t(p.num_heads);
-    const bool merge = t < k.merge_tokens;
-    const uint32_t tpr = blockDim.x;
-    const S* pb = static_cast<const S*>(p.prefix_output) + int64_t(t) * p.prefix_stride_token +
-                  int64_t(h) * p.prefix_stride_head;
-    const S* sb = static_cast<const S*>(p.suffix_output) + int64_t(t) * p.suffix_stride_token +
-                  int64_t(h) * p.suffix_stride_head;
-    typename O::storage* ob = static_cast<typename O::storage*>(p.output) + int64_t(t) * p.output_stride_token +
-                              int64_t(h) * p.output_stride_head;
-    const float lb = p.suffix_lse[int64_t(t) * p.suffix_lse_stride_token + int64_t(h) * p.suffix_lse_stride_head];
-    const float la =
-        merge ? p.prefix_lse[int64_t(t) * p.prefix_lse_stride_token + int64_t(h) * p.prefix_lse_stride_head] : 0.f;
-    MergeRow r;
-    bool have_r = false;
-    for (uint32_t c0 = threadIdx.x; c0 < k.chunks_per_row; c0 += CPT * tpr) {
-      V a[CPT], b[CPT];
-#pragma unroll
-      for (int u = 0; u < CPT; ++u) {
-        const uint32_t c = c0 + u * tpr;
-        if (c < k.chunks_per_row) {
-          b[u] = *reinterpret_cast<const V*>(sb + c * VEC);
-          if (merge) a[u] = *reinterpret_cast<const V*>(pb + c * VEC);
-          else a[u] = V{};
-        }
-      }
-      if (!have_r) {
-        r = merge ? merge_row(la, lb) : copy_suffix_row(lb);
-        have_r = true;
-      }
-#pragma unroll
-      for (int u = 0; u < CPT; ++u) {
-        const uint32_t c = c0 + u * tpr;
-        if (c < k.chunks_per_row) *reinterpret_cast<VO*>(ob + c * VEC) = merge_chunk<E, O, VEC>(r, a[u], b[u], inv_scale);
-      }
-    }
-    if (p.output_lse != nullptr && threadIdx.x == 0) {
-      if (!have_r) r = merge ? merge_row(la, lb) : copy_suffix_row(lb);
-      p.output_lse[int64_t(t) * p.output_lse_stride_token + int64_t(h) * p.output_lse_stride_head] = r.lse;
-    }
-  }
+  *reinterpret_cast<VO*>(static_cast<typename O::storage*>(p.output) + int64_t(t) * p.output_stride_token +
+                         int64_t(h) * p.output_stride_head + c * VEC) = merge_chunk<E, O, VEC>(r, a, b, inv_scale);
+  if (p.output_lse != nullptr && c == 0)
+    p.output_lse[int64_t(t) * p.output_lse_stride_token + int64_t(h) * p.output_lse_stride_head] = r.lse;
 }
 
 // Widest vector (in elements, up to 16 bytes) that every pointer, stride and
@@ -163,62 +142,45 @@ inline int merge_vec_elems(const MergeParams& p) {
   return vec;
 }
 
-// Row-kernel tuning (H200, benchmarks/dev/merge_variants.cu): chunks per
-// thread and trip, resident 256-thread blocks per processor it is compiled for
-// (1: no register cap), blocks launched per processor before the grid strides.
-// Shipped: the configuration the GPU tests and the graph benchmark ran on. In
-// the dev sweep CPT 1 was 0.1-0.6 us faster on small calls, and a 64-register
-// cap with <= 16 blocks per processor 4% faster on large ones; neither has been
-// through the GPU tests yet.
-constexpr int kMergeCPT = 2;
-constexpr int kMergeMinBlocks = 4;
-constexpr int kMergeBlocksPerSM = 16;
+// Threads per block. On the H200 a 128-thread one-chunk-per-thread grid ran
+// 8192x128x128 bf16 in 193 us where a row-per-thread-row grid-stride kernel
+// took 223-232 us and a device-to-device copy of the same bytes 202 us
+// (benchmarks/dev/merge_variants.cu).
+constexpr int kMergeThreads = 128;
 
-// Threads per row: enough for CPT chunks each (at most 32, a longer row loops),
-// rows packed into 256-thread blocks.
-inline int merge_threads_per_row(int64_t chunks_per_row, int cpt) {
-  const int64_t tpr = (chunks_per_row + cpt - 1) / cpt;
-  return int(tpr < 1 ? 1 : (tpr > 32 ? 32 : tpr));
-}
-
-template <typename E, typename O, int VEC, int CPT = kMergeCPT, int MIN_BLOCKS = kMergeMinBlocks>
-Status launch_merge_vec(const MergeParams& full, int num_sms, gpuStream_t stream,
-                        int blocks_per_sm = kMergeBlocksPerSM, bool spread = true) {
-  const int64_t sms = num_sms > 0 ? num_sms : 132;
+template <typename E, typename O, int VEC, int THREADS = kMergeThreads>
+Status launch_merge_vec(const MergeParams& full, gpuStream_t stream) {
   const int64_t cpr = full.head_size / VEC;
-  // 32-bit in-row element offsets and chunk counters (c0 + 64 must not wrap).
+  // 32-bit chunk indices: each launch covers < 2^31 chunks, whole rows.
   if (full.head_size >= (int64_t(1) << 31)) return Status::kInvalidArgument;
-  const int tpr = merge_threads_per_row(cpr, CPT);
-  int rows_per_block = 256 / tpr;
-  // Small calls (fewer 256-thread blocks than processors): smaller blocks, so
-  // the rows spread over more processors and each one waits on fewer loads.
+  const int64_t max_chunks = (int64_t(1) << 31) - 1;
+  const int64_t rows_per_launch = max_chunks / cpr;  // >= 1: cpr < 2^31
   const int64_t total_rows = full.num_tokens * full.num_heads;
-  while (spread && rows_per_block > 1 && (total_rows + rows_per_block - 1) / rows_per_block < sms)
-    rows_per_block /= 2;
-  // Launch over token ranges so that the flat row index stays below 2^31.
-  const int64_t max_tokens = ((int64_t(1) << 31) - 1) / full.num_heads;
-  for (int64_t t0 = 0; t0 < full.num_tokens; t0 += max_tokens) {
-    const int64_t nt = full.num_tokens - t0 < max_tokens ? full.num_tokens - t0 : max_tokens;
-    using S = typename E::storage;
+  using S = typename E::storage;
+  for (int64_t row0 = 0; row0 < total_rows; row0 += rows_per_launch) {
+    const int64_t nrows = total_rows - row0 < rows_per_launch ? total_rows - row0 : rows_per_launch;
+    const int64_t t0 = row0 / full.num_heads;
     MergeKernelArgs k;
     k.p = full;
-    k.p.num_tokens = nt;
+    k.p.num_tokens = full.num_tokens - t0;
     k.p.output = static_cast<typename O::storage*>(full.output) + t0 * full.output_stride_token;
     k.p.prefix_output = static_cast<const S*>(full.prefix_output) + t0 * full.prefix_stride_token;
     k.p.suffix_output = static_cast<const S*>(full.suffix_output) + t0 * full.suffix_stride_token;
     k.p.prefix_lse = full.prefix_lse + t0 * full.prefix_lse_stride_token;
     k.p.suffix_lse = full.suffix_lse + t0 * full.suffix_lse_stride_token;
     if (full.output_lse) k.p.output_lse = full.output_lse + t0 * full.output_lse_stride_token;
-    k.num_rows = uint32_t(nt * full.num_heads);
-    int64_t merge_end = full.has_prefill_tokens_with_context ? full.prefill_tokens_with_context - t0 : nt;
-    merge_end = merge_end < 0 ? 0 : (merge_end > nt ? nt : merge_end);
-    k.merge_tokens = uint32_t(merge_end);
+    k.first_head = uint32_t(row0 - t0 * full.num_heads);
+    k.num_chunks = uint32_t(nrows * cpr);
+    int64_t merge_end = full.has_prefill_tokens_with_context ? full.prefill_tokens_with_context - t0 : k.p.num_tokens;
+    merge_end = merge_end < 0 ? 0 : (merge_end > k.p.num_tokens ? k.p.num_tokens : merge_end);
+    // Only tokens below merge_end are compared against it; this launch's rows
+    // end within 2^31 rows of t0, so a clamp at 2^32 - 1 keeps the outcome.
+    k.merge_tokens = uint32_t(merge_end > 0xffffffffLL ? 0xffffffffLL : merge_end);
     k.chunks_per_row = uint32_t(cpr);
+    k.div_chunks = FastDivmod(uint32_t(cpr));
     k.div_heads = FastDivmod(uint32_t(full.num_heads));
-    int64_t blocks = (int64_t(k.num_rows) + rows_per_block - 1) / rows_per_block;
-    if (blocks > sms * blocks_per_sm) blocks = sms * blocks_per_sm;
-    merge_attn_states_kernel<E, O, VEC, CPT, MIN_BLOCKS>
-        <<<dim3(uint32_t(blocks)), dim3(uint32_t(tpr), uint32_t(rows_per_block)), 0, stream>>>(k);
+    const int64_t blocks = (int64_t(k.num_chunks) + THREADS - 1) / THREADS;
+    merge_attn_states_kernel<E, O, VEC, THREADS><<<dim3(uint32_t(blocks)), dim3(THREADS), 0, stream>>>(k);
     Status s = check_launch();
     if (s != Status::kSuccess) return s;
   }
@@ -226,29 +188,29 @@ Status launch_merge_vec(const MergeParams& full, int num_sms, gpuStream_t stream
 }
 
 template <typename E, typename O>
-Status launch_merge_out(const MergeParams& p, int num_sms, gpuStream_t stream) {
+Status launch_merge_out(const MergeParams& p, gpuStream_t stream) {
   constexpr int kMaxVec = 16 / int(sizeof(typename E::storage));
   const int vec = merge_vec_elems(p);
   if constexpr (kMaxVec == 8) {
-    if (vec == 8) return launch_merge_vec<E, O, 8>(p, num_sms, stream);
+    if (vec == 8) return launch_merge_vec<E, O, 8>(p, stream);
   }
-  if (vec == 4) return launch_merge_vec<E, O, 4>(p, num_sms, stream);
-  if (vec == 2) return launch_merge_vec<E, O, 2>(p, num_sms, stream);
-  return launch_merge_vec<E, O, 1>(p, num_sms, stream);
+  if (vec == 4) return launch_merge_vec<E, O, 4>(p, stream);
+  if (vec == 2) return launch_merge_vec<E, O, 2>(p, stream);
+  return launch_merge_vec<E, O, 1>(p, stream);
 }
 
 template <typename E>
-Status launch_merge_typed(const MergeParams& p, int num_sms, gpuStream_t stream) {
+Status launch_merge_typed(const MergeParams& p, gpuStream_t stream) {
   switch (p.output_kind) {
-    case MergeOutput::kSameAsInput: return launch_merge_out<E, SameOutput<E>>(p, num_sms, stream);
-    case MergeOutput::kFp8E4M3FN: return launch_merge_out<E, Fp8Output<E, false>>(p, num_sms, stream);
-    case MergeOutput::kFp8E4M3FNUZ: return launch_merge_out<E, Fp8Output<E, true>>(p, num_sms, stream);
+    case MergeOutput::kSameAsInput: return launch_merge_out<E, SameOutput<E>>(p, stream);
+    case MergeOutput::kFp8E4M3FN: return launch_merge_out<E, Fp8Output<E, false>>(p, stream);
+    case MergeOutput::kFp8E4M3FNUZ: return launch_merge_out<E, Fp8Output<E, true>>(p, stream);
   }
   return Status::kInvalidArgument;
 }
 
-// Launch on `stream`. `num_sms` (the device's multiprocessor count) sizes the
-// grid; pass 0 to use a default. Allocates nothing, never synchronises.
+// Launch on `stream`. Allocates nothing, never synchronises. `num_sms` is
+// kept for interface stability and unused: the grid covers the whole call.
 inline Status launch_merge_attn_states(const MergeParams& p, int num_sms, gpuStream_t stream) {
   if (p.num_tokens < 0 || p.num_heads < 0 || p.head_size < 0) return Status::kInvalidArgument;
   if (p.num_tokens == 0 || p.num_heads == 0 || p.head_size == 0) return Status::kSuccess;
@@ -256,9 +218,9 @@ inline Status launch_merge_attn_states(const MergeParams& p, int num_sms, gpuStr
   if (p.output_kind != MergeOutput::kSameAsInput && p.output_scale == nullptr) return Status::kInvalidArgument;
   if (p.has_prefill_tokens_with_context && p.prefill_tokens_with_context < 0) return Status::kInvalidArgument;
   switch (p.dtype) {
-    case DType::kFloat32: return launch_merge_typed<Float32Elem>(p, num_sms, stream);
-    case DType::kFloat16: return launch_merge_typed<Float16Elem>(p, num_sms, stream);
-    case DType::kBFloat16: return launch_merge_typed<BFloat16Elem>(p, num_sms, stream);
+    case DType::kFloat32: return launch_merge_typed<Float32Elem>(p, stream);
+    case DType::kFloat16: return launch_merge_typed<Float16Elem>(p, stream);
+    case DType::kBFloat16: return launch_merge_typed<BFloat16Elem>(p, stream);
   }
   return Status::kInvalidArgument;
 }
@@ -267,7 +229,7 @@ inline Status launch_merge_attn_states(const MergeParams& p, int num_sms, gpuStr
 // merge_attn_states_n (merge_attn_states.h): S states in one pass.
 //
 // One thread per VEC-element chunk of a (token, head) row over a flat chunk
-// index (the two-way kernel lays threads out by row instead). The thread reads the row's S LSEs (tiny, shared with the row's other
+// index, as in the two-way kernel. The thread reads the row's S LSEs (tiny, shared with the row's other
 // chunks through L1), then each non-empty state's chunk exactly once, kStates
 // states per loop trip so their loads are in flight together, and writes the
 // output chunk once. It reads every input chunk before writing its output
@@ -275,7 +237,7 @@ inline Status launch_merge_attn_states(const MergeParams& p, int num_sms, gpuStr
 // ---------------------------------------------------------------------------
 struct MergeNKernelArgs {
   MergeNParams p;
-  uint32_t total_chunks;  // num_tokens * num_heads * chunks_per_row (< 2^31)
+  uint32_t total_chunks;  // num_tokens * num_heads * chunks_per_row (<= 2^31)
   uint32_t chunks_per_row;
   FastDivmod div_chunks;
   FastDivmod div_heads;
@@ -288,7 +250,8 @@ __global__ void __launch_bounds__(256) merge_attn_states_n_kernel(MergeNKernelAr
   constexpr int kStates = 4;
   const MergeNParams& p = k.p;
   const int64_t num_states = p.num_states;
-  for (uint32_t idx = blockIdx.x * blockDim.x + threadIdx.x; idx < k.total_chunks; idx += gridDim.x * blockDim.x) {
+  const uint32_t idx = blockIdx.x * blockDim.x + threadIdx.x;  // the grid covers every chunk
+  if (idx < k.total_chunks) {
     const uint32_t row = k.div_chunks.div(idx);
     const uint32_t chunk = idx - row * k.chunks_per_row;
     const uint32_t t = k.div_heads.div(row);
@@ -368,13 +331,15 @@ inline int merge_n_vec_elems(const MergeNParams& p) {
 }
 
 template <typename E, int VEC>
-Status launch_merge_n_vec(const MergeNParams& full, int num_sms, gpuStream_t stream) {
+Status launch_merge_n_vec(const MergeNParams& full, gpuStream_t stream) {
   const int64_t cpr = full.head_size / VEC;
   const int64_t rows_per_token = full.num_heads * cpr;
   const int64_t max_tokens = (int64_t(1) << 31) / rows_per_token;
   if (max_tokens < 1) return Status::kInvalidArgument;
+  // The grid covers every chunk (each thread's loop runs once): on the H200 the
+  // two-way kernel ran 15-20% faster this way than with a grid-stride loop over
+  // 2048 threads per processor.
   const int threads = 256;
-  const int64_t max_blocks = int64_t(num_sms > 0 ? num_sms : 132) * 8;  // 2048 threads per SM, grid-stride
   using S = typename E::storage;
   for (int64_t t0 = 0; t0 < full.num_tokens; t0 += max_tokens) {
     const int64_t nt = full.num_tokens - t0 < max_tokens ? full.num_tokens - t0 : max_tokens;
@@ -389,8 +354,7 @@ Status launch_merge_n_vec(const MergeNParams& full, int num_sms, gpuStream_t str
     k.chunks_per_row = uint32_t(cpr);
     k.div_chunks = FastDivmod(uint32_t(cpr));
     k.div_heads = FastDivmod(uint32_t(full.num_heads));
-    int64_t blocks = (int64_t(k.total_chunks) + threads - 1) / threads;
-    if (blocks > max_blocks) blocks = max_blocks;
+    const int64_t blocks = (int64_t(k.total_chunks) + threads - 1) / threads;
     merge_attn_states_n_kernel<E, VEC><<<dim3(uint32_t(blocks)), dim3(threads), 0, stream>>>(k);
     Status s = check_launch();
     if (s != Status::kSuccess) return s;
@@ -399,18 +363,18 @@ Status launch_merge_n_vec(const MergeNParams& full, int num_sms, gpuStream_t str
 }
 
 template <typename E>
-Status launch_merge_n_typed(const MergeNParams& p, int num_sms, gpuStream_t stream) {
+Status launch_merge_n_typed(const MergeNParams& p, gpuStream_t stream) {
   constexpr int kMaxVec = 16 / int(sizeof(typename E::storage));
   const int vec = merge_n_vec_elems(p);
   if constexpr (kMaxVec == 8) {
-    if (vec == 8) return launch_merge_n_vec<E, 8>(p, num_sms, stream);
+    if (vec == 8) return launch_merge_n_vec<E, 8>(p, stream);
   }
-  if (vec == 4) return launch_merge_n_vec<E, 4>(p, num_sms, stream);
-  if (vec == 2) return launch_merge_n_vec<E, 2>(p, num_sms, stream);
-  return launch_merge_n_vec<E, 1>(p, num_sms, stream);
+  if (vec == 4) return launch_merge_n_vec<E, 4>(p, stream);
+  if (vec == 2) return launch_merge_n_vec<E, 2>(p, stream);
+  return launch_merge_n_vec<E, 1>(p, stream);
 }
 
-// Launch on `stream`; num_sms sizes the grid (0: a default). Allocates
+// Launch on `stream`; num_sms is unused (the grid covers the call). Allocates
 // nothing, never synchronises. num_states must be >= 1.
 inline Status launch_merge_attn_states_n(const MergeNParams& p, int num_sms, gpuStream_t stream) {
   if (p.num_states < 1 || p.num_tokens < 0 || p.num_heads < 0 || p.head_size < 0) return Status::kInvalidArgument;
@@ -442,9 +406,9 @@ inline Status launch_merge_attn_states_n(const MergeNParams& p, int num_sms, gpu
     return launch_merge_attn_states(m, num_sms, stream);
   }
   switch (p.dtype) {
-    case DType::kFloat32: return launch_merge_n_typed<Float32Elem>(p, num_sms, stream);
-    case DType::kFloat16: return launch_merge_n_typed<Float16Elem>(p, num_sms, stream);
-    case DType::kBFloat16: return launch_merge_n_typed<BFloat16Elem>(p, num_sms, stream);
+    case DType::kFloat32: return launch_merge_n_typed<Float32Elem>(p, stream);
+    case DType::kFloat16: return launch_merge_n_typed<Float16Elem>(p, stream);
+    case DType::kBFloat16: return launch_merge_n_typed<BFloat16Elem>(p, stream);
   }
   return Status::kInvalidArgument;
 }
