@@ -164,6 +164,28 @@ def test_lse_optional_and_vllm_compat(device):
     assert torch.allclose(out_lse_v.T.double().cpu(), ref_l, rtol=1e-6, atol=1e-5)
 
 
+@pytest.mark.parametrize("T,H,D", [(8, 3, 128), (613, 3, 48), (45, 128, 5), (4096, 16, 128), (9, 2, 512)])
+@pytest.mark.parametrize("with_lse,P", [(True, None), (False, None), (True, 21)])
+def test_lse_token_stride_one(device, T, H, D, with_lse, P):
+    """LSEs with token stride 1 (vLLM's [num_heads, num_tokens] buffers, passed transposed): on the
+    GPU rows then go in tiles of 8 tokens of one head, the last tile partial unless T % 8 == 0.
+    Every element written, values and LSE against float64, prefill_tokens_with_context inside a
+    tile."""
+    dtype = torch.bfloat16
+    pa, la, pb, lb = make_case(T, H, D, dtype, device, gen_seed=T + H + D)
+    la, lb = la.T.contiguous().T, lb.T.contiguous().T
+    assert la.stride(0) == 1 and lb.stride(0) == 1
+    kw = {} if P is None else {"prefill_tokens_with_context": P}
+    ref_o, ref_l = reference.merge_attn_states(pa.cpu(), la.cpu(), pb.cpu(), lb.cpu(), **kw)
+    out = poison_(torch.empty(T, H, D, dtype=dtype, device=device))
+    out_lse = poison_(torch.empty(H, T, device=device)).T if with_lse else None
+    mla_ext.merge_attn_states(out, out_lse, pa, la, pb, lb, **kw)
+    assert not out.isnan().any()
+    assert_close_rel(out, ref_o, dtype)
+    if with_lse:
+        assert torch.allclose(out_lse.double().cpu(), ref_l, rtol=1e-6, atol=1e-5)
+
+
 # ---- errors: raised before anything is written ----
 
 def _valid(device, T=4, H=3, D=16, dtype=torch.bfloat16):

@@ -5,6 +5,8 @@
 //   merge     : mla_ext::launch_merge_attn_states, LSE [T,H] contiguous
 //   merge_lseT: same with LSE passed as [H,T] transposed views (vLLM layout)
 //   tN        : the kernel with N-thread blocks (the library uses kMergeThreads)
+//   t128_lseT : LSEs as [H, T] transposed views (the library then tiles 8 tokens per head);
+//   t128_lseT_flat: the same in flat (token, head) order; t128_nolse: no output LSE
 // History (H200, 2026-11-30, 8192x128x128): copy 202 us, add3 203, a row-per-thread-row
 // grid-stride kernel 223-232 (2 chunks/thread) or 248-258 (1), one chunk per thread with no
 // loop 193 (128- or 256-thread blocks): the library kernel is now the last.
@@ -26,6 +28,18 @@ __global__ void add3(const uint4* a, const uint4* b, uint4* o, size_t n) {
   }
 }
 
+// Pseudo-random fill (hash of the index): bf16 values in about [-2, 2], fp32 LSEs in [-4, 4], so
+// the data is like the benchmark's torch.randn inputs rather than a constant pattern.
+__global__ void fill_random(uint16_t* v, size_t n, float* l, size_t nl, uint32_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    uint32_t x = uint32_t(i) * 2654435761u ^ seed;
+    x ^= x >> 15; x *= 2246822519u; x ^= x >> 13;
+    const float f = (float(x & 0xffffff) / float(1 << 24)) * 4.f - 2.f;
+    v[i] = uint16_t(__float_as_uint(f) >> 16);
+    if (i < nl) l[i] = f * 2.f;
+  }
+}
+
 template <typename F>
 float time_it(F f) {
   cudaEvent_t s, e;
@@ -41,7 +55,7 @@ float time_it(F f) {
 }
 
 int main() {
-  const int64_t shapes[][3] = {{8192, 128, 128}, {16384, 16, 128}, {64, 128, 512}, {256, 16, 512}, {1, 128, 512}};
+  const int64_t shapes[][3] = {{8192, 128, 128}, {4096, 128, 128}, {16384, 16, 128}, {64, 128, 512}, {256, 16, 512}, {1, 128, 512}};
   int sms = 0; cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
   printf("%-18s %10s %10s %10s %10s %10s\n", "shape", "copy_us", "add3_us", "merge_us", "mergeT_us", "bytes");
   std::vector<std::pair<const char*, std::vector<float>>> variants;
@@ -54,8 +68,8 @@ int main() {
     for (int c = 0; c < copies; ++c) {
       CK(cudaMalloc(&A[c], n * 2)); CK(cudaMalloc(&B[c], n * 2)); CK(cudaMalloc(&O[c], n * 2));
       CK(cudaMalloc(&LA[c], T * H * 4)); CK(cudaMalloc(&LB[c], T * H * 4)); CK(cudaMalloc(&LO[c], T * H * 4));
-      cudaMemset(A[c], 0x3c, n * 2); cudaMemset(B[c], 0x3d, n * 2);
-      cudaMemset(LA[c], 0x3f, T * H * 4); cudaMemset(LB[c], 0x3e, T * H * 4);
+      fill_random<<<1024, 256>>>(A[c], n, LA[c], T * H, 2 * c + 1);
+      fill_random<<<1024, 256>>>(B[c], n, LB[c], T * H, 2 * c + 2);
     }
     const size_t bytes = 3 * n * 2 + 3 * T * H * 4;
     int rot = 0;
@@ -82,8 +96,8 @@ int main() {
     auto run_merge = [&](bool transposed) { mla_ext::launch_merge_attn_states(params(transposed), sms, 0); };
     using E = mla_ext::BFloat16Elem;
     using OW = mla_ext::SameOutput<E>;
-    auto var = [&](const char* name, auto launch) {
-      float us = time_it([&] { launch(params(false)); });
+    auto var = [&](const char* name, auto launch, bool transposed = false) {
+      float us = time_it([&] { launch(params(transposed)); });
       size_t i = 0;
       while (i < variants.size() && std::string(variants[i].first) != name) ++i;
       if (i == variants.size()) variants.push_back({name, {}});
@@ -92,6 +106,9 @@ int main() {
     var("t128", [&](mla_ext::MergeParams p) { mla_ext::launch_merge_vec<E, OW, 8, 128>(p, 0); });
     var("t256", [&](mla_ext::MergeParams p) { mla_ext::launch_merge_vec<E, OW, 8, 256>(p, 0); });
     var("t64", [&](mla_ext::MergeParams p) { mla_ext::launch_merge_vec<E, OW, 8, 64>(p, 0); });
+    var("t128_lseT", [&](mla_ext::MergeParams p) { mla_ext::launch_merge_vec<E, OW, 8, 128>(p, 0); }, true);
+    var("t128_lseT_flat", [&](mla_ext::MergeParams p) { mla_ext::launch_merge_vec<E, OW, 8, 128>(p, 0, 0); }, true);
+    var("t128_nolse", [&](mla_ext::MergeParams p) { p.output_lse = nullptr; mla_ext::launch_merge_vec<E, OW, 8, 128>(p, 0); });
     float m_us = time_it([&] { run_merge(false); });
     float mt_us = time_it([&] { run_merge(true); });
     CK(cudaDeviceSynchronize());
