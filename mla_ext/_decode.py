@@ -114,7 +114,7 @@ def sparse_mla_decode(
             scores, sink excluded.
         num_splits: split-K count: 0 = automatic (from num_tokens, num_heads, ``W + W2`` and the
             device's processor count, never from tensor contents, so a captured CUDA graph
-            stays valid when indices and lengths change), or 1..64 explicitly.
+            stays valid when indices and lengths change), or 1..256 explicitly.
 
     Runs on the tensors' device (CPU with OpenMP, or CUDA/ROCm on the current stream); no
     allocation, no host synchronisation, CUDA-graph capturable. Offsets are 64-bit.
@@ -132,7 +132,7 @@ def sparse_mla_decode(
             left untouched), naming the argument: wrong dtype / shape / strides of any tensor,
             unknown ``kv_format``, a cache row that does not match the format or q's d_qk, a V4
             page stride below ``page_size * 584`` bytes, an incomplete extra set, tensors on
-            different devices, ``num_splits`` outside 0..64, a non-finite ``softmax_scale``, or a
+            different devices, ``num_splits`` outside 0..256, a non-finite ``softmax_scale``, or a
             workspace smaller than needed (the message states the bytes needed).
     """
     _ops.sparse_mla_decode(q, kv_cache, indices, kv_format, float(softmax_scale), output, workspace,
@@ -168,7 +168,7 @@ def sparse_mla_decode_workspace_size(num_tokens: int, num_heads: int, *, num_spl
         num_tokens: upper bound of the calls' num_tokens (>= 0).
         num_heads: upper bound of the calls' num_heads (>= 0).
         num_splits: 0 (automatic: the maximum the policy can pick over every smaller shape and
-            any index width on this device) or the explicit 1..64 the calls will pass.
+            any index width on this device) or the explicit 1..256 the calls will pass.
         device: where the calls run: a CPU or CUDA ``torch.device`` / string / CUDA index;
             ``None`` = the current CUDA device when CUDA is available, else the CPU. The
             automatic split count depends on the device's processor count (CUDA: multiprocessor
@@ -178,7 +178,7 @@ def sparse_mla_decode_workspace_size(num_tokens: int, num_heads: int, *, num_spl
         bytes (int; 0 when no split-K scratch is needed, e.g. ``num_splits=1``).
 
     Raises:
-        RuntimeError: negative sizes, ``num_splits`` outside 0..64, a CUDA device on a CPU-only
+        RuntimeError: negative sizes, ``num_splits`` outside 0..256, a CUDA device on a CPU-only
             build. ValueError: a device that is neither CPU nor CUDA.
     """
     return int(_ops.sparse_mla_decode_workspace_size(int(num_tokens), int(num_heads), int(num_splits),

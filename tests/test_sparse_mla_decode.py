@@ -215,7 +215,7 @@ def test_covering(device, fmt, d_qk, H, T, W, invalid, page_size, sink_mode, S, 
 # splits, extra set, strides, duplicates
 # ---------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("S", [1, 2, 7, 16, 64, 0])
+@pytest.mark.parametrize("S", [1, 2, 7, 16, 64, 130, 256, 0])
 @pytest.mark.parametrize("fmt,d_qk", [("fp8_ds_mla_v4", 512), ("fp8_ds_mla", 576)])
 def test_explicit_splits(device, S, fmt, d_qk):
     """Includes more splits than valid entries (W=5 with lengths down to 0: most splits empty)."""
@@ -237,7 +237,7 @@ def test_splits_agree(device):
     cache = make_cache(g, fmt, 512, 30, ps, idx, device)
     q = torch.randn(T, H, 512, generator=g).to(torch.bfloat16).to(device)
     outs = []
-    for S in (1, 2, 7, 64):
+    for S in (1, 2, 7, 64, 256):
         out, lse, _ = run_check(q, cache, idx, fmt=fmt, scale=0.05, device=device, num_splits=S,
                                 lengths=lengths, check=False)
         outs.append((out.float(), lse))
@@ -245,6 +245,19 @@ def test_splits_agree(device):
         assert (o - outs[0][0]).abs().max() <= 2e-2 * outs[0][0].abs().max()
         fin = torch.isfinite(outs[0][1])
         assert torch.allclose(l[fin], outs[0][1][fin], atol=1e-4)
+
+
+@pytest.mark.parametrize("H", [16, 128])
+def test_one_token_long_row_auto_splits(device, H):
+    """One token over 8320 entries (a V4 C128 row) with the automatic split count: on the H200 that
+    is 130 splits of 64 entries, reduced in one pass. About 30% of the entries are invalid."""
+    g = torch.Generator().manual_seed(40 + H)
+    T, W, ps, fmt = 1, 8320, 2, "fp8_ds_mla_v4"
+    idx, lengths = make_indices(g, T, W, 5000 * ps, "scattered", None)
+    cache = make_cache(g, fmt, 512, 5000, ps, idx, device)
+    q = torch.randn(T, H, 512, generator=g).to(torch.bfloat16)
+    run_check(q, cache, idx, fmt=fmt, scale=512 ** -0.5, device=device, num_splits=0, lengths=lengths,
+              sink=make_sink(g, H, "finite"))
 
 
 @pytest.mark.parametrize("fmt,d_qk", GEOMS)
@@ -543,7 +556,7 @@ def test_workspace_size_monotonic_and_sufficient(device):
         big.check(41, 8)
     assert ws_size(0, 8, 0, device) == 0 and ws_size(8, 8, 1, device) == 0
     with pytest.raises(RuntimeError, match="num_splits"):
-        mla_ext.sparse_mla_decode_workspace_size(4, 4, num_splits=65, device=device)
+        mla_ext.sparse_mla_decode_workspace_size(4, 4, num_splits=257, device=device)
 
 
 def _opcheck_args(device, S):
@@ -669,7 +682,7 @@ ERROR_CASES = {
                                                                   device=a["q"].device)[::2]), "workspace to be contiguous"),
     "workspace small": (lambda a: a.update(workspace=a["workspace"][:-1]), "sparse_mla_decode_workspace_size"),
     "workspace small auto": (lambda a: a.update(workspace=a["workspace"][:0], num_splits=16), "bytes"),
-    "num_splits 65": (lambda a: a.update(num_splits=65), "num_splits"),
+    "num_splits 257": (lambda a: a.update(num_splits=257), "num_splits"),
     "num_splits -1": (lambda a: a.update(num_splits=-1), "num_splits"),
     "softmax_scale nan": (lambda a: a.update(softmax_scale=float("nan")), "softmax_scale"),
     "softmax_scale inf": (lambda a: a.update(softmax_scale=INF), "softmax_scale"),

@@ -185,7 +185,7 @@ typedef struct mla_ext_sparse_decode_params {
   float* lse; /* optional [num_tokens, num_heads] fp32, natural log, sink excluded */
   int64_t lse_stride_token, lse_stride_head;
 
-  int32_t num_splits;     /* 1..64, or 0 = automatic (mla_ext_sparse_mla_decode_num_splits) */
+  int32_t num_splits;     /* 1..256, or 0 = automatic (mla_ext_sparse_mla_decode_num_splits) */
   uint8_t force_portable; /* nonzero: the portable (no tensor-core) GPU path */
 } mla_ext_sparse_decode_params;
 
@@ -199,7 +199,7 @@ MLA_EXT_CAPI_EXPORT int mla_ext_sparse_mla_decode(const mla_ext_sparse_decode_pa
                                                   size_t workspace_bytes, int num_sms, void* stream);
 
 /* Returned by the workspace-size functions for arguments the decode would reject (negative
- * sizes, num_splits outside 0..64, sizes whose workspace would not fit in memory) or when
+ * sizes, num_splits outside 0..256, sizes whose workspace would not fit in memory) or when
  * num_sms <= 0 and no current device can be queried: an allocation of it fails. */
 #define MLA_EXT_INVALID_SIZE ((size_t)-1)
 

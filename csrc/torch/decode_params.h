@@ -4,7 +4,7 @@
 // written and fills mla_ext::SparseDecodeParams; every violation throws a
 // "sparse_mla_decode: expected <arg> ..., got ..." message (RuntimeError in
 // Python). The split count is resolved here: 0 = automatic
-// (decode_num_splits(T, H, W_main + W_extra, processor count)), else 1..64.
+// (decode_num_splits(T, H, W_main + W_extra, processor count)), else 1..256.
 #pragma once
 
 #include <cmath>

@@ -35,7 +35,7 @@ MLA_EXT_HD constexpr bool kv_format_valid(KvFormat f) {
 }
 
 constexpr int kDV = 512;           // value dims (both geometries)
-constexpr int kMaxSplits = 64;     // explicit num_splits range is 1..kMaxSplits
+constexpr int kMaxSplits = 256;    // explicit num_splits range is 1..kMaxSplits
 constexpr int kFP8DsMlaRowBytes = 656;
 constexpr int kFP8DsMlaV4RowBytes = 584;
 constexpr int kFP8DsMlaV4DataBytes = 576;   // per-token data row inside a V4 page
