@@ -248,15 +248,17 @@ def test_splits_agree(device):
 
 
 @pytest.mark.parametrize("H", [16, 128])
-def test_one_token_long_row_auto_splits(device, H):
-    """One token over 8320 entries (a V4 C128 row) with the automatic split count: on the H200 that
-    is 130 splits of 64 entries, reduced in one pass. About 30% of the entries are invalid."""
-    g = torch.Generator().manual_seed(40 + H)
+@pytest.mark.parametrize("S", [0, 130])
+def test_one_token_long_row(device, H, S):
+    """One token over 8320 entries (a V4 C128 row): the automatic split count (64 on the H200) and
+    130 explicit splits of 64 entries, both reduced by the block-wide scan. About 30% of the
+    entries are invalid."""
+    g = torch.Generator().manual_seed(40 + H + S)
     T, W, ps, fmt = 1, 8320, 2, "fp8_ds_mla_v4"
     idx, lengths = make_indices(g, T, W, 5000 * ps, "scattered", None)
     cache = make_cache(g, fmt, 512, 5000, ps, idx, device)
     q = torch.randn(T, H, 512, generator=g).to(torch.bfloat16)
-    run_check(q, cache, idx, fmt=fmt, scale=512 ** -0.5, device=device, num_splits=0, lengths=lengths,
+    run_check(q, cache, idx, fmt=fmt, scale=512 ** -0.5, device=device, num_splits=S, lengths=lengths,
               sink=make_sink(g, H, "finite"))
 
 

@@ -834,104 +834,150 @@ struct ReduceArgs {
 constexpr int kReduceThreads = kDV / 4;
 constexpr int kReduceWarps = kReduceThreads / kWarpSize;
 constexpr int kReduceLsePerThread = (kMaxSplits + kReduceThreads - 1) / kReduceThreads;
-// Partials loaded per batch: each batch costs one L2 round trip.
-constexpr int kReduceBatch = 16;
+// From this many splits on the reduce scans the split LSEs with the whole block
+// (below it, each thread scans them itself: fewer registers, no shared memory,
+// and at num_tokens 64 thousands of reduce blocks want the occupancy).
+constexpr int kReduceBlockScanSplits = 16;
 
-// The split rule of sparse_mla_decode.h (split_merge_scan / split_merge_finish)
-// with the block working together: the split LSEs are loaded at once (one per
-// thread, not one after another), their max, NaN flag and weight sum are block
-// reductions in a fixed order (deterministic), and the weights go through
-// shared memory to the loop over partial outputs, which loads kReduceBatch
-// splits' partials before it uses the first.
-template <int Dummy>
+// The split rule of sparse_mla_decode.h (split_merge_scan / split_merge_finish).
+// BLOCK_SCAN = false: every thread scans the S split LSEs itself and folds the
+// partials in batches of 8 (a batch costs one L2 round trip). BLOCK_SCAN = true
+// (many splits): the split LSEs are loaded by the whole block at once, their
+// max, NaN flag and weight sum are block reductions in a fixed order
+// (deterministic), and the weights reach the partial loop, 16 splits per batch,
+// through shared memory. H200, one token: 0.4-1 us faster at 20-32 splits; at
+// num_tokens 64 (2-4 splits) its 86 registers cost 1.4-11 us, hence the switch.
+template <bool BLOCK_SCAN>
 __global__ void __launch_bounds__(kReduceThreads) decode_reduce_kernel(const ReduceArgs a) {
-  __shared__ float s_w[kMaxSplits];
-  __shared__ float s_max[kReduceWarps];
-  __shared__ float s_sum[kReduceWarps];
-  __shared__ int s_nan[kReduceWarps];
   const SparseDecodeParams& p = a.p;
   const int64_t H = p.num_heads;
   const int S = p.num_splits;
   const int64_t row = blockIdx.x;  // t * H + h
   const int64_t t = row / H, h = row - (row / H) * H;
-  const int tid = threadIdx.x, lane = tid % kWarpSize, warp = tid / kWarpSize;
+  const int tid = threadIdx.x;
   const float* lse = a.ws_lse + row * S;
-  float l[kReduceLsePerThread];
-  float mx = neg_inf();
-  int nan = 0;
-#pragma unroll
-  for (int u = 0; u < kReduceLsePerThread; ++u) {
-    const int i = tid + u * kReduceThreads;
-    l[u] = i < S ? lse[i] : neg_inf();
-    mx = fmaxf(mx, l[u]);  // fmaxf skips a NaN; the flag records it
-    nan |= is_nan(l[u]) ? 1 : 0;
-  }
-#pragma unroll
-  for (int o = kWarpSize / 2; o > 0; o /= 2) {
-    mx = fmaxf(mx, MLA_EXT_SHFL_XOR(mx, o));
-    nan |= MLA_EXT_SHFL_XOR(nan, o);
-  }
-  if (lane == 0) {
-    s_max[warp] = mx;
-    s_nan[warp] = nan;
-  }
-  __syncthreads();
-  mx = s_max[0];
-  nan = s_nan[0];
-#pragma unroll
-  for (int w = 1; w < kReduceWarps; ++w) {
-    mx = fmaxf(mx, s_max[w]);
-    nan |= s_nan[w];
-  }
-  const SplitMergeMode mode = nan ? SplitMergeMode::kNaN : (mx == neg_inf() ? SplitMergeMode::kEmpty : SplitMergeMode::kMix);
   const int col = tid * 4;
   float o[4] = {0.f, 0.f, 0.f, 0.f};
   float out_lse = neg_inf();
-  if (mode == SplitMergeMode::kNaN) {
-    o[0] = o[1] = o[2] = o[3] = out_lse = quiet_nan();
-  } else if (mode == SplitMergeMode::kMix) {  // the mode is the same for the whole block
-    float part = 0.f;
+  if constexpr (!BLOCK_SCAN) {
+    float mx;
+    const SplitMergeMode mode = split_merge_scan(lse, S, &mx);
+    if (mode == SplitMergeMode::kNaN) {
+      o[0] = o[1] = o[2] = o[3] = out_lse = quiet_nan();
+    } else if (mode == SplitMergeMode::kMix) {
+      // Every partial of a batch is loaded before the first is used (each was
+      // written by this call; one whose weight is 0 is loaded but not used).
+      constexpr int kBatch = 8;
+      float L = 0.f;
+      for (int i0 = 0; i0 < S; i0 += kBatch) {
+        float w[kBatch];
+        float4 v[kBatch];
 #pragma unroll
-    for (int u = 0; u < kReduceLsePerThread; ++u) {
-      const int i = tid + u * kReduceThreads;
-      if (i < S) {
-        const float w = expf(l[u] - mx);
-        s_w[i] = w;
-        part += w;
-      }
-    }
+        for (int u = 0; u < kBatch; ++u) {
+          const int i = i0 + u;
+          w[u] = 0.f;
+          v[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+          if (i < S) {
+            w[u] = expf(lse[i] - mx);
+            v[u] = *reinterpret_cast<const float4*>(a.ws_out + (row * S + i) * kDV + col);
+          }
+        }
 #pragma unroll
-    for (int o2 = kWarpSize / 2; o2 > 0; o2 /= 2) part += MLA_EXT_SHFL_XOR(part, o2);
-    if (lane == 0) s_sum[warp] = part;
-    __syncthreads();
-    float L = s_sum[0];
-#pragma unroll
-    for (int w = 1; w < kReduceWarps; ++w) L += s_sum[w];
-    // Every partial read here was written by this call; one whose weight is 0
-    // (an empty split) is loaded but not used.
-    const float* part_out = a.ws_out + row * S * kDV + col;
-    for (int i0 = 0; i0 < S; i0 += kReduceBatch) {
-      float4 v[kReduceBatch];
-#pragma unroll
-      for (int u = 0; u < kReduceBatch; ++u)
-        if (i0 + u < S) v[u] = *reinterpret_cast<const float4*>(part_out + int64_t(i0 + u) * kDV);
-#pragma unroll
-      for (int u = 0; u < kReduceBatch; ++u) {
-        if (i0 + u < S) {
-          const float w = s_w[i0 + u];
-          if (w > 0.f) {
-            o[0] = fmaf(w, v[u].x, o[0]);
-            o[1] = fmaf(w, v[u].y, o[1]);
-            o[2] = fmaf(w, v[u].z, o[2]);
-            o[3] = fmaf(w, v[u].w, o[3]);
+        for (int u = 0; u < kBatch; ++u) {
+          if (i0 + u < S) {
+            L += w[u];
+            if (w[u] > 0.f) {
+              o[0] = fmaf(w[u], v[u].x, o[0]);
+              o[1] = fmaf(w[u], v[u].y, o[1]);
+              o[2] = fmaf(w[u], v[u].z, o[2]);
+              o[3] = fmaf(w[u], v[u].w, o[3]);
+            }
           }
         }
       }
-    }
-    const float inv =
-        split_merge_finish(L, mx, p.attn_sink != nullptr ? p.attn_sink + h * p.attn_sink_stride : nullptr, &out_lse);
+      const float inv =
+          split_merge_finish(L, mx, p.attn_sink != nullptr ? p.attn_sink + h * p.attn_sink_stride : nullptr, &out_lse);
 #pragma unroll
-    for (int e = 0; e < 4; ++e) o[e] *= inv;
+      for (int e = 0; e < 4; ++e) o[e] *= inv;
+    }
+  } else {
+    __shared__ float s_w[kMaxSplits];
+    __shared__ float s_max[kReduceWarps];
+    __shared__ float s_sum[kReduceWarps];
+    __shared__ int s_nan[kReduceWarps];
+    const int lane = tid % kWarpSize, warp = tid / kWarpSize;
+    float l[kReduceLsePerThread];
+    float mx = neg_inf();
+    int nan = 0;
+#pragma unroll
+    for (int u = 0; u < kReduceLsePerThread; ++u) {
+      const int i = tid + u * kReduceThreads;
+      l[u] = i < S ? lse[i] : neg_inf();
+      mx = fmaxf(mx, l[u]);  // fmaxf skips a NaN; the flag records it
+      nan |= is_nan(l[u]) ? 1 : 0;
+    }
+#pragma unroll
+    for (int off = kWarpSize / 2; off > 0; off /= 2) {
+      mx = fmaxf(mx, MLA_EXT_SHFL_XOR(mx, off));
+      nan |= MLA_EXT_SHFL_XOR(nan, off);
+    }
+    if (lane == 0) {
+      s_max[warp] = mx;
+      s_nan[warp] = nan;
+    }
+    __syncthreads();
+    mx = s_max[0];
+    nan = s_nan[0];
+#pragma unroll
+    for (int w = 1; w < kReduceWarps; ++w) {
+      mx = fmaxf(mx, s_max[w]);
+      nan |= s_nan[w];
+    }
+    if (nan) {
+      o[0] = o[1] = o[2] = o[3] = out_lse = quiet_nan();
+    } else if (mx != neg_inf()) {  // kMix; the same branch for the whole block
+      float part = 0.f;
+#pragma unroll
+      for (int u = 0; u < kReduceLsePerThread; ++u) {
+        const int i = tid + u * kReduceThreads;
+        if (i < S) {
+          const float w = expf(l[u] - mx);
+          s_w[i] = w;
+          part += w;
+        }
+      }
+#pragma unroll
+      for (int off = kWarpSize / 2; off > 0; off /= 2) part += MLA_EXT_SHFL_XOR(part, off);
+      if (lane == 0) s_sum[warp] = part;
+      __syncthreads();
+      float L = s_sum[0];
+#pragma unroll
+      for (int w = 1; w < kReduceWarps; ++w) L += s_sum[w];
+      constexpr int kBatch = 16;
+      const float* part_out = a.ws_out + row * S * kDV + col;
+      for (int i0 = 0; i0 < S; i0 += kBatch) {
+        float4 v[kBatch];
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u)
+          if (i0 + u < S) v[u] = *reinterpret_cast<const float4*>(part_out + int64_t(i0 + u) * kDV);
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u) {
+          if (i0 + u < S) {
+            const float w = s_w[i0 + u];
+            if (w > 0.f) {
+              o[0] = fmaf(w, v[u].x, o[0]);
+              o[1] = fmaf(w, v[u].y, o[1]);
+              o[2] = fmaf(w, v[u].z, o[2]);
+              o[3] = fmaf(w, v[u].w, o[3]);
+            }
+          }
+        }
+      }
+      const float inv =
+          split_merge_finish(L, mx, p.attn_sink != nullptr ? p.attn_sink + h * p.attn_sink_stride : nullptr, &out_lse);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[e] *= inv;
+    }
   }
   uint16_t* out = p.output + t * p.output_stride_token + h * p.output_stride_head + col;
   const uint32_t lo = pack_bf16x2(o[0], o[1]), hi = pack_bf16x2(o[2], o[3]);
@@ -1090,7 +1136,10 @@ inline Status launch_sparse_mla_decode(const SparseDecodeParams& p, void* worksp
   // A programmatic dependent launch of this reduce (overlapping its launch with
   // the split kernel's tail) was measured slower on the H200 (31 -> 36 us at
   // T = 1, 64 splits), so it is an ordinary launch.
-  decode_reduce_kernel<0><<<dim3(uint32_t(T * H)), dim3(kReduceThreads), 0, stream>>>(r);
+  if (S >= kReduceBlockScanSplits)
+    decode_reduce_kernel<true><<<dim3(uint32_t(T * H)), dim3(kReduceThreads), 0, stream>>>(r);
+  else
+    decode_reduce_kernel<false><<<dim3(uint32_t(T * H)), dim3(kReduceThreads), 0, stream>>>(r);
   return check_launch();
 }
 
