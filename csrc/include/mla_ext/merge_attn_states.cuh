@@ -274,7 +274,7 @@ inline Status launch_merge_attn_states(const MergeParams& p, int num_sms, gpuStr
 // merge_attn_states_n (merge_attn_states.h): S states in one pass.
 //
 // One thread per VEC-element chunk of a (token, head) row over a flat chunk
-// index, as in the two-way kernel. The thread reads the row's S LSEs (tiny, shared with the row's other
+// index, grid-stride. The thread reads the row's S LSEs (tiny, shared with the row's other
 // chunks through L1), then each non-empty state's chunk exactly once, kStates
 // states per loop trip so their loads are in flight together, and writes the
 // output chunk once. It reads every input chunk before writing its output
@@ -295,8 +295,7 @@ __global__ void __launch_bounds__(256) merge_attn_states_n_kernel(MergeNKernelAr
   constexpr int kStates = 4;
   const MergeNParams& p = k.p;
   const int64_t num_states = p.num_states;
-  const uint32_t idx = blockIdx.x * blockDim.x + threadIdx.x;  // the grid covers every chunk
-  if (idx < k.total_chunks) {
+  for (uint32_t idx = blockIdx.x * blockDim.x + threadIdx.x; idx < k.total_chunks; idx += gridDim.x * blockDim.x) {
     const uint32_t row = k.div_chunks.div(idx);
     const uint32_t chunk = idx - row * k.chunks_per_row;
     const uint32_t t = k.div_heads.div(row);
@@ -376,15 +375,17 @@ inline int merge_n_vec_elems(const MergeNParams& p) {
 }
 
 template <typename E, int VEC>
-Status launch_merge_n_vec(const MergeNParams& full, gpuStream_t stream) {
+Status launch_merge_n_vec(const MergeNParams& full, int num_sms, gpuStream_t stream) {
   const int64_t cpr = full.head_size / VEC;
   const int64_t rows_per_token = full.num_heads * cpr;
   const int64_t max_tokens = (int64_t(1) << 31) / rows_per_token;
   if (max_tokens < 1) return Status::kInvalidArgument;
-  // The grid covers every chunk (each thread's loop runs once): on the H200 the
-  // two-way kernel ran 15-20% faster this way than with a grid-stride loop over
-  // 2048 threads per processor.
+  // Grid-stride over 2048 threads per processor. Covering the call with the
+  // grid instead, as the two-way kernel does, ran 11-13% slower at S = 4 and 8
+  // and 6% faster at S = 64 on the H200 (9b09576, against this loop's record at
+  // 35f15f3, not the same run), so the loop stays.
   const int threads = 256;
+  const int64_t max_blocks = int64_t(num_sms > 0 ? num_sms : 132) * 8;
   using S = typename E::storage;
   for (int64_t t0 = 0; t0 < full.num_tokens; t0 += max_tokens) {
     const int64_t nt = full.num_tokens - t0 < max_tokens ? full.num_tokens - t0 : max_tokens;
@@ -399,7 +400,8 @@ Status launch_merge_n_vec(const MergeNParams& full, gpuStream_t stream) {
     k.chunks_per_row = uint32_t(cpr);
     k.div_chunks = FastDivmod(uint32_t(cpr));
     k.div_heads = FastDivmod(uint32_t(full.num_heads));
-    const int64_t blocks = (int64_t(k.total_chunks) + threads - 1) / threads;
+    int64_t blocks = (int64_t(k.total_chunks) + threads - 1) / threads;
+    if (blocks > max_blocks) blocks = max_blocks;
     merge_attn_states_n_kernel<E, VEC><<<dim3(uint32_t(blocks)), dim3(threads), 0, stream>>>(k);
     Status s = check_launch();
     if (s != Status::kSuccess) return s;
@@ -408,18 +410,18 @@ Status launch_merge_n_vec(const MergeNParams& full, gpuStream_t stream) {
 }
 
 template <typename E>
-Status launch_merge_n_typed(const MergeNParams& p, gpuStream_t stream) {
+Status launch_merge_n_typed(const MergeNParams& p, int num_sms, gpuStream_t stream) {
   constexpr int kMaxVec = 16 / int(sizeof(typename E::storage));
   const int vec = merge_n_vec_elems(p);
   if constexpr (kMaxVec == 8) {
-    if (vec == 8) return launch_merge_n_vec<E, 8>(p, stream);
+    if (vec == 8) return launch_merge_n_vec<E, 8>(p, num_sms, stream);
   }
-  if (vec == 4) return launch_merge_n_vec<E, 4>(p, stream);
-  if (vec == 2) return launch_merge_n_vec<E, 2>(p, stream);
-  return launch_merge_n_vec<E, 1>(p, stream);
+  if (vec == 4) return launch_merge_n_vec<E, 4>(p, num_sms, stream);
+  if (vec == 2) return launch_merge_n_vec<E, 2>(p, num_sms, stream);
+  return launch_merge_n_vec<E, 1>(p, num_sms, stream);
 }
 
-// Launch on `stream`; num_sms is unused (the grid covers the call). Allocates
+// Launch on `stream`; num_sms sizes the grid (0: a default). Allocates
 // nothing, never synchronises. num_states must be >= 1.
 inline Status launch_merge_attn_states_n(const MergeNParams& p, int num_sms, gpuStream_t stream) {
   if (p.num_states < 1 || p.num_tokens < 0 || p.num_heads < 0 || p.head_size < 0) return Status::kInvalidArgument;
@@ -451,9 +453,9 @@ inline Status launch_merge_attn_states_n(const MergeNParams& p, int num_sms, gpu
     return launch_merge_attn_states(m, num_sms, stream);
   }
   switch (p.dtype) {
-    case DType::kFloat32: return launch_merge_n_typed<Float32Elem>(p, stream);
-    case DType::kFloat16: return launch_merge_n_typed<Float16Elem>(p, stream);
-    case DType::kBFloat16: return launch_merge_n_typed<BFloat16Elem>(p, stream);
+    case DType::kFloat32: return launch_merge_n_typed<Float32Elem>(p, num_sms, stream);
+    case DType::kFloat16: return launch_merge_n_typed<Float16Elem>(p, num_sms, stream);
+    case DType::kBFloat16: return launch_merge_n_typed<BFloat16Elem>(p, num_sms, stream);
   }
   return Status::kInvalidArgument;
 }
