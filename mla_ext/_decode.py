@@ -114,7 +114,9 @@ def sparse_mla_decode(
             scores, sink excluded.
         num_splits: split-K count: 0 = automatic (from num_tokens, num_heads, ``W + W2`` and the
             device's processor count, never from tensor contents, so a captured CUDA graph
-            stays valid when indices and lengths change), or 1..256 explicitly.
+            stays valid when indices and lengths change; at most 64), or 1..256 explicitly. The
+            workspace grows with the split count: num_tokens x num_heads x num_splits x
+            2052 bytes (fp32 partial outputs and LSEs; each section rounded up to 256 bytes).
 
     Runs on the tensors' device (CPU with OpenMP, or CUDA/ROCm on the current stream); no
     allocation, no host synchronisation, CUDA-graph capturable. Offsets are 64-bit.
@@ -204,7 +206,7 @@ class DecodeWorkspace:
     def __init__(self, max_num_tokens: int, num_heads: int, *, num_splits: int = 0,
                  device: DeviceLike):
         dev = torch.device(device) if not isinstance(device, int) else torch.device("cuda", device)
-        if dev.type == "cuda" and dev.index is None:
+        if dev.type == "cuda" and dev.index is None and torch.cuda.is_available():
             dev = torch.device("cuda", torch.cuda.current_device())
         self.max_num_tokens = int(max_num_tokens)
         self.num_heads = int(num_heads)

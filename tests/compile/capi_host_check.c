@@ -26,7 +26,7 @@ int main(void) {
   /* workspace sizes */
   EXPECT(mla_ext_sparse_mla_decode_workspace_size(4, 16, 1) == 0, "one split needs no workspace");
   EXPECT(mla_ext_sparse_mla_decode_workspace_size(4, 16, 2) > 0, "two splits need a workspace");
-  EXPECT(mla_ext_sparse_mla_decode_workspace_size(4, 16, 65) == MLA_EXT_INVALID_SIZE, "num_splits > 64");
+  EXPECT(mla_ext_sparse_mla_decode_workspace_size(4, 16, 257) == MLA_EXT_INVALID_SIZE, "num_splits > 256");
   EXPECT(mla_ext_sparse_mla_decode_workspace_size(-1, 16, 2) == MLA_EXT_INVALID_SIZE, "negative tokens");
   EXPECT(mla_ext_sparse_mla_decode_workspace_size(1LL << 62, 4, 2) == MLA_EXT_INVALID_SIZE, "overflow");
   EXPECT(mla_ext_sparse_mla_decode_workspace_size_for(64, 16, -5, 132) == MLA_EXT_INVALID_SIZE, "negative splits");
@@ -89,9 +89,9 @@ int main(void) {
     EXPECT(mla_ext_sparse_mla_decode(&bad, aligned, ws, 132, NULL) == MLA_EXT_STATUS_INVALID_ARGUMENT,
            "negative indices stride");
     bad = p;
-    bad.num_splits = 65;
+    bad.num_splits = 257;
     EXPECT(mla_ext_sparse_mla_decode(&bad, aligned, ws, 132, NULL) == MLA_EXT_STATUS_INVALID_ARGUMENT,
-           "num_splits > 64");
+           "num_splits > 256");
     bad = p;
     bad.kv_format = MLA_EXT_KV_FP8_DS_MLA_V4;
     bad.main.page_stride_bytes = 4 * 576; /* < page_size * 584 */
