@@ -71,8 +71,10 @@ def merge_attn_states(
             ``output_scale``. **Mutated**: fully written. Any token and head strides;
             the last dim must have stride 1. May alias ``prefix_output`` or
             ``suffix_output`` (same dtype).
-        output_lse: optional ``[num_tokens, num_heads]`` float32, any strides.
-            **Mutated**: the merged LSE (natural log). ``None`` skips it.
+        output_lse: optional ``[num_tokens, num_heads]`` float32, any strides, sharing no
+            element with ``prefix_lse`` / ``suffix_lse`` (a separate buffer; disjoint fields
+            of one buffer are fine). **Mutated**: the merged LSE (natural log). ``None``
+            skips it.
         prefix_output: ``[num_tokens, num_heads, head_size]`` float32 / float16 /
             bfloat16 (``output``'s dtype unless ``output`` is FP8), its own
             token/head strides, last dim stride 1.
@@ -112,8 +114,9 @@ def merge_attn_states(
             dtypes differ or are not float32/float16/bfloat16 (output: or FP8), an
             LSE is not float32, shapes do not match ``output``'s, a last dim is not
             contiguous, tensors are on different devices, ``output_lse`` has the
-            wrong shape, an FP8 output comes without ``output_scale`` (or a scale
-            with a non-FP8 output), ``output_scale`` is not float32 / not one
+            wrong shape or shares memory with an input LSE, an FP8 output comes
+            without ``output_scale`` (or a scale with a non-FP8 output),
+            ``output_scale`` is not float32 / not one
             element / on another device, ``prefill_tokens_with_context < 0``, or
             head_size is 2^31 or more.
     """
@@ -148,8 +151,8 @@ def merge_attn_states_n(
             **Mutated**: fully written. Any token and head strides, last dim stride 1.
             May alias one state ``values[s]`` (every state is read before the output
             element is written).
-        output_lse: optional ``[num_tokens, num_heads]`` float32, any strides.
-            **Mutated**: the merged LSE. ``None`` skips it.
+        output_lse: optional ``[num_tokens, num_heads]`` float32, any strides, sharing no
+            element with ``lses``. **Mutated**: the merged LSE. ``None`` skips it.
         values: ``[num_states, num_tokens, num_heads, head_size]`` of ``output``'s dtype,
             any state, token and head strides, last dim stride 1; ``num_states >= 1``
             (no upper limit). Not mutated.
@@ -176,7 +179,7 @@ def merge_attn_states_n(
         RuntimeError: before anything is written, naming the argument, when ``values`` is
             not 4-D ``[num_states, *output.shape]`` or has no state, dtypes differ or are
             not float32/float16/bfloat16, ``lses`` / ``output_lse`` are not float32 or have
-            the wrong shape, a last dim is not contiguous, ``attn_sink`` is not float32
+            the wrong shape, ``output_lse`` shares memory with ``lses``, a last dim is not contiguous, ``attn_sink`` is not float32
             ``[num_heads]``, or tensors are on different devices.
     """
     _merge_n_op(output, output_lse, values, lses, attn_sink)

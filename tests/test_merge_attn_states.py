@@ -186,6 +186,33 @@ def test_lse_token_stride_one(device, T, H, D, with_lse, P):
         assert torch.allclose(out_lse.double().cpu(), ref_l, rtol=1e-6, atol=1e-5)
 
 
+def test_output_lse_sharing_an_input_lse(device):
+    """output_lse may not share elements with prefix_lse / suffix_lse (the GPU kernel writes a row's
+    output LSE while other threads still read its input LSEs): a clear error, nothing written.
+    Disjoint fields of one interleaved buffer are fine."""
+    T, H, D = 9, 4, 512
+    pa, la, pb, lb = make_case(T, H, D, torch.bfloat16, device, gen_seed=21)
+    for alias in ("prefix", "suffix", "prefix_T"):
+        la2, lb2 = la.clone(), lb.clone()
+        out = poison_(torch.empty(T, H, D, dtype=torch.bfloat16, device=device))
+        if alias == "prefix_T":  # the same elements through another view: [H, T] buffer seen twice
+            buf = la.T.contiguous()
+            la2, ol = buf.T, buf.T
+        else:
+            ol = la2 if alias == "prefix" else lb2
+        before = (la2.clone(), lb2.clone())
+        name = "suffix_lse" if alias == "suffix" else "prefix_lse"
+        with pytest.raises(RuntimeError, match=f"output_lse not to share memory with {name}"):
+            mla_ext.merge_attn_states(out, ol, pa, la2, pb, lb2)
+        assert out.isnan().all()
+        assert torch.equal(la2, before[0]) and torch.equal(lb2, before[1])
+    # three LSE fields of one [T, H, 3] buffer: disjoint elements, accepted
+    buf = poison_(torch.empty(T, H, 3, device=device))
+    buf[..., 0], buf[..., 1] = la, lb
+    out = poison_(torch.empty(T, H, D, dtype=torch.bfloat16, device=device))
+    run_and_check(out, buf[..., 2], pa, buf[..., 0], pb, buf[..., 1], torch.bfloat16)
+
+
 # ---- errors: raised before anything is written ----
 
 def _valid(device, T=4, H=3, D=16, dtype=torch.bfloat16):

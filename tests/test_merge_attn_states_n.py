@@ -222,6 +222,23 @@ def test_errors_before_write(device, case):
     assert args["output"].isnan().all() and args["output_lse"].isnan().all()
 
 
+def test_output_lse_sharing_lses(device):
+    """output_lse may not share elements with lses (e.g. lses[1] in place): a clear error, nothing
+    written; a disjoint slot of the same buffer is accepted."""
+    args = _valid(device, S=3)
+    lses = args["lses"]
+    buf = torch.cat([lses, poison_(torch.empty_like(lses[:1]))])  # [S + 1, T, H]
+    before = buf.clone()
+    args.update(lses=buf[:3], output_lse=buf[1])
+    with pytest.raises(RuntimeError, match="output_lse not to share memory with lses"):
+        mla_ext.merge_attn_states_n(**args)
+    assert args["output"].isnan().all() and torch.equal(buf[:3], before[:3])
+    args.update(output_lse=buf[3])
+    mla_ext.merge_attn_states_n(**args)
+    ref_o, ref_l = reference.merge_attn_states_n(args["values"].cpu(), lses.cpu())
+    assert torch.allclose(buf[3].double().cpu(), ref_l, rtol=1e-6, atol=1e-5, equal_nan=True)
+
+
 def test_meta_and_real_tensors_mixed_raise():
     args = _valid("cpu")
     args["lses"] = args["lses"].to("meta")

@@ -82,7 +82,7 @@ typedef struct mla_ext_merge_params {
 
   void* output; /* `dtype` elements, or 1-byte FP8 elements when output_kind is FP8 */
   int64_t output_stride_token, output_stride_head; /* all strides in elements of their tensor */
-  float* output_lse; /* optional */
+  float* output_lse; /* optional; must share no element with prefix_lse / suffix_lse */
   int64_t output_lse_stride_token, output_lse_stride_head;
 
   const void* prefix_output;
@@ -121,7 +121,7 @@ typedef struct mla_ext_merge_n_params {
 
   void* output;
   int64_t output_stride_token, output_stride_head;
-  float* output_lse; /* optional */
+  float* output_lse; /* optional; must share no element with lses */
   int64_t output_lse_stride_token, output_lse_stride_head;
 
   const void* values;

@@ -6,6 +6,8 @@
 #include <torch/headeronly/core/ScalarType.h>
 #include <torch/headeronly/util/Exception.h>
 
+#include <cstdint>
+#include <numeric>
 #include <optional>
 #include <stdexcept>
 #include <cstdio>
@@ -95,6 +97,49 @@ inline void check_no_repeats(const char* op, const Tensor& t, const char* name) 
     MLA_CHECK(t.size(d) <= 1 || t.stride(d) != 0, op, "expected ", name,
               " to hold each element once, got stride 0 in dim ", d, " of size ", t.size(d),
               " (an expand()ed view); pass a tensor with its own storage");
+}
+
+// A float32 view for the overlap test below: base pointer and up to 3 (size, stride) dims.
+struct F32View {
+  const float* ptr;
+  int64_t size[3];
+  int64_t stride[3];
+  int dims;
+};
+
+// Whether two float32 views may share an element: their address ranges meet and the gap
+// between their first elements is a multiple of the gcd of all strides that move (a
+// sufficient test for disjointness, O(dims), no tensor queries; e.g. the fields of one
+// interleaved [T, H, 3] buffer pass as disjoint).
+inline bool may_share_elements(const F32View& a, const F32View& b) {
+  int64_t g = 0;
+  auto range = [&g](const F32View& v, int64_t* lo, int64_t* hi) {
+    *lo = *hi = int64_t(reinterpret_cast<uintptr_t>(v.ptr));
+    for (int d = 0; d < v.dims; ++d) {
+      if (v.size[d] == 0) return false;
+      if (v.size[d] == 1) continue;
+      const int64_t span = (v.size[d] - 1) * v.stride[d] * 4;
+      if (span < 0) *lo += span; else *hi += span;
+      g = std::gcd(g, v.stride[d] < 0 ? -v.stride[d] : v.stride[d]);
+    }
+    *hi += 4;
+    return true;
+  };
+  int64_t alo, ahi, blo, bhi;
+  if (!range(a, &alo, &ahi) || !range(b, &blo, &bhi)) return false;  // empty: nothing shared
+  if (ahi <= blo || bhi <= alo) return false;
+  const int64_t gap = int64_t(reinterpret_cast<uintptr_t>(a.ptr)) - int64_t(reinterpret_cast<uintptr_t>(b.ptr));
+  if (gap % 4 != 0) return true;
+  if (g == 0) return gap == 0;
+  return (gap / 4) % g == 0;
+}
+
+// The GPU kernels read a row's input LSEs from several threads (and blocks) while one thread
+// writes its output LSE, so an output LSE sharing elements with an input LSE is refused.
+inline void check_lse_disjoint(const char* op, const F32View& out, const F32View& in, const char* in_name) {
+  MLA_CHECK(!may_share_elements(out, in), op, "expected output_lse not to share memory with ", in_name,
+            " (the output LSE is written while other threads still read the input LSEs); pass a separate "
+            "output_lse buffer");
 }
 
 inline void check_same_device(const char* op, const Tensor& ref, const char* ref_name,
@@ -226,6 +271,13 @@ inline mla_ext::MergeParams make_merge_params(const Tensor& output,
   p.suffix_lse = static_cast<const float*>(suffix_lse.data_ptr());
   p.suffix_lse_stride_token = suffix_lse.stride(0);
   p.suffix_lse_stride_head = suffix_lse.stride(1);
+  if (p.output_lse != nullptr) {
+    const F32View ol{p.output_lse, {T, H, 1}, {p.output_lse_stride_token, p.output_lse_stride_head, 0}, 2};
+    check_lse_disjoint(op, ol, F32View{p.prefix_lse, {T, H, 1}, {p.prefix_lse_stride_token, p.prefix_lse_stride_head, 0}, 2},
+                       "prefix_lse");
+    check_lse_disjoint(op, ol, F32View{p.suffix_lse, {T, H, 1}, {p.suffix_lse_stride_token, p.suffix_lse_stride_head, 0}, 2},
+                       "suffix_lse");
+  }
   return p;
 }
 
@@ -296,6 +348,10 @@ inline mla_ext::MergeNParams make_merge_n_params(const Tensor& output, const std
   p.lses_stride_state = lses.stride(0);
   p.lses_stride_token = lses.stride(1);
   p.lses_stride_head = lses.stride(2);
+  if (p.output_lse != nullptr)
+    check_lse_disjoint(op, F32View{p.output_lse, {T, H, 1}, {p.output_lse_stride_token, p.output_lse_stride_head, 0}, 2},
+                       F32View{p.lses, {S, T, H}, {p.lses_stride_state, p.lses_stride_token, p.lses_stride_head}, 3},
+                       "lses");
   return p;
 }
 

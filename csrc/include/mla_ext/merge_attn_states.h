@@ -39,7 +39,7 @@ struct MergeParams {
 
   void* output = nullptr;
   int64_t output_stride_token = 0, output_stride_head = 0;
-  float* output_lse = nullptr;  // optional
+  float* output_lse = nullptr;  // optional; must share no element with prefix_lse / suffix_lse
   int64_t output_lse_stride_token = 0, output_lse_stride_head = 0;
 
   const void* prefix_output = nullptr;
@@ -230,7 +230,7 @@ struct MergeNParams {
 
   void* output = nullptr;
   int64_t output_stride_token = 0, output_stride_head = 0;
-  float* output_lse = nullptr;  // optional
+  float* output_lse = nullptr;  // optional; must share no element with lses
   int64_t output_lse_stride_token = 0, output_lse_stride_head = 0;
 
   const void* values = nullptr;
