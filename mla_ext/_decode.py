@@ -100,7 +100,10 @@ def sparse_mla_decode(
         workspace: 1-D contiguous uint8 tensor on the same device, at least
             :func:`sparse_mla_decode_workspace_size` bytes (a :class:`DecodeWorkspace`'s
             ``.tensor``). **Mutated** (scratch for split-K partial results when more than one
-            split is used); its contents on entry do not matter.
+            split is used); its contents on entry do not matter. The op itself checks only the
+            bytes this call's split count needs (none for one split), and the automatic count
+            depends on the device's processor count, so a workspace that passes on the CPU can
+            be too small on a GPU: size it with :func:`sparse_mla_decode_workspace_size`.
         lengths: optional ``[num_tokens]`` int32 (any stride): entries at positions
             ``>= lengths[t]`` of ``indices`` are skipped (negative = 0).
         extra_kv_cache, extra_indices, extra_lengths: optional second set (DeepSeek V4
