@@ -182,6 +182,15 @@ Status launch_merge_vec(const MergeParams& full, gpuStream_t stream, int tile_sh
                                  (!full.output_lse || full.output_lse_stride_token == 1);
     tile_shift = lse_token_major && full.num_tokens >= (int64_t(1) << kMergeLseTileShift) ? kMergeLseTileShift : 0;
   }
+  // One launch: k.p, first_head, num_chunks, merge_tokens, num_tokens and tile_shift set by the caller.
+  auto launch = [&](MergeKernelArgs& k) {
+    k.chunks_per_row = uint32_t(cpr);
+    k.div_chunks = FastDivmod(uint32_t(cpr));
+    k.div_heads = FastDivmod(uint32_t(full.num_heads));
+    const int64_t blocks = (int64_t(k.num_chunks) + THREADS - 1) / THREADS;
+    merge_attn_states_kernel<E, O, VEC, THREADS><<<dim3(uint32_t(blocks)), dim3(THREADS), 0, stream>>>(k);
+    return check_launch();
+  };
   const int64_t tile = int64_t(1) << tile_shift;
   const int64_t padded_rows = (full.num_tokens + tile - 1) / tile * tile * full.num_heads;
   if (tile_shift > 0 && padded_rows <= rows_per_launch) {  // one launch over token tiles
@@ -189,16 +198,11 @@ Status launch_merge_vec(const MergeParams& full, gpuStream_t stream, int tile_sh
     k.p = full;
     k.first_head = 0;
     k.num_chunks = uint32_t(padded_rows * cpr);
-    int64_t merge_end = full.has_prefill_tokens_with_context ? full.prefill_tokens_with_context : full.num_tokens;
+    const int64_t merge_end = full.has_prefill_tokens_with_context ? full.prefill_tokens_with_context : full.num_tokens;
     k.merge_tokens = uint32_t(merge_end > full.num_tokens ? full.num_tokens : merge_end);
-    k.chunks_per_row = uint32_t(cpr);
     k.tile_shift = uint32_t(tile_shift);
     k.num_tokens = uint32_t(full.num_tokens);
-    k.div_chunks = FastDivmod(uint32_t(cpr));
-    k.div_heads = FastDivmod(uint32_t(full.num_heads));
-    const int64_t blocks = (int64_t(k.num_chunks) + THREADS - 1) / THREADS;
-    merge_attn_states_kernel<E, O, VEC, THREADS><<<dim3(uint32_t(blocks)), dim3(THREADS), 0, stream>>>(k);
-    return check_launch();
+    return launch(k);
   }
   for (int64_t row0 = 0; row0 < total_rows; row0 += rows_per_launch) {
     const int64_t nrows = total_rows - row0 < rows_per_launch ? total_rows - row0 : rows_per_launch;
@@ -219,14 +223,9 @@ Status launch_merge_vec(const MergeParams& full, gpuStream_t stream, int tile_sh
     // Only tokens below merge_end are compared against it; this launch's rows
     // end within 2^31 rows of t0, so a clamp at 2^32 - 1 keeps the outcome.
     k.merge_tokens = uint32_t(merge_end > 0xffffffffLL ? 0xffffffffLL : merge_end);
-    k.chunks_per_row = uint32_t(cpr);
     k.tile_shift = 0;
-    k.num_tokens = uint32_t(k.p.num_tokens > 0xffffffffLL ? 0xffffffffLL : k.p.num_tokens);  // unused when tile_shift = 0
-    k.div_chunks = FastDivmod(uint32_t(cpr));
-    k.div_heads = FastDivmod(uint32_t(full.num_heads));
-    const int64_t blocks = (int64_t(k.num_chunks) + THREADS - 1) / THREADS;
-    merge_attn_states_kernel<E, O, VEC, THREADS><<<dim3(uint32_t(blocks)), dim3(THREADS), 0, stream>>>(k);
-    Status s = check_launch();
+    k.num_tokens = 0;  // read only when tile_shift > 0
+    const Status s = launch(k);
     if (s != Status::kSuccess) return s;
   }
   return Status::kSuccess;
