@@ -859,6 +859,19 @@ __global__ void __launch_bounds__(kReduceThreads) decode_reduce_kernel(const Red
   const int col = tid * 4;
   float o[4] = {0.f, 0.f, 0.f, 0.f};
   float out_lse = neg_inf();
+  // Both paths: fold a split's partial in with weight w; normalise at the end (sink once).
+  auto fold = [&o](float w, const float4& v) {
+    o[0] = fmaf(w, v.x, o[0]);
+    o[1] = fmaf(w, v.y, o[1]);
+    o[2] = fmaf(w, v.z, o[2]);
+    o[3] = fmaf(w, v.w, o[3]);
+  };
+  auto finish = [&](float L, float mx) {
+    const float inv =
+        split_merge_finish(L, mx, p.attn_sink != nullptr ? p.attn_sink + h * p.attn_sink_stride : nullptr, &out_lse);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[e] *= inv;
+  };
   if constexpr (!BLOCK_SCAN) {
     float mx;
     const SplitMergeMode mode = split_merge_scan(lse, S, &mx);
@@ -886,19 +899,11 @@ __global__ void __launch_bounds__(kReduceThreads) decode_reduce_kernel(const Red
         for (int u = 0; u < kBatch; ++u) {
           if (i0 + u < S) {
             L += w[u];
-            if (w[u] > 0.f) {
-              o[0] = fmaf(w[u], v[u].x, o[0]);
-              o[1] = fmaf(w[u], v[u].y, o[1]);
-              o[2] = fmaf(w[u], v[u].z, o[2]);
-              o[3] = fmaf(w[u], v[u].w, o[3]);
-            }
+            if (w[u] > 0.f) fold(w[u], v[u]);
           }
         }
       }
-      const float inv =
-          split_merge_finish(L, mx, p.attn_sink != nullptr ? p.attn_sink + h * p.attn_sink_stride : nullptr, &out_lse);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) o[e] *= inv;
+      finish(L, mx);
     }
   } else {
     __shared__ float s_w[kMaxSplits];
@@ -964,19 +969,11 @@ __global__ void __launch_bounds__(kReduceThreads) decode_reduce_kernel(const Red
         for (int u = 0; u < kBatch; ++u) {
           if (i0 + u < S) {
             const float w = s_w[i0 + u];
-            if (w > 0.f) {
-              o[0] = fmaf(w, v[u].x, o[0]);
-              o[1] = fmaf(w, v[u].y, o[1]);
-              o[2] = fmaf(w, v[u].z, o[2]);
-              o[3] = fmaf(w, v[u].w, o[3]);
-            }
+            if (w > 0.f) fold(w, v[u]);
           }
         }
       }
-      const float inv =
-          split_merge_finish(L, mx, p.attn_sink != nullptr ? p.attn_sink + h * p.attn_sink_stride : nullptr, &out_lse);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) o[e] *= inv;
+      finish(L, mx);
     }
   }
   uint16_t* out = p.output + t * p.output_stride_token + h * p.output_stride_head + col;
