@@ -847,7 +847,7 @@ constexpr int kReduceBlockScanSplits = 16;
 // (deterministic), and the weights reach the partial loop, 16 splits per batch,
 // through shared memory. H200, one token: 0.4-1 us faster at 20-32 splits; at
 // num_tokens 64 (2-4 splits) its 86 registers cost 1.4-11 us, hence the switch.
-template <bool BLOCK_SCAN>
+template <bool BLOCK_SCAN, int BATCH = 8>
 __global__ void __launch_bounds__(kReduceThreads) decode_reduce_kernel(const ReduceArgs a) {
   const SparseDecodeParams& p = a.p;
   const int64_t H = p.num_heads;
@@ -880,7 +880,8 @@ __global__ void __launch_bounds__(kReduceThreads) decode_reduce_kernel(const Red
     } else if (mode == SplitMergeMode::kMix) {
       // Every partial of a batch is loaded before the first is used (each was
       // written by this call; one whose weight is 0 is loaded but not used).
-      constexpr int kBatch = 8;
+      // BATCH: 2 or 4 when the call has that few splits (fewer registers).
+      constexpr int kBatch = BATCH;
       float L = 0.f;
       for (int i0 = 0; i0 < S; i0 += kBatch) {
         float w[kBatch];
@@ -1135,8 +1136,12 @@ inline Status launch_sparse_mla_decode(const SparseDecodeParams& p, void* worksp
   // T = 1, 64 splits), so it is an ordinary launch.
   if (S >= kReduceBlockScanSplits)
     decode_reduce_kernel<true><<<dim3(uint32_t(T * H)), dim3(kReduceThreads), 0, stream>>>(r);
+  else if (S <= 2)
+    decode_reduce_kernel<false, 2><<<dim3(uint32_t(T * H)), dim3(kReduceThreads), 0, stream>>>(r);
+  else if (S <= 4)
+    decode_reduce_kernel<false, 4><<<dim3(uint32_t(T * H)), dim3(kReduceThreads), 0, stream>>>(r);
   else
-    decode_reduce_kernel<false><<<dim3(uint32_t(T * H)), dim3(kReduceThreads), 0, stream>>>(r);
+    decode_reduce_kernel<false, 8><<<dim3(uint32_t(T * H)), dim3(kReduceThreads), 0, stream>>>(r);
   return check_launch();
 }
 
