@@ -159,6 +159,16 @@ MLA_EXT_HD int64_t effective_len(const KvSet& s, int64_t t) {
 
 MLA_EXT_HD void decode_split_range(int64_t num_positions, int64_t s, int64_t num_splits, int64_t* lo,
                                    int64_t* hi) {
+  // Every real call lands in the 32-bit branch (fewer than 2^23 positions, at
+  // most kMaxSplits splits): the same floor division without the 64-bit
+  // division routine, which was a visible part of the GPU kernels' prologue.
+  if (num_positions >= 0 && num_positions < (int64_t(1) << 23) && s >= 0 && s < num_splits &&
+      num_splits <= kMaxSplits) {
+    const uint32_t e = uint32_t(num_positions), ss = uint32_t(s), n = uint32_t(num_splits);
+    *lo = int64_t(e * ss / n);
+    *hi = int64_t(e * (ss + 1u) / n);
+    return;
+  }
   *lo = num_positions * s / num_splits;
   *hi = num_positions * (s + 1) / num_splits;
 }
