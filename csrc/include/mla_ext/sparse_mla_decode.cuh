@@ -270,41 +270,62 @@ __device__ __forceinline__ void copy_async_wait_all() {
 }
 
 // ---- gather: raw 16-byte chunks of one tile, held in registers ----
-template <KvFormat F, int DQK, int BN>
+// FP8 formats split a row's chunks into two unit sets, the FP8 chunks and the
+// bf16 RoPE chunks, each numbered row-major and dealt round-robin to the
+// threads (V4: 64 x 28 = 7 x 256 and 64 x 8 = 2 x 256 units), so a unit's kind,
+// byte offset and scale rule are fixed per loop instead of tested per unit.
+// SPLIT = false keeps one set of all chunks, the kind tested per unit (the V3.2
+// 64-head tile: the two loops cost it 56 bytes of spills at 255 registers).
+template <KvFormat F, int DQK, int BN, bool SPLIT = true>
 struct Gather {
   static constexpr KvFormat kLayout = kv_layout(F);  // fnuz formats: their e4m3fn twin's bytes
   using FT = Fmt<kLayout, DQK>;
-  static constexpr int kUnits = BN * FT::kChunks;
-  static constexpr int kUPT = (kUnits + kThreads - 1) / kThreads;
   static constexpr bool kFp8 = F != KvFormat::kBF16;
-  uint4 raw[kUPT];
-  uint32_t sraw[kFp8 ? kUPT : 1];  // raw scale bits (UE8M0 byte / fp32 bits), decoded at store
+  static constexpr int kNF = (kFp8 && SPLIT) ? FT::kFp8Chunks : FT::kChunks;  // set 1: chunks per row
+  static constexpr int kNR = FT::kChunks - kNF;                    // set 2 (RoPE): chunks per row
+  static constexpr int kNRd = kNR > 0 ? kNR : 1;                   // its divisor (set 2 may be empty)
+  static constexpr int kUnitsF = BN * kNF, kUnitsR = BN * kNR;
+  static constexpr int kUF = (kUnitsF + kThreads - 1) / kThreads;
+  static constexpr int kUR = (kUnitsR + kThreads - 1) / kThreads;
+  uint4 raw[kUF + kUR];
+  uint32_t sraw[kFp8 ? kUF : 1];  // raw scale bits (UE8M0 byte / fp32 bits), decoded at store
 
   // Only loads here: nothing consumes a loaded value before store(), so every
   // load of the tile is in flight at once (no per-load latency chain).
   __device__ __forceinline__ void load(const uint8_t* const* data, const uint8_t* const* scale, int tid) {
 #pragma unroll
-    for (int k = 0; k < kUPT; ++k) {
+    for (int k = 0; k < kUF; ++k) {
       const int u = tid + k * kThreads;
       raw[k] = make_uint4(0u, 0u, 0u, 0u);
       if (kFp8) sraw[kFp8 ? k : 0] = 0u;
-      if ((kUnits % kThreads) != 0 && u >= kUnits) continue;
-      const int row = u / FT::kChunks;
-      const int c = u - row * FT::kChunks;
+      if ((kUnitsF % kThreads) != 0 && u >= kUnitsF) continue;
+      const int row = u / kNF;
+      const int c = u - row * kNF;
       const uint8_t* d = data[row];
       if (d == nullptr) continue;
-      if (F == KvFormat::kBF16) {
-        raw[k] = *reinterpret_cast<const uint4*>(d + 16 * c);
-      } else if (c < FT::kFp8Chunks) {
-        raw[k] = *reinterpret_cast<const uint4*>(d + 16 * c);
+      if (!SPLIT && kFp8 && c >= FT::kFp8Chunks) {
+        raw[k] = *reinterpret_cast<const uint4*>(d + FT::kRopeByte + 16 * (c - FT::kFp8Chunks));
+        continue;
+      }
+      raw[k] = *reinterpret_cast<const uint4*>(d + 16 * c);
+      if (kFp8) {
         if (kLayout == KvFormat::kFP8DsMlaV4) {
           sraw[kFp8 ? k : 0] = scale[row][c >> 2];
         } else {
           sraw[kFp8 ? k : 0] = *reinterpret_cast<const uint32_t*>(d + 512 + 4 * (c >> 3));
         }
-      } else {
-        raw[k] = *reinterpret_cast<const uint4*>(d + FT::kRopeByte + 16 * (c - FT::kFp8Chunks));
       }
+    }
+#pragma unroll
+    for (int k = 0; k < kUR; ++k) {
+      const int u = tid + k * kThreads;
+      raw[kUF + k] = make_uint4(0u, 0u, 0u, 0u);
+      if ((kUnitsR % kThreads) != 0 && u >= kUnitsR) continue;
+      const int row = u / kNRd;
+      const int c = u - row * kNRd;
+      const uint8_t* d = data[row];
+      if (d == nullptr) continue;
+      raw[kUF + k] = *reinterpret_cast<const uint4*>(d + FT::kRopeByte + 16 * c);
     }
   }
 
@@ -317,50 +338,57 @@ struct Gather {
   template <bool SKIP>
   __device__ __forceinline__ void store(uint16_t* K, int kst, float* ksc, int tid, int live) const {
     const int zero_end = (live + 15) & ~15;
+    const uint4 z = make_uint4(0u, 0u, 0u, 0u);
 #pragma unroll
-    for (int k = 0; k < kUPT; ++k) {
+    for (int k = 0; k < kUF; ++k) {
       const int u = tid + k * kThreads;
-      if ((kUnits % kThreads) != 0 && u >= kUnits) continue;
-      const int row = u / FT::kChunks;
-      const int c = u - row * FT::kChunks;
+      if ((kUnitsF % kThreads) != 0 && u >= kUnitsF) continue;
+      const int row = u / kNF;
+      const int c = u - row * kNF;
       if (SKIP && row >= zero_end) continue;
       uint16_t* krow = K + size_t(row) * kst;
-      if (SKIP && row >= live) {
-        const uint4 z = make_uint4(0u, 0u, 0u, 0u);
-        if (F == KvFormat::kBF16) {
-          *reinterpret_cast<uint4*>(krow + 8 * c) = z;
-        } else if (c < FT::kFp8Chunks) {
-          if (kScaled && (c & 7) == 0) ksc[(c >> 3) * BN + row] = 0.f;
-          *reinterpret_cast<uint4*>(krow + 16 * c) = z;
-          *reinterpret_cast<uint4*>(krow + 16 * c + 8) = z;
-        } else {
-          *reinterpret_cast<uint4*>(krow + FT::kRopeDim + 8 * (c - FT::kFp8Chunks)) = z;
-        }
+      if (!kFp8) {
+        *reinterpret_cast<uint4*>(krow + 8 * c) = (SKIP && row >= live) ? z : raw[k];
         continue;
       }
-      if (F == KvFormat::kBF16) {
-        *reinterpret_cast<uint4*>(krow + 8 * c) = raw[k];
-      } else if (c < FT::kFp8Chunks) {
-        // invalid rows: raw bytes and scale bits are 0 -> +0 * 2^-127 = 0
-        const uint32_t sb = sraw[kFp8 ? k : 0];
-        float s;
-        if (kLayout == KvFormat::kFP8DsMlaV4) {
-          s = ue8m0_to_float(uint8_t(sb));
-        } else {
-          if ((c & 7) == 0) ksc[(c >> 3) * BN + row] = bits_to_float(sb);
-          s = 1.f;
-        }
-        uint4 lo, hi;
-        constexpr bool kFnuz = kv_is_fnuz(F);
-        dequant4<kFnuz>(raw[k].x, s, lo.x, lo.y);
-        dequant4<kFnuz>(raw[k].y, s, lo.z, lo.w);
-        dequant4<kFnuz>(raw[k].z, s, hi.x, hi.y);
-        dequant4<kFnuz>(raw[k].w, s, hi.z, hi.w);
-        *reinterpret_cast<uint4*>(krow + 16 * c) = lo;
-        *reinterpret_cast<uint4*>(krow + 16 * c + 8) = hi;
-      } else {
-        *reinterpret_cast<uint4*>(krow + FT::kRopeDim + 8 * (c - FT::kFp8Chunks)) = raw[k];
+      if (!SPLIT && c >= FT::kFp8Chunks) {
+        *reinterpret_cast<uint4*>(krow + FT::kRopeDim + 8 * (c - FT::kFp8Chunks)) =
+            (SKIP && row >= live) ? z : raw[k];
+        continue;
       }
+      if (SKIP && row >= live) {
+        if (kScaled && (c & 7) == 0) ksc[(c >> 3) * BN + row] = 0.f;
+        *reinterpret_cast<uint4*>(krow + 16 * c) = z;
+        *reinterpret_cast<uint4*>(krow + 16 * c + 8) = z;
+        continue;
+      }
+      // invalid rows: raw bytes and scale bits are 0 -> +0 * 2^-127 = 0
+      const uint32_t sb = sraw[kFp8 ? k : 0];
+      float sc;
+      if (kLayout == KvFormat::kFP8DsMlaV4) {
+        sc = ue8m0_to_float(uint8_t(sb));
+      } else {
+        if ((c & 7) == 0) ksc[(c >> 3) * BN + row] = bits_to_float(sb);
+        sc = 1.f;
+      }
+      uint4 lo, hi;
+      constexpr bool kFnuz = kv_is_fnuz(F);
+      dequant4<kFnuz>(raw[k].x, sc, lo.x, lo.y);
+      dequant4<kFnuz>(raw[k].y, sc, lo.z, lo.w);
+      dequant4<kFnuz>(raw[k].z, sc, hi.x, hi.y);
+      dequant4<kFnuz>(raw[k].w, sc, hi.z, hi.w);
+      *reinterpret_cast<uint4*>(krow + 16 * c) = lo;
+      *reinterpret_cast<uint4*>(krow + 16 * c + 8) = hi;
+    }
+#pragma unroll
+    for (int k = 0; k < kUR; ++k) {
+      const int u = tid + k * kThreads;
+      if ((kUnitsR % kThreads) != 0 && u >= kUnitsR) continue;
+      const int row = u / kNRd;
+      const int c = u - row * kNRd;
+      if (SKIP && row >= zero_end) continue;
+      *reinterpret_cast<uint4*>(K + size_t(row) * kst + FT::kRopeDim + 8 * c) =
+          (SKIP && row >= live) ? z : raw[kUF + k];
     }
   }
 };
@@ -399,7 +427,7 @@ template <int MT, int DQK, KvFormat F, bool MMA>
 __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
   constexpr bool SC = kv_layout(F) == KvFormat::kFP8DsMla;  // scales applied after the products
   using C = Cfg<MT, DQK, MMA, SC>;
-  using G = Gather<F, DQK, C::BN>;
+  using G = Gather<F, DQK, C::BN, !(SC && MT == 4)>;
   constexpr int HTp = C::HTp, BN = C::BN, KST = C::KST, SST = C::SST, PST = C::PST;
   constexpr int TPR = C::TPR, CPT = C::CPT;
   static_assert(!SC || MT > 2 || TPR % 2 == 0, "SC P-pair writes need an even number of threads per softmax row");
@@ -784,15 +812,41 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
   };
 
   if (MMA) {
+    // A thread holds 2 head rows per m-tile, 8 column pairs each (8 apart): the
+    // row's pointer, scale and the block-uniform output choice are resolved once
+    // per row, not per pair (at one token this epilogue was ~25% of a warp's
+    // instructions).
     const int warp = tid / 32, lane = tid % 32;
+    const int col0 = warp * 64 + (lane & 3) * 2;
 #pragma unroll
     for (int m = 0; m < MT; ++m) {
 #pragma unroll
-      for (int n = 0; n < 8; ++n) {
-        const float* c = acc + (m * 8 + n) * 4;
-        const int col = warp * 64 + n * 8 + (lane & 3) * 2;
-        write2(m * 16 + (lane >> 2), col, c[0], c[1]);
-        write2(m * 16 + (lane >> 2) + 8, col, c[2], c[3]);
+      for (int hf = 0; hf < 2; ++hf) {
+        const int row = m * 16 + (lane >> 2) + 8 * hf;
+        if (row >= nh) continue;
+        const int64_t h = h0 + row;
+        const float inv = inv_s[row];
+        if (!final_out) {
+          float* o = a.ws_out + ((t * H + h) * S + s) * kDV + col0;
+#pragma unroll
+          for (int n = 0; n < 8; ++n) {
+            const float* c = acc + (m * 8 + n) * 4 + 2 * hf;
+            *reinterpret_cast<float2*>(o + 8 * n) = make_float2(c[0] * inv, c[1] * inv);
+          }
+        } else {
+          uint16_t* o = p.output + t * p.output_stride_token + h * p.output_stride_head + col0;
+#pragma unroll
+          for (int n = 0; n < 8; ++n) {
+            const float* c = acc + (m * 8 + n) * 4 + 2 * hf;
+            const uint32_t pk = pack_bf16x2(c[0] * inv, c[1] * inv);
+            if (a.out_pairs) {
+              *reinterpret_cast<uint32_t*>(o + 8 * n) = pk;
+            } else {
+              o[8 * n] = uint16_t(pk & 0xffffu);
+              o[8 * n + 1] = uint16_t(pk >> 16);
+            }
+          }
+        }
       }
     }
   } else {
