@@ -214,31 +214,39 @@ __device__ __forceinline__ void bf16x8_to_float(const uint4& v, float f[8]) {
 }
 
 // ---- tensor-core primitives (sm_80+) ----
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
+// ldmatrix from a shared-space byte address (smem_addr): callers compute a
+// lane's base address once and add compile-time offsets, instead of a generic
+// -> shared conversion and 64-bit address arithmetic per fragment.
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
 #if defined(MLA_EXT_DECODE_MMA)
-  const uint32_t a = uint32_t(__cvta_generic_to_shared(p));
+  return uint32_t(__cvta_generic_to_shared(p));
+#else
+  (void)p;
+  return 0u;
+#endif
+}
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t a) {
+#if defined(MLA_EXT_DECODE_MMA)
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
 #else
-  (void)p; r[0] = r[1] = r[2] = r[3] = 0;
+  (void)a; r[0] = r[1] = r[2] = r[3] = 0;
 #endif
 }
-__device__ __forceinline__ void ldsm_x2(uint32_t (&r)[2], const void* p) {
+__device__ __forceinline__ void ldsm_x2(uint32_t (&r)[2], uint32_t a) {
 #if defined(MLA_EXT_DECODE_MMA)
-  const uint32_t a = uint32_t(__cvta_generic_to_shared(p));
   asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
                : "=r"(r[0]), "=r"(r[1]) : "r"(a));
 #else
-  (void)p; r[0] = r[1] = 0;
+  (void)a; r[0] = r[1] = 0;
 #endif
 }
-__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const void* p) {
+__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], uint32_t a) {
 #if defined(MLA_EXT_DECODE_MMA)
-  const uint32_t a = uint32_t(__cvta_generic_to_shared(p));
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
 #else
-  (void)p; r[0] = r[1] = r[2] = r[3] = 0;
+  (void)a; r[0] = r[1] = r[2] = r[3] = 0;
 #endif
 }
 __device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
@@ -539,7 +547,11 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
       constexpr int NACC = MT <= 2 ? 2 : 1;
       constexpr int NGRP = SC ? 5 : 1;
       float sc[MT][4];
-      const uint16_t* qa = Qs + (mt * 16 + (lane & 15)) * KST + (lane >> 4) * 8;
+      // Lane base addresses (shared space, bytes); a k-step adds 32 bytes.
+      const uint32_t qa = smem_addr(Qs + (mt * 16 + (lane & 15)) * KST + (lane >> 4) * 8);
+      const uint32_t kb = MT == 1 ? smem_addr(Ks + (nt0 * 8 + (lane & 7)) * KST + ((lane >> 3) & 1) * 8)
+                                  : smem_addr(Ks + (nt0 * 8 + ((lane >> 4) & 1) * 8 + (lane & 7)) * KST +
+                                              ((lane >> 3) & 1) * 8);
       // This warp's key rows [nt0 * 8, (nt0 + MT) * 8) all past the split's end:
       // nothing to multiply (the softmax masks those columns).
       const bool qk_live = !kSkipRows || nt0 * 8 < live;
@@ -557,17 +569,16 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
         for (int kk = k0; kk < k1; ++kk) {
           const int v = NACC == 1 ? 0 : (kk & (NACC - 1));
           uint32_t af[4];
-          ldsm_x4(af, qa + kk * 16);
+          ldsm_x4(af, qa + kk * 32);
           if (MT == 1) {
             uint32_t bf[2];
-            ldsm_x2(bf, Ks + (nt0 * 8 + (lane & 7)) * KST + kk * 16 + ((lane >> 3) & 1) * 8);
+            ldsm_x2(bf, kb + kk * 32);
             mma16816(sc2[v][0], af, bf[0], bf[1]);
           } else {
 #pragma unroll
             for (int np = 0; np < MT / 2; ++np) {
               uint32_t bf[4];
-              ldsm_x4(bf, Ks + ((nt0 + 2 * np) * 8 + ((lane >> 4) & 1) * 8 + (lane & 7)) * KST + kk * 16 +
-                              ((lane >> 3) & 1) * 8);
+              ldsm_x4(bf, kb + uint32_t(np * 16 * KST * 2 + kk * 32));
               mma16816(sc2[v][2 * np], af, bf[0], bf[1]);
               mma16816(sc2[v][2 * np + 1], af, bf[2], bf[3]);
             }
@@ -719,19 +730,18 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
         }
       }
       const int kk_end = kSkipRows ? (live + 15) >> 4 : BN / 16;  // 16-row key blocks holding live rows
+      const uint32_t pa = smem_addr(Ps + (SC ? (warp >> 1) * HTp * PST : 0) + (lane & 15) * PST + (lane >> 4) * 8);
+      const uint32_t vb = smem_addr(Ks + (((lane >> 3) & 1) * 8 + (lane & 7)) * KST + warp * 64 + ((lane >> 4) & 1) * 8);
 #pragma unroll
       for (int kk = 0; kk < BN / 16; ++kk) {
         if (kk >= kk_end) break;
         uint32_t af[MT][4];
 #pragma unroll
-        for (int m = 0; m < MT; ++m)
-          ldsm_x4(af[m], Ps + (SC ? (warp >> 1) * HTp * PST : 0) + (m * 16 + (lane & 15)) * PST + kk * 16 +
-                             (lane >> 4) * 8);
+        for (int m = 0; m < MT; ++m) ldsm_x4(af[m], pa + uint32_t((m * 16 * PST + kk * 16) * 2));
 #pragma unroll
         for (int np = 0; np < 4; ++np) {
           uint32_t bf[4];
-          ldsm_x4_t(bf, Ks + (kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * KST + warp * 64 + np * 16 +
-                            ((lane >> 4) & 1) * 8);
+          ldsm_x4_t(bf, vb + uint32_t((kk * 16 * KST + np * 16) * 2));
 #pragma unroll
           for (int m = 0; m < MT; ++m) {
             mma16816(*reinterpret_cast<float(*)[4]>(acc + (m * 8 + 2 * np) * 4), af[m], bf[0], bf[1]);
