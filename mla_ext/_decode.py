@@ -117,7 +117,7 @@ def sparse_mla_decode(
             scores, sink excluded.
         num_splits: split-K count: 0 = automatic (from num_tokens, num_heads, ``W + W2`` and the
             device's processor count, never from tensor contents, so a captured CUDA graph
-            stays valid when indices and lengths change; at most 64), or 1..256 explicitly. The
+            stays valid when indices and lengths change; at most 72), or 1..256 explicitly. The
             workspace grows with the split count: num_tokens x num_heads x num_splits x
             2052 bytes (fp32 partial outputs and LSEs; each section rounded up to 256 bytes).
 

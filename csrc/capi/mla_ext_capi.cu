@@ -31,7 +31,7 @@ int resolve_sms(int num_sms) { return num_sms > 0 ? num_sms : mla_ext::current_d
 // fit comfortably in size_t: T * H * S cells of 2052 bytes each, kept below 2^52.
 bool workspace_args_ok(long long num_tokens, long long num_heads, int num_splits) {
   if (num_tokens < 0 || num_heads < 0 || num_splits < 0 || num_splits > mla_ext::kMaxSplits) return false;
-  const double cells = double(num_tokens) * double(num_heads) * double(num_splits > 0 ? num_splits : mla_ext::kMaxAutoSplits);
+  const double cells = double(num_tokens) * double(num_heads) * double(num_splits > 0 ? num_splits : mla_ext::kMaxAutoSplits + mla_ext::kMaxAutoSplits / 8);
   return cells * 2052.0 < 4503599627370496.0;  // 2^52
 }
 

@@ -38,8 +38,11 @@ constexpr int kDV = 512;           // value dims (both geometries)
 constexpr int kMaxSplits = 256;    // explicit num_splits range is 1..kMaxSplits
 // The automatic policy's cap. H200, one token: 130 splits instead of 64 made V4 C128 at 16 heads
 // 4 us faster but 8 us slower at 128 heads (two waves of the 64-head kernel) and up to 15 us
-// slower when the rows are shorter than the index width (mostly empty splits).
+// slower when the rows are shorter than the index width (mostly empty splits). The tile
+// rounding of decode_num_splits may add up to 1/8 more (at most 72).
 constexpr int kMaxAutoSplits = 64;
+// Entries per tile step of the GPU split kernel (tensor-core path); the split policy rounds to it.
+constexpr int64_t kDecodeTileRows = 64;
 constexpr int kFP8DsMlaRowBytes = 656;
 constexpr int kFP8DsMlaV4RowBytes = 584;
 constexpr int kFP8DsMlaV4DataBytes = 576;   // per-token data row inside a V4 page
@@ -100,9 +103,9 @@ inline int64_t decode_head_groups(int64_t num_heads) {
   return tile > 0 ? (num_heads + tile - 1) / tile : 0;
 }
 
-// The most splits the automatic policy can pick for (T, H) on a device with
-// num_sms processors, whatever the index widths.
-inline int decode_max_auto_splits(int64_t num_tokens, int64_t num_heads, int num_sms) {
+// Splits per (token, head group) before tile rounding: ~2 blocks per
+// processor, capped at kMaxAutoSplits.
+inline int decode_base_splits(int64_t num_tokens, int64_t num_heads, int num_sms) {
   const int64_t base = num_tokens * decode_head_groups(num_heads);
   if (base <= 0) return 1;
   const int64_t target = 2 * int64_t(num_sms > 0 ? num_sms : 1);  // ~2 blocks per processor
@@ -112,6 +115,19 @@ inline int decode_max_auto_splits(int64_t num_tokens, int64_t num_heads, int num
   if (s < 1) s = 1;
   if (s > kMaxAutoSplits) s = kMaxAutoSplits;
   return int(s);
+}
+
+// The most splits the automatic policy can pick for (T, H) on a device with
+// num_sms processors, whatever the index widths: the base count plus the
+// tile rounding's headroom (up to 1/8 more, within one block per processor).
+inline int decode_max_auto_splits(int64_t num_tokens, int64_t num_heads, int num_sms) {
+  const int s = decode_base_splits(num_tokens, num_heads, num_sms);
+  const int64_t base = num_tokens * decode_head_groups(num_heads);
+  if (base <= 0) return s;
+  int64_t ext = int64_t(s) + s / 8;
+  const int64_t one_wave = int64_t(num_sms > 0 ? num_sms : 1) / base;
+  if (ext > one_wave) ext = one_wave;
+  return ext > s ? int(ext) : s;
 }
 
 // Minimum index entries a split should own before splitting further pays: 32
@@ -128,7 +144,7 @@ constexpr int64_t kManySplits = 32;
 // `total_width` (main width + extra width).
 inline int decode_num_splits(int64_t num_tokens, int64_t num_heads, int64_t total_width,
                              int num_sms) {
-  int s = decode_max_auto_splits(num_tokens, num_heads, num_sms);
+  int s = decode_base_splits(num_tokens, num_heads, num_sms);
   int64_t by_width = (total_width + kMinEntriesPerSplit - 1) / kMinEntriesPerSplit;
   if (by_width > kManySplits) {  // monotonic in the width: 32 splits until 64-entry splits give more
     by_width = (total_width + kMinEntriesPerManySplits - 1) / kMinEntriesPerManySplits;
@@ -136,6 +152,17 @@ inline int decode_num_splits(int64_t num_tokens, int64_t num_heads, int64_t tota
   }
   if (by_width < 1) by_width = 1;
   if (int64_t(s) > by_width) s = int(by_width);
+  // Tile rounding: a split walks its entries in tiles of kDecodeTileRows, so
+  // 8320 entries over 64 splits (130 each) cost 3 tile steps where 65 splits
+  // (128 each) cost 2. Take the splits that save a tile step when that needs at
+  // most 1/8 more splits and the blocks still fit one per processor
+  // (decode_max_auto_splits bounds the result).
+  const int64_t per = (total_width + s - 1) / s;
+  if (per > kDecodeTileRows) {
+    const int64_t steps = (per + kDecodeTileRows - 1) / kDecodeTileRows;
+    const int64_t s2 = (total_width + (steps - 1) * kDecodeTileRows - 1) / ((steps - 1) * kDecodeTileRows);
+    if (s2 <= int64_t(decode_max_auto_splits(num_tokens, num_heads, num_sms))) s = int(s2);
+  }
   return s;
 }
 
