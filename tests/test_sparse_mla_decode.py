@@ -263,6 +263,42 @@ def test_one_token_long_row(device, H, S):
               sink=make_sink(g, H, "finite"))
 
 
+STRAGGLER_LENGTHS = [4608, 17, 0, 300, 5, 4000, 64, 1, 129]
+
+
+@pytest.mark.parametrize("S,H", [(0, 16), (3, 16), (16, 16), (40, 16), (64, 16), (0, 64)])
+def test_balanced_split_map(device, S, H):
+    """V4 rows with a long compressed set (W >= 4096) and very different lengths take the
+    balanced split map: the long tokens get most of the T x S split slots, the last slots stay
+    idle, an empty token still gets its slot, and at S = 64 the longest token's share is capped at
+    256 splits."""
+    g = torch.Generator().manual_seed(70 + S + H)
+    T, W, ps, fmt = len(STRAGGLER_LENGTHS), 4608, 2, "fp8_ds_mla_v4"
+    idx, _ = make_indices(g, T, W, 3000 * ps, "scattered", None)
+    lengths = torch.tensor(STRAGGLER_LENGTHS, dtype=torch.int32)
+    cache = make_cache(g, fmt, 512, 3000, ps, idx, device)
+    q = torch.randn(T, H, 512, generator=g).to(torch.bfloat16)
+    run_check(q, cache, idx, fmt=fmt, scale=512 ** -0.5, device=device, num_splits=S, lengths=lengths,
+              sink=make_sink(g, H, "finite"))
+
+
+def test_balanced_split_map_with_window_set(device):
+    """A C128 layer's two sets: the compressed rows (main, W = 4096, lengths from 0 to the width)
+    and a sliding window (extra, page 256, its own lengths); the map balances their sum."""
+    g = torch.Generator().manual_seed(77)
+    T, H, W, fmt = 6, 16, 4096, "fp8_ds_mla_v4"
+    idx, _ = make_indices(g, T, W, 2100 * 2, "middle", None)
+    lengths = torch.tensor([4096, 0, 33, 2000, 1, 90], dtype=torch.int32)
+    cache = make_cache(g, fmt, 512, 2100, 2, idx, device)
+    e_idx, _ = make_indices(g, T, 128, 4 * 256, "none", None)
+    e_len = torch.tensor([128, 7, 0, 128, 64, 1], dtype=torch.int32)
+    e_cache = make_cache(g, fmt, 512, 4, 256, e_idx, device)
+    q = torch.randn(T, H, 512, generator=g).to(torch.bfloat16)
+    for S in (0, 5):
+        run_check(q, cache, idx, fmt=fmt, scale=0.06, device=device, num_splits=S, lengths=lengths,
+                  extra=dict(cache=e_cache, indices=e_idx, lengths=e_len), sink=make_sink(g, H, "mixed"))
+
+
 @pytest.mark.parametrize("fmt,d_qk", GEOMS)
 def test_extra_set_own_page_size(device, fmt, d_qk):
     g = torch.Generator().manual_seed(5)
@@ -813,6 +849,42 @@ def test_gpu_cuda_graph_replay_with_new_indices():
         torch.cuda.synchronize()
         ref_o, ref_l = reference.sparse_mla_decode(q.cpu(), _cpu_v4(cache), new_idx, kv_format=fmt, softmax_scale=0.05,
                                                    lengths=new_len, attn_sink=sink.cpu())
+        assert_close_rel(out, ref_o, torch.bfloat16)
+        check_lse(lse, ref_l)
+
+
+@requires_gpu
+def test_gpu_cuda_graph_replay_balanced_map():
+    """A captured call on the balanced split map (V4, W >= 4096, lengths) replays correctly after
+    the lengths go from equal (the uniform map) to one straggler and back to mixed."""
+    g = torch.Generator().manual_seed(29)
+    T, H, W, ps, fmt = 12, 16, 4608, 2, "fp8_ds_mla_v4"
+    num_pages = 3000
+    idx, _ = make_indices(g, T, W, num_pages * ps, "scattered", None)
+    cache = make_cache(g, fmt, 512, num_pages, ps, torch.arange(num_pages * ps), "cuda")
+    q = torch.randn(T, H, 512, generator=g).to(torch.bfloat16).cuda()
+    idx_d = idx.cuda()
+    len_d = torch.full((T,), W, dtype=torch.int32, device="cuda")
+    out, lse, ws = poisoned_buffers(T, H, 0, "cuda")
+    kw = dict(kv_format=fmt, softmax_scale=0.05, output=out, workspace=ws, lse=lse, lengths=len_d)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        mla_ext.sparse_mla_decode(q, cache, idx_d, **kw)  # warm-up
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=side):
+            mla_ext.sparse_mla_decode(q, cache, idx_d, **kw)
+    torch.cuda.current_stream().wait_stream(side)
+    straggler = torch.full((T,), 40, dtype=torch.int32)
+    straggler[3] = W
+    for new_len in (torch.full((T,), W, dtype=torch.int32), straggler,
+                    torch.randint(0, W + 1, (T,), generator=g, dtype=torch.int32)):
+        len_d.copy_(new_len)
+        poison_(out), poison_(lse), ws.fill_(0xFF)
+        graph.replay()
+        torch.cuda.synchronize()
+        ref_o, ref_l = reference.sparse_mla_decode(q.cpu(), _cpu_v4(cache), idx, kv_format=fmt, softmax_scale=0.05,
+                                                   lengths=new_len)
         assert_close_rel(out, ref_o, torch.bfloat16)
         check_lse(lse, ref_l)
 

@@ -130,14 +130,40 @@ MLA_EXT_ALWAYS_INLINE inline float hsum(f8 v) {
 
 struct Unit {
   int64_t t;
-  int s;
+  int s;        // split of the token, 0..n-1
+  int n;        // the token's splits (the split map, sparse_mla_decode.h)
+  int64_t q0;   // the token's first split slot
   int64_t h0, h1;
 };
+
+// The call's split map (sparse_mla_decode.h): first slot and slot count per token.
+void split_map(const SparseDecodeParams& p, std::vector<int64_t>& first, std::vector<int>& count) {
+  const int64_t T = p.num_tokens;
+  const int S = p.num_splits;
+  first.resize(size_t(T));
+  count.resize(size_t(T));
+  if (!decode_balanced(p)) {
+    for (int64_t t = 0; t < T; ++t) {
+      first[size_t(t)] = t * S;
+      count[size_t(t)] = S;
+    }
+    return;
+  }
+  int64_t total = 0;
+  for (int64_t t = 0; t < T; ++t) total += decode_token_cost(p, t);
+  int64_t q = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    first[size_t(t)] = q;
+    count[size_t(t)] = decode_token_slots(decode_token_cost(p, t), total, T, S);
+    q += count[size_t(t)];
+  }
+}
 
 // One (token, split, head range) unit. Compiled twice on x86-64 (run_unit below):
 // baseline SSE2 and AVX2+FMA, where the 8-wide vectors map onto one ymm register.
 MLA_EXT_ALWAYS_INLINE inline void run_unit_body(const SparseDecodeParams& p, const Unit& u, float* ws_out, float* ws_lse) {
   const int S = p.num_splits;
+  const int64_t N = p.num_tokens * S;  // split slots
   const int d_qk = p.d_qk;
   const int64_t H = p.num_heads;
   const int64_t t = u.t;
@@ -147,7 +173,7 @@ MLA_EXT_ALWAYS_INLINE inline void run_unit_body(const SparseDecodeParams& p, con
   const int64_t em = effective_len(p.main, t);
   const int64_t ee = effective_len(p.extra, t);
   int64_t lo, hi;
-  decode_split_range(em + ee, u.s, S, &lo, &hi);
+  decode_split_range(em + ee, u.s, u.n, &lo, &hi);
 
   // Per-thread scratch: q [nhp][d_qk] fp32, acc [nhp][512], K tile [kChunk][d_qk], weights,
   // running max / sum. nhp = nh rounded up to the head block (padded heads: q = 0, never written).
@@ -277,9 +303,9 @@ MLA_EXT_ALWAYS_INLINE inline void run_unit_body(const SparseDecodeParams& p, con
       for (int i = 0; i < kDV; ++i) o[i] = float_to_bf16(a[i] * inv);
       if (p.lse != nullptr) p.lse[t * p.lse_stride_token + h * p.lse_stride_head] = lse;
     } else {
-      float* o = ws_out + ((t * H + h) * S + u.s) * kDV;
+      float* o = ws_out + (h * N + u.q0 + u.s) * kDV;
       for (int i = 0; i < kDV; ++i) o[i] = a[i] * inv;
-      ws_lse[(t * H + h) * S + u.s] = lse;
+      ws_lse[h * N + u.q0 + u.s] = lse;
     }
   }
 }
@@ -310,11 +336,12 @@ inline void run_unit(const SparseDecodeParams& p, const Unit& u, float* ws_out, 
 #endif
 
 // Fold the splits of one (token, head) row (decode_reduce_kernel's rule).
-void reduce_row(const SparseDecodeParams& p, int64_t row, const float* ws_out, const float* ws_lse) {
+void reduce_row(const SparseDecodeParams& p, int64_t row, int64_t q0, int S, const float* ws_out,
+                const float* ws_lse) {
   const int64_t H = p.num_heads;
-  const int S = p.num_splits;
+  const int64_t N = p.num_tokens * p.num_splits;  // split slots
   const int64_t t = row / H, h = row % H;
-  const float* lse = ws_lse + row * S;
+  const float* lse = ws_lse + h * N + q0;
   float mx;
   const SplitMergeMode mode = split_merge_scan(lse, S, &mx);  // the GPU reduce's rule
   float o[kDV];
@@ -329,7 +356,7 @@ void reduce_row(const SparseDecodeParams& p, int64_t row, const float* ws_out, c
       const float w = expf(lse[i] - mx);
       L += w;
       if (w > 0.f) {
-        const float* v = ws_out + (row * S + i) * kDV;
+        const float* v = ws_out + (h * N + q0 + i) * kDV;
 #pragma omp simd
         for (int d = 0; d < kDV; ++d) o[d] += w * v[d];
       }
@@ -360,8 +387,19 @@ void sparse_mla_decode(const SparseDecodeParams& p, void* workspace) {
   (void)cpu_has_avx2_fma();
 #endif
 
+  // The split map, and the (token, split) pairs of the slots in use.
+  SparseDecodeParams q = p;
+  q.num_splits = S;
+  std::vector<int64_t> first;
+  std::vector<int> count;
+  std::vector<int64_t> slot_token;
+  if (S > 1) {
+    split_map(q, first, count);
+    for (int64_t t = 0; t < T; ++t)
+      for (int s = 0; s < count[size_t(t)]; ++s) slot_token.push_back(t);
+  }
   // CPU head groups: only when (token, split) units alone cannot feed every thread.
-  const int64_t units_ts = T * S;
+  const int64_t units_ts = S > 1 ? int64_t(slot_token.size()) : T;
   const int64_t threads = num_threads();
   int64_t groups = 1;
   if (units_ts < threads) {
@@ -373,16 +411,23 @@ void sparse_mla_decode(const SparseDecodeParams& p, void* workspace) {
   const int64_t heads_per_group = (H + groups - 1) / groups;
   groups = (H + heads_per_group - 1) / heads_per_group;
   const int64_t units = units_ts * groups;
-  SparseDecodeParams q = p;
-  q.num_splits = S;
 
 #pragma omp parallel for schedule(dynamic, 1) if (units > 1)
   for (int64_t i = 0; i < units; ++i) {
     Unit u;
     const int64_t g = i % groups;
     const int64_t ts = i / groups;
-    u.s = int(ts % S);
-    u.t = ts / S;
+    if (S > 1) {
+      u.t = slot_token[size_t(ts)];
+      u.q0 = first[size_t(u.t)];
+      u.s = int(ts - u.q0);
+      u.n = count[size_t(u.t)];
+    } else {
+      u.t = ts;
+      u.q0 = ts;
+      u.s = 0;
+      u.n = 1;
+    }
     u.h0 = g * heads_per_group;
     u.h1 = std::min(H, u.h0 + heads_per_group);
     run_unit(q, u, ws_out, ws_lse);
@@ -391,7 +436,10 @@ void sparse_mla_decode(const SparseDecodeParams& p, void* workspace) {
 
   const int64_t rows = T * H;
 #pragma omp parallel for schedule(static) if (rows > 16)
-  for (int64_t row = 0; row < rows; ++row) reduce_row(q, row, ws_out, ws_lse);
+  for (int64_t row = 0; row < rows; ++row) {
+    const int64_t t = row / H;
+    reduce_row(q, row, first[size_t(t)], count[size_t(t)], ws_out, ws_lse);
+  }
 }
 
 }  // namespace cpu

@@ -123,13 +123,106 @@ struct Cfg {
 
 struct DecodeArgs {
   SparseDecodeParams p;
-  float* ws_out;     // [T, H, S, 512] (S > 1)
-  float* ws_lse;     // [T, H, S]
+  float* ws_out;     // [H, T * S, 512] (S > 1; by split slot, sparse_mla_decode.h)
+  float* ws_lse;     // [H, T * S]
   int head_tile;     // HT
   int head_groups;   // HG
   float scale_log2;  // softmax_scale * log2(e)
   bool out_pairs;    // output pointer/strides allow 4-byte bf16 pair stores
+  bool balanced;     // decode_balanced(p): the balanced split map
 };
+
+// ---- balanced split map (sparse_mla_decode.h), computed by a whole block ----
+__device__ __forceinline__ int64_t shfl_xor_i64(int64_t v, int lane_mask) {
+  const int lo = int(uint32_t(uint64_t(v))), hi = int(uint32_t(uint64_t(v) >> 32));
+  const uint32_t lo2 = uint32_t(MLA_EXT_SHFL_XOR(lo, lane_mask));
+  const uint32_t hi2 = uint32_t(MLA_EXT_SHFL_XOR(hi, lane_mask));
+  return int64_t((uint64_t(hi2) << 32) | uint64_t(lo2));
+}
+
+// Sum of v over a block of NT threads; red: NT / kWarpSize int64 of shared
+// memory. Starts and ends with a barrier (red is free again on return).
+template <int NT>
+__device__ __forceinline__ int64_t block_sum_i64(int64_t v, int64_t* red) {
+  constexpr int NW = NT / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+#pragma unroll
+  for (int o = kWarpSize / 2; o > 0; o >>= 1) v += shfl_xor_i64(v, o);
+  __syncthreads();
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  int64_t total = 0;
+#pragma unroll
+  for (int w = 0; w < NW; ++w) total += red[w];  // same order in every thread: same sum
+  __syncthreads();
+  return total;
+}
+
+// The token owning split slot q under the balanced map, its first slot and its
+// slot count; false when q is idle. A split block (NT threads, num_tokens <=
+// kBalanceMaxTokens <= NT) calls it once, every thread; red: NT / kWarpSize + 4
+// int64 of shared memory.
+template <int NT>
+__device__ __forceinline__ bool balanced_slot_owner(const SparseDecodeParams& p, int64_t q, int64_t* t_out,
+                                                    int64_t* q0_out, int* n_out, int64_t* red) {
+  static_assert(NT >= kBalanceMaxTokens, "one token per thread");
+  constexpr int NW = NT / kWarpSize;
+  const int tid = threadIdx.x, lane = tid % kWarpSize, warp = tid / kWarpSize;
+  const int64_t T = p.num_tokens;
+  const int64_t c = tid < T ? decode_token_cost(p, tid) : 0;
+  const int64_t total = block_sum_i64<NT>(c, red);
+  const int n = tid < T ? decode_token_slots(c, total, T, p.num_splits) : 0;
+  int x = n;  // inclusive scan of n over the block
+#pragma unroll
+  for (int d = 1; d < kWarpSize; d <<= 1) {
+    const int y = MLA_EXT_SHFL(x, lane >= d ? lane - d : lane);
+    if (lane >= d) x += y;
+  }
+  if (lane == kWarpSize - 1) red[warp] = x;
+  if (tid == 0) red[NW] = -1;
+  __syncthreads();
+  int64_t incl = x;
+  for (int w = 0; w < warp; ++w) incl += red[w];
+  const int64_t excl = incl - n;
+  if (tid < T && q >= excl && q < incl) {
+    red[NW] = tid;
+    red[NW + 1] = excl;
+    red[NW + 2] = n;
+  }
+  __syncthreads();
+  const int64_t owner = red[NW];
+  *t_out = owner;
+  *q0_out = red[NW + 1];
+  *n_out = int(red[NW + 2]);
+  __syncthreads();  // red free again
+  return owner >= 0;
+}
+
+// The first slot and slot count of token t under the balanced map, for a block
+// of NT threads (the reduce); red: NT / kWarpSize int64 of shared memory.
+template <int NT>
+__device__ __forceinline__ void balanced_token_slots(const SparseDecodeParams& p, int64_t t, int64_t* q0_out,
+                                                     int* n_out, int64_t* red) {
+  constexpr int kPer = int((kBalanceMaxTokens + NT - 1) / NT);
+  const int64_t T = p.num_tokens;
+  int64_t c[kPer];
+  int64_t csum = 0;
+#pragma unroll
+  for (int k = 0; k < kPer; ++k) {
+    const int64_t u = threadIdx.x + int64_t(k) * NT;
+    c[k] = u < T ? decode_token_cost(p, u) : 0;
+    csum += c[k];
+  }
+  const int64_t total = block_sum_i64<NT>(csum, red);
+  int64_t before = 0;  // slots of the tokens before t
+#pragma unroll
+  for (int k = 0; k < kPer; ++k) {
+    const int64_t u = threadIdx.x + int64_t(k) * NT;
+    if (u < T && u < t) before += decode_token_slots(c[k], total, T, p.num_splits);
+  }
+  *q0_out = block_sum_i64<NT>(before, red);
+  *n_out = decode_token_slots(decode_token_cost(p, t), total, T, p.num_splits);
+}
 
 // ---- small numeric helpers (pack_bf16x2: numerics.h) ----
 // e4m3 byte (low 8 bits of b) -> fp32, exact (numerics.h), without branches:
@@ -457,8 +550,21 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
   uint32_t bid = blockIdx.x;
   const int hg = int(bid % uint32_t(HG));
   bid /= uint32_t(HG);
-  const int s = int(bid % uint32_t(S));
-  const int64_t t = int64_t(bid / uint32_t(S));
+  // This block's split slot q = t * S + s; under the uniform map token t owns
+  // slots [t * S, t * S + S), under the balanced one the block finds the owner.
+  int s = int(bid % uint32_t(S));
+  int64_t t = int64_t(bid / uint32_t(S));
+  int ns = S;            // splits of the token
+  int64_t q0 = t * S;    // its first slot
+  if (kv_layout(F) == KvFormat::kFP8DsMlaV4 && a.balanced) {  // block-uniform; V4 formats only (decode_balanced)
+    int64_t owner;
+    if (!balanced_slot_owner<kThreads>(p, t * S + s, &owner, &q0, &ns,
+                                       reinterpret_cast<int64_t*>(smem + C::sOff))) {
+      return;  // idle slot: nothing to compute, no workspace cell of its own
+    }
+    s = int(t * S + s - q0);
+    t = owner;
+  }
   const int64_t H = p.num_heads;
   const int64_t h0 = int64_t(hg) * a.head_tile;
   const int nh = int((H - h0) < a.head_tile ? (H - h0) : a.head_tile);
@@ -467,7 +573,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
   const int64_t ee = effective_len(p.extra, t);
   const int64_t E = em + ee;
   int64_t p_lo, p_hi;
-  decode_split_range(E, s, S, &p_lo, &p_hi);
+  decode_split_range(E, s, ns, &p_lo, &p_hi);
   const int ntiles = int((p_hi - p_lo + BN - 1) / BN);
 
   const uint16_t* qt = p.q + t * p.q_stride_token + h0 * p.q_stride_head;
@@ -779,6 +885,10 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
 
   // ---- end of split: per-row scale (1/D or 1/l) and lse ----
   const bool final_out = S == 1;
+  // Workspace cell of head h: h * (T * S) + this block's split slot (blockIdx.x / HG
+  // under either map), recomputed here rather than kept live through the tile loop.
+  const int64_t NQ = p.num_tokens * S;
+  const int64_t slot = int64_t(blockIdx.x / uint32_t(HG));
   if (ssub == 0) {
     float inv = 0.f, lse = neg_inf();
     if (row_l > 0.f || is_nan(row_l)) {  // NaN scores: NaN output and lse (the CPU twin's rule)
@@ -796,7 +906,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
       if (final_out) {
         if (p.lse != nullptr) p.lse[t * p.lse_stride_token + h * p.lse_stride_head] = lse;
       } else {
-        a.ws_lse[(t * H + h) * S + s] = lse;
+        a.ws_lse[h * NQ + slot] = lse;
       }
     }
   }
@@ -816,7 +926,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
         o[1] = uint16_t(pk >> 16);
       }
     } else {
-      float* o = a.ws_out + ((t * H + h) * S + s) * kDV + col;
+      float* o = a.ws_out + (h * NQ + slot) * kDV + col;
       *reinterpret_cast<float2*>(o) = make_float2(v0 * inv, v1 * inv);
     }
   };
@@ -837,7 +947,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
         const int64_t h = h0 + row;
         const float inv = inv_s[row];
         if (!final_out) {
-          float* o = a.ws_out + ((t * H + h) * S + s) * kDV + col0;
+          float* o = a.ws_out + (h * NQ + slot) * kDV + col0;
 #pragma unroll
           for (int n = 0; n < 8; ++n) {
             const float* c = acc + (m * 8 + n) * 4 + 2 * hf;
@@ -893,6 +1003,7 @@ struct ReduceArgs {
   const float* ws_out;
   const float* ws_lse;
   bool out_vec4;  // 8-byte bf16x4 stores allowed
+  bool balanced;  // decode_balanced(p): the balanced split map
 };
 
 constexpr int kReduceThreads = kDV / 4;
@@ -915,11 +1026,19 @@ template <bool BLOCK_SCAN, int BATCH = 8>
 __global__ void __launch_bounds__(kReduceThreads) decode_reduce_kernel(const ReduceArgs a) {
   const SparseDecodeParams& p = a.p;
   const int64_t H = p.num_heads;
-  const int S = p.num_splits;
   const int64_t row = blockIdx.x;  // t * H + h
   const int64_t t = row / H, h = row - (row / H) * H;
   const int tid = threadIdx.x;
-  const float* lse = a.ws_lse + row * S;
+  // The token's split slots (sparse_mla_decode.h split map): S of them from q0.
+  const int64_t NQ = p.num_tokens * p.num_splits;
+  int S = p.num_splits;
+  int64_t q0 = t * S;
+  if (a.balanced) {
+    __shared__ int64_t s_bal[kReduceWarps];
+    balanced_token_slots<kReduceThreads>(p, t, &q0, &S, s_bal);
+  }
+  const float* lse = a.ws_lse + h * NQ + q0;
+  const float* parts = a.ws_out + (h * NQ + q0) * kDV;  // split i's partial: parts + i * kDV
   const int col = tid * 4;
   float o[4] = {0.f, 0.f, 0.f, 0.f};
   float out_lse = neg_inf();
@@ -957,7 +1076,7 @@ __global__ void __launch_bounds__(kReduceThreads) decode_reduce_kernel(const Red
           v[u] = make_float4(0.f, 0.f, 0.f, 0.f);
           if (i < S) {
             w[u] = expf(lse[i] - mx);
-            v[u] = *reinterpret_cast<const float4*>(a.ws_out + (row * S + i) * kDV + col);
+            v[u] = *reinterpret_cast<const float4*>(parts + int64_t(i) * kDV + col);
           }
         }
 #pragma unroll
@@ -1024,7 +1143,7 @@ __global__ void __launch_bounds__(kReduceThreads) decode_reduce_kernel(const Red
 #pragma unroll
       for (int w = 1; w < kReduceWarps; ++w) L += s_sum[w];
       constexpr int kBatch = 16;
-      const float* part_out = a.ws_out + row * S * kDV + col;
+      const float* part_out = parts + col;
       for (int i0 = 0; i0 < S; i0 += kBatch) {
         float4 v[kBatch];
 #pragma unroll
@@ -1178,6 +1297,7 @@ inline Status launch_sparse_mla_decode(const SparseDecodeParams& p, void* worksp
   a.scale_log2 = p.softmax_scale * kLog2e;
   a.out_pairs = (reinterpret_cast<uintptr_t>(p.output) & 3u) == 0 && (p.output_stride_token & 1) == 0 &&
                 (p.output_stride_head & 1) == 0;
+  a.balanced = decode_balanced(p);
 
   // Tensor cores on NVIDIA sm_80+ unless forced portable (the tensor-core
   // kernels' shared-memory requests exceed what older GPUs have); HIP always portable.
@@ -1195,11 +1315,14 @@ inline Status launch_sparse_mla_decode(const SparseDecodeParams& p, void* worksp
   r.ws_lse = a.ws_lse;
   r.out_vec4 = (reinterpret_cast<uintptr_t>(p.output) & 7u) == 0 && (p.output_stride_token & 3) == 0 &&
                (p.output_stride_head & 3) == 0;
+  r.balanced = a.balanced;
   // A programmatic dependent launch of this reduce (overlapping its launch with
   // the split kernel's tail) was measured slower on the H200 (31 -> 36 us at
   // T = 1, 64 splits), so it is an ordinary launch.
   if (S >= kReduceBlockScanSplits)
     decode_reduce_kernel<true><<<dim3(uint32_t(T * H)), dim3(kReduceThreads), 0, stream>>>(r);
+  else if (a.balanced)  // a token may own many more than S splits
+    decode_reduce_kernel<false, 8><<<dim3(uint32_t(T * H)), dim3(kReduceThreads), 0, stream>>>(r);
   else if (S <= 2)
     decode_reduce_kernel<false, 2><<<dim3(uint32_t(T * H)), dim3(kReduceThreads), 0, stream>>>(r);
   else if (S <= 4)

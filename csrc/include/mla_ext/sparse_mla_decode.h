@@ -184,6 +184,45 @@ MLA_EXT_HD int64_t effective_len(const KvSet& s, int64_t t) {
   return n;
 }
 
+// ---------------------------------------------------------------------------
+// Split map: the split slots each token owns. A call with S > 1 splits has
+// T * S slots (one GPU block per slot and head group, one workspace cell per
+// slot and head). Uniform map: token t owns slots [t * S, t * S + S).
+// Balanced map (decode_balanced): token t owns
+//   n_t = min(kMaxSplits, 1 + floor(T * (S - 1) * c_t / sum_u c_u))
+// consecutive slots from sum_{u<t} n_u, where c_t = max(1, E_t) is its effective
+// length, so a long row among short ones gets more splits instead of setting
+// the call's time; slots past sum_u n_u stay idle. The map depends on the
+// lengths (content), but only inside the kernels: grid, workspace and split
+// count stay shape-only. Equal lengths give the uniform map exactly.
+// ---------------------------------------------------------------------------
+constexpr int64_t kBalanceMaxTokens = 256;  // one token per thread of a split block
+constexpr int64_t kBalanceMinWidth = 4096;  // W_main + W_extra: long compressed rows (V4 C128)
+
+// Whether a call uses the balanced map: a V4 FP8 cache format (the C128 layers'
+// long compressed rows; the other kernels keep their registers for the tile
+// loop), S > 1, 2..kBalanceMaxTokens tokens, a lengths array on some set, and
+// index widths summing to >= kBalanceMinWidth.
+MLA_EXT_HD bool decode_balanced(const SparseDecodeParams& p) {
+  if (kv_layout(p.kv_format) != KvFormat::kFP8DsMlaV4) return false;
+  const bool has_lengths = (p.main.lengths != nullptr && p.main.cache != nullptr) ||
+                           (p.extra.lengths != nullptr && p.extra.cache != nullptr);
+  const int64_t w = (p.main.cache != nullptr ? p.main.width : 0) + (p.extra.cache != nullptr ? p.extra.width : 0);
+  return p.num_splits > 1 && p.num_tokens >= 2 && p.num_tokens <= kBalanceMaxTokens && has_lengths &&
+         w >= kBalanceMinWidth;
+}
+
+MLA_EXT_HD int64_t decode_token_cost(const SparseDecodeParams& p, int64_t t) {
+  const int64_t e = effective_len(p.main, t) + effective_len(p.extra, t);
+  return e > 0 ? e : 1;
+}
+
+// Slots of a token of cost `cost` in a balanced call whose costs sum to `total`.
+MLA_EXT_HD int decode_token_slots(int64_t cost, int64_t total, int64_t num_tokens, int num_splits) {
+  const int64_t n = 1 + num_tokens * (num_splits - 1) * cost / total;
+  return n > kMaxSplits ? kMaxSplits : int(n);
+}
+
 MLA_EXT_HD void decode_split_range(int64_t num_positions, int64_t s, int64_t num_splits, int64_t* lo,
                                    int64_t* hi) {
   // Every real call lands in the 32-bit branch (fewer than 2^23 positions, at
@@ -231,9 +270,10 @@ MLA_EXT_HD float split_merge_finish(float L, float max_lse, const float* sink, f
 }
 
 // ---------------------------------------------------------------------------
-// Workspace layout for num_splits > 1 (fp32, 256-byte aligned sections):
-//   partial_out [num_tokens, num_heads, num_splits, 512]  (normalised per split)
-//   partial_lse [num_tokens, num_heads, num_splits]       (m + log(l); -inf = empty split)
+// Workspace layout for num_splits > 1 (fp32, 256-byte aligned sections), by
+// split slot q in [0, num_tokens * num_splits) (the split map above):
+//   partial_out [num_heads, num_tokens * num_splits, 512]  (normalised per split)
+//   partial_lse [num_heads, num_tokens * num_splits]       (m + log(l); -inf = empty split)
 // With one split no workspace is used (the partial kernel writes the final result).
 // ---------------------------------------------------------------------------
 inline size_t align256(size_t n) { return (n + 255) & ~size_t(255); }
