@@ -819,6 +819,19 @@ def test_gpu_many_tokens(kind):
     check_lse(lse, ref_l.cpu(), kv_format=inp.kv_format)
 
 
+def capture_decode_graph(q, cache, idx, kw):
+    """A CUDA graph of one sparse_mla_decode call, captured on a side stream after a warm-up call."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        mla_ext.sparse_mla_decode(q, cache, idx, **kw)  # warm-up
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=side):
+            mla_ext.sparse_mla_decode(q, cache, idx, **kw)
+    torch.cuda.current_stream().wait_stream(side)
+    return graph
+
+
 @requires_gpu
 def test_gpu_cuda_graph_replay_with_new_indices():
     g = torch.Generator().manual_seed(23)
@@ -832,14 +845,7 @@ def test_gpu_cuda_graph_replay_with_new_indices():
     out, lse, ws = poisoned_buffers(T, H, 0, "cuda")
     sink = torch.randn(H, generator=g).cuda()
     kw = dict(kv_format=fmt, softmax_scale=0.05, output=out, workspace=ws, lse=lse, lengths=len_d, attn_sink=sink)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        mla_ext.sparse_mla_decode(q, cache, idx_d, **kw)  # warm-up
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=side):
-            mla_ext.sparse_mla_decode(q, cache, idx_d, **kw)
-    torch.cuda.current_stream().wait_stream(side)
+    graph = capture_decode_graph(q, cache, idx_d, kw)
     for rep in range(3):
         new_idx, new_len = make_indices(g, T, W, num_pages * ps, ["scattered", "trailing", "all_rows"][rep], "random")
         idx_d.copy_(new_idx)
@@ -867,14 +873,7 @@ def test_gpu_cuda_graph_replay_balanced_map():
     len_d = torch.full((T,), W, dtype=torch.int32, device="cuda")
     out, lse, ws = poisoned_buffers(T, H, 0, "cuda")
     kw = dict(kv_format=fmt, softmax_scale=0.05, output=out, workspace=ws, lse=lse, lengths=len_d)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        mla_ext.sparse_mla_decode(q, cache, idx_d, **kw)  # warm-up
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=side):
-            mla_ext.sparse_mla_decode(q, cache, idx_d, **kw)
-    torch.cuda.current_stream().wait_stream(side)
+    graph = capture_decode_graph(q, cache, idx_d, kw)
     straggler = torch.full((T,), 40, dtype=torch.int32)
     straggler[3] = W
     for new_len in (torch.full((T,), W, dtype=torch.int32), straggler,

@@ -391,17 +391,26 @@ struct Gather {
   uint4 raw[kUF + kUR];
   uint32_t sraw[kFp8 ? kUF : 1];  // raw scale bits (UE8M0 byte / fp32 bits), decoded at store
 
+  // This thread's unit k of a set of UNITS units, PER_ROW chunks per row: its row
+  // and chunk, or false past the end of the set.
+  template <int UNITS, int PER_ROW>
+  static __device__ __forceinline__ bool unit(int tid, int k, int& row, int& c) {
+    const int u = tid + k * kThreads;
+    if ((UNITS % kThreads) != 0 && u >= UNITS) return false;
+    row = u / PER_ROW;
+    c = u - row * PER_ROW;
+    return true;
+  }
+
   // Only loads here: nothing consumes a loaded value before store(), so every
   // load of the tile is in flight at once (no per-load latency chain).
   __device__ __forceinline__ void load(const uint8_t* const* data, const uint8_t* const* scale, int tid) {
 #pragma unroll
     for (int k = 0; k < kUF; ++k) {
-      const int u = tid + k * kThreads;
       raw[k] = make_uint4(0u, 0u, 0u, 0u);
       if (kFp8) sraw[kFp8 ? k : 0] = 0u;
-      if ((kUnitsF % kThreads) != 0 && u >= kUnitsF) continue;
-      const int row = u / kNF;
-      const int c = u - row * kNF;
+      int row, c;
+      if (!unit<kUnitsF, kNF>(tid, k, row, c)) continue;
       const uint8_t* d = data[row];
       if (d == nullptr) continue;
       if (!SPLIT && kFp8 && c >= FT::kFp8Chunks) {
@@ -419,11 +428,9 @@ struct Gather {
     }
 #pragma unroll
     for (int k = 0; k < kUR; ++k) {
-      const int u = tid + k * kThreads;
       raw[kUF + k] = make_uint4(0u, 0u, 0u, 0u);
-      if ((kUnitsR % kThreads) != 0 && u >= kUnitsR) continue;
-      const int row = u / kNRd;
-      const int c = u - row * kNRd;
+      int row, c;
+      if (!unit<kUnitsR, kNRd>(tid, k, row, c)) continue;
       const uint8_t* d = data[row];
       if (d == nullptr) continue;
       raw[kUF + k] = *reinterpret_cast<const uint4*>(d + FT::kRopeByte + 16 * c);
@@ -442,10 +449,8 @@ struct Gather {
     const uint4 z = make_uint4(0u, 0u, 0u, 0u);
 #pragma unroll
     for (int k = 0; k < kUF; ++k) {
-      const int u = tid + k * kThreads;
-      if ((kUnitsF % kThreads) != 0 && u >= kUnitsF) continue;
-      const int row = u / kNF;
-      const int c = u - row * kNF;
+      int row, c;
+      if (!unit<kUnitsF, kNF>(tid, k, row, c)) continue;
       if (SKIP && row >= zero_end) continue;
       uint16_t* krow = K + size_t(row) * kst;
       if (!kFp8) {
@@ -483,10 +488,8 @@ struct Gather {
     }
 #pragma unroll
     for (int k = 0; k < kUR; ++k) {
-      const int u = tid + k * kThreads;
-      if ((kUnitsR % kThreads) != 0 && u >= kUnitsR) continue;
-      const int row = u / kNRd;
-      const int c = u - row * kNRd;
+      int row, c;
+      if (!unit<kUnitsR, kNRd>(tid, k, row, c)) continue;
       if (SKIP && row >= zero_end) continue;
       *reinterpret_cast<uint4*>(K + size_t(row) * kst + FT::kRopeDim + 8 * c) =
           (SKIP && row >= live) ? z : raw[kUF + k];
