@@ -266,7 +266,7 @@ def test_one_token_long_row(device, H, S):
 STRAGGLER_LENGTHS = [4608, 17, 0, 300, 5, 4000, 64, 1, 129]
 
 
-@pytest.mark.parametrize("S,H", [(0, 16), (3, 16), (16, 16), (40, 16), (64, 16), (0, 64)])
+@pytest.mark.parametrize("S,H", [(0, 16), (3, 16), (16, 16), (40, 16), (64, 16), (0, 64), (5, 128)])
 def test_balanced_split_map(device, S, H):
     """V4 rows with a long compressed set (W >= 4096) and very different lengths take the
     balanced split map: the long tokens get most of the T x S split slots, the last slots stay
@@ -280,6 +280,22 @@ def test_balanced_split_map(device, S, H):
     q = torch.randn(T, H, 512, generator=g).to(torch.bfloat16)
     run_check(q, cache, idx, fmt=fmt, scale=512 ** -0.5, device=device, num_splits=S, lengths=lengths,
               sink=make_sink(g, H, "finite"))
+
+
+def test_balanced_split_map_fnuz_and_portable(device):
+    """The balanced map on the e4m3fnuz V4 format, and on a GPU through the portable kernels."""
+    g = torch.Generator().manual_seed(78)
+    T, H, W, ps, fmt = len(STRAGGLER_LENGTHS), 16, 4608, 2, "fp8_ds_mla_v4_fnuz"
+    idx, _ = make_indices(g, T, W, 3000 * ps, "scattered", None)
+    lengths = torch.tensor(STRAGGLER_LENGTHS, dtype=torch.int32)
+    cache = make_cache(g, fmt, 512, 3000, ps, idx, device)
+    q = torch.randn(T, H, 512, generator=g).to(torch.bfloat16)
+    for portable in ([False, True] if device != "cpu" else [False]):
+        prev = torch.ops.mla_ext._set_force_portable(portable)
+        try:
+            run_check(q, cache, idx, fmt=fmt, scale=0.05, device=device, num_splits=0, lengths=lengths)
+        finally:
+            torch.ops.mla_ext._set_force_portable(prev)
 
 
 def test_balanced_split_map_with_window_set(device):

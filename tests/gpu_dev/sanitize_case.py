@@ -90,5 +90,35 @@ for kind in kinds:
                 bad += not ok
                 print(f"decode {kind:8s} H={heads:3d} portable={portable!s:5s} splits={splits}: "
                       f"out err {eo:.3g} lse err {el:.3g} {'ok' if ok else 'FAIL'}")
+# the balanced split map (V4, index width >= 4096, lengths very different), auto and explicit splits
+if "v4_c128" in kinds:
+    from mla_ext import formats
+    g = torch.Generator().manual_seed(5)
+    T, H, W, ps, pages = 9, 16, 4608, 2, 3000
+    lengths = torch.tensor([4608, 17, 0, 300, 5, 4000, 64, 1, 129], dtype=torch.int32)
+    idx = torch.randint(0, pages * ps, (T, W), generator=g, dtype=torch.int32)
+    cache = formats.alloc_kv_cache("fp8_ds_mla_v4", pages, ps, 512, device="cpu")
+    slots = torch.unique(idx.reshape(-1).to(torch.int64))
+    formats.write_kv_rows(cache, "fp8_ds_mla_v4", slots, torch.randn(slots.numel(), 512, generator=g))
+    q = torch.randn(T, H, 512, generator=g).to(torch.bfloat16)
+    ref_o, ref_l = reference.sparse_mla_decode(q, cache, idx, kv_format="fp8_ds_mla_v4", softmax_scale=0.05,
+                                               lengths=lengths)
+    base = cache.as_strided((pages * cache.stride(0),), (1,), 0).to(dev)  # keep the padded page stride
+    cache_d = base.as_strided(cache.shape, cache.stride(), 0)
+    for splits in (0, 5):
+        out = torch.full((T, H, 512), float("nan"), device=dev, dtype=torch.bfloat16)
+        lse = torch.full((T, H), float("nan"), device=dev)
+        ws = torch.empty(mla_ext.sparse_mla_decode_workspace_size(T, H, num_splits=splits, device=dev),
+                         dtype=torch.uint8, device=dev).fill_(0xFF)
+        mla_ext.sparse_mla_decode(q.to(dev), cache_d, idx.to(dev), kv_format="fp8_ds_mla_v4", softmax_scale=0.05,
+                                  output=out, workspace=ws, lse=lse, lengths=lengths.to(dev), num_splits=splits)
+        if dev == "cuda":
+            torch.cuda.synchronize()
+        eo = ((out.double().cpu() - ref_o).abs().max() / ref_o.abs().max()).item()
+        fin = torch.isfinite(ref_l)
+        el = (lse.double().cpu()[fin] - ref_l[fin]).abs().max().item()
+        ok = eo < 1.6e-2 and el < 1e-2 and torch.equal(torch.isfinite(lse.cpu()), fin)
+        bad += not ok
+        print(f"decode balanced map splits={splits}: out err {eo:.3g} lse err {el:.3g} {'ok' if ok else 'FAIL'}")
 print("FAILED" if bad else "all ok")
 sys.exit(1 if bad else 0)
