@@ -557,10 +557,9 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
   // slots [t * S, t * S + S), under the balanced one the block finds the owner.
   int s = int(bid % uint32_t(S));
   int64_t t = int64_t(bid / uint32_t(S));
-  int ns = S;            // splits of the token
-  int64_t q0 = t * S;    // its first slot
+  int ns = S;  // splits of the token
   if (kv_layout(F) == KvFormat::kFP8DsMlaV4 && a.balanced) {  // block-uniform; V4 formats only (decode_balanced)
-    int64_t owner;
+    int64_t owner, q0;  // the slot's token and that token's first slot
     if (!balanced_slot_owner<kThreads>(p, t * S + s, &owner, &q0, &ns,
                                        reinterpret_cast<int64_t*>(smem + C::sOff))) {
       return;  // idle slot: nothing to compute, no workspace cell of its own
