@@ -390,14 +390,21 @@ void sparse_mla_decode(const SparseDecodeParams& p, void* workspace) {
   // The split map, and the (token, split) pairs of the slots in use.
   SparseDecodeParams q = p;
   q.num_splits = S;
-  std::vector<int64_t> first;
-  std::vector<int> count;
-  std::vector<int64_t> slot_token;
+  // (reused across calls on this host thread: no allocation once they are large enough)
+  thread_local std::vector<int64_t> first;
+  thread_local std::vector<int> count;
+  thread_local std::vector<int64_t> slot_token;
+  slot_token.clear();
   if (S > 1) {
     split_map(q, first, count);
     for (int64_t t = 0; t < T; ++t)
       for (int s = 0; s < count[size_t(t)]; ++s) slot_token.push_back(t);
   }
+  // The parallel regions below read the map through these (thread_local names
+  // would name each worker thread's own, empty vectors there).
+  const int64_t* map_first = first.data();
+  const int* map_count = count.data();
+  const int64_t* map_token = slot_token.data();
   // CPU head groups: only when (token, split) units alone cannot feed every thread.
   const int64_t units_ts = S > 1 ? int64_t(slot_token.size()) : T;
   const int64_t threads = num_threads();
@@ -418,10 +425,10 @@ void sparse_mla_decode(const SparseDecodeParams& p, void* workspace) {
     const int64_t g = i % groups;
     const int64_t ts = i / groups;
     if (S > 1) {
-      u.t = slot_token[size_t(ts)];
-      u.q0 = first[size_t(u.t)];
+      u.t = map_token[ts];
+      u.q0 = map_first[u.t];
       u.s = int(ts - u.q0);
-      u.n = count[size_t(u.t)];
+      u.n = map_count[u.t];
     } else {
       u.t = ts;
       u.q0 = ts;
@@ -438,7 +445,7 @@ void sparse_mla_decode(const SparseDecodeParams& p, void* workspace) {
 #pragma omp parallel for schedule(static) if (rows > 16)
   for (int64_t row = 0; row < rows; ++row) {
     const int64_t t = row / H;
-    reduce_row(q, row, first[size_t(t)], count[size_t(t)], ws_out, ws_lse);
+    reduce_row(q, row, map_first[t], map_count[t], ws_out, ws_lse);
   }
 }
 
