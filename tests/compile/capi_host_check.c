@@ -31,7 +31,25 @@ int main(void) {
   EXPECT(mla_ext_sparse_mla_decode_workspace_size(1LL << 62, 4, 2) == MLA_EXT_INVALID_SIZE, "overflow");
   EXPECT(mla_ext_sparse_mla_decode_workspace_size_for(64, 16, -5, 132) == MLA_EXT_INVALID_SIZE, "negative splits");
   EXPECT(mla_ext_sparse_mla_decode_workspace_size_for(64, 16, 0, 132) > 0, "automatic splits on 132 SMs");
-  EXPECT(mla_ext_sparse_mla_decode_num_splits(1, 16, 640, 132) >= 1, "num_splits with an explicit SM count");
+  EXPECT(mla_ext_sparse_mla_decode_num_splits(1, 16, 640, 132) == 20, "640 entries: 32-entry splits");
+  /* tile rounding: 8320 entries over 64 splits would walk 3 tiles of 64; 65 splits walk 2 */
+  EXPECT(mla_ext_sparse_mla_decode_num_splits(1, 16, 8320, 132) == 65, "C128 row, 16 heads: 65 splits");
+  EXPECT(mla_ext_sparse_mla_decode_num_splits(1, 128, 8320, 132) == 65, "C128 row, 2 head groups: 130 blocks");
+  EXPECT(mla_ext_sparse_mla_decode_num_splits(64, 16, 8320, 132) == 4, "64 tokens: 4 splits");
+  /* the automatic split count always fits the workspace sized for automatic splits */
+  {
+    static const long long heads[] = {1, 8, 16, 64, 65, 128};
+    int ok = 1;
+    for (long long T = 1; T <= 140 && ok; ++T)
+      for (int hi = 0; hi < 6 && ok; ++hi)
+        for (long long W = 1; W <= 20000 && ok; W += (W < 512 ? 1 : 61)) {
+          const int s = mla_ext_sparse_mla_decode_num_splits(T, heads[hi], W, 132);
+          ok = s >= 1 && s <= 256 &&
+               mla_ext_sparse_mla_decode_workspace_size(T, heads[hi], s) <=
+                   mla_ext_sparse_mla_decode_workspace_size_for(T, heads[hi], 0, 132);
+        }
+    EXPECT(ok, "automatic splits within the automatic workspace");
+  }
 
   /* merge: an FP8 output without a scale fails even with nothing to merge */
   {
