@@ -116,9 +116,8 @@ def merge_attn_states(
             contiguous, tensors are on different devices, ``output_lse`` has the
             wrong shape or shares memory with an input LSE, an FP8 output comes
             without ``output_scale`` (or a scale with a non-FP8 output),
-            ``output_scale`` is not float32 / not one
-            element / on another device, ``prefill_tokens_with_context < 0``, or
-            head_size is 2^31 or more.
+            ``output_scale`` is not float32 / not one element / on another device,
+            ``prefill_tokens_with_context < 0``, or head_size is 2^31 or more.
     """
     _merge_op(output, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse,
               None if prefill_tokens_with_context is None else int(prefill_tokens_with_context), output_scale)
@@ -179,7 +178,8 @@ def merge_attn_states_n(
         RuntimeError: before anything is written, naming the argument, when ``values`` is
             not 4-D ``[num_states, *output.shape]`` or has no state, dtypes differ or are
             not float32/float16/bfloat16, ``lses`` / ``output_lse`` are not float32 or have
-            the wrong shape, ``output_lse`` shares memory with ``lses``, a last dim is not contiguous, ``attn_sink`` is not float32
-            ``[num_heads]``, or tensors are on different devices.
+            the wrong shape, ``output_lse`` shares memory with ``lses``, a last dim is not
+            contiguous, ``attn_sink`` is not float32 ``[num_heads]``, or tensors are on
+            different devices.
     """
     _merge_n_op(output, output_lse, values, lses, attn_sink)

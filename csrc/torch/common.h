@@ -134,6 +134,11 @@ inline bool may_share_elements(const F32View& a, const F32View& b) {
   return (gap / 4) % g == 0;
 }
 
+// A [num_tokens, num_heads] LSE as an F32View.
+inline F32View lse_view(const float* ptr, int64_t T, int64_t H, int64_t stride_token, int64_t stride_head) {
+  return F32View{ptr, {T, H, 1}, {stride_token, stride_head, 0}, 2};
+}
+
 // The GPU kernels read a row's input LSEs from several threads (and blocks) while one thread
 // writes its output LSE, so an output LSE sharing elements with an input LSE is refused.
 inline void check_lse_disjoint(const char* op, const F32View& out, const F32View& in, const char* in_name) {
@@ -272,10 +277,10 @@ inline mla_ext::MergeParams make_merge_params(const Tensor& output,
   p.suffix_lse_stride_token = suffix_lse.stride(0);
   p.suffix_lse_stride_head = suffix_lse.stride(1);
   if (p.output_lse != nullptr) {
-    const F32View ol{p.output_lse, {T, H, 1}, {p.output_lse_stride_token, p.output_lse_stride_head, 0}, 2};
-    check_lse_disjoint(op, ol, F32View{p.prefix_lse, {T, H, 1}, {p.prefix_lse_stride_token, p.prefix_lse_stride_head, 0}, 2},
+    const F32View ol = lse_view(p.output_lse, T, H, p.output_lse_stride_token, p.output_lse_stride_head);
+    check_lse_disjoint(op, ol, lse_view(p.prefix_lse, T, H, p.prefix_lse_stride_token, p.prefix_lse_stride_head),
                        "prefix_lse");
-    check_lse_disjoint(op, ol, F32View{p.suffix_lse, {T, H, 1}, {p.suffix_lse_stride_token, p.suffix_lse_stride_head, 0}, 2},
+    check_lse_disjoint(op, ol, lse_view(p.suffix_lse, T, H, p.suffix_lse_stride_token, p.suffix_lse_stride_head),
                        "suffix_lse");
   }
   return p;
@@ -349,7 +354,7 @@ inline mla_ext::MergeNParams make_merge_n_params(const Tensor& output, const std
   p.lses_stride_token = lses.stride(1);
   p.lses_stride_head = lses.stride(2);
   if (p.output_lse != nullptr)
-    check_lse_disjoint(op, F32View{p.output_lse, {T, H, 1}, {p.output_lse_stride_token, p.output_lse_stride_head, 0}, 2},
+    check_lse_disjoint(op, lse_view(p.output_lse, T, H, p.output_lse_stride_token, p.output_lse_stride_head),
                        F32View{p.lses, {S, T, H}, {p.lses_stride_state, p.lses_stride_token, p.lses_stride_head}, 3},
                        "lses");
   return p;
