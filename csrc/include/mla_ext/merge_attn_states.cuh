@@ -96,12 +96,11 @@ __device__ __forceinline__ VecN<typename O::storage, VEC> merge_chunk(const Merg
 // row's output LSE. O writes the output element (SameOutput: the input dtype;
 // Fp8Output: scaled, saturated e4m3). Tokens at or after merge_tokens copy the
 // suffix and never read the prefix.
-template <typename E, typename O, int VEC, int THREADS>
-__global__ void __launch_bounds__(THREADS) merge_attn_states_kernel(MergeKernelArgs k) {
+template <typename E, typename O, int VEC>
+__device__ __forceinline__ void merge_attn_states_chunk(const MergeKernelArgs& k, uint32_t idx) {
   using S = typename E::storage;
   using V = VecN<S, VEC>;
   using VO = VecN<typename O::storage, VEC>;
-  const uint32_t idx = blockIdx.x * THREADS + threadIdx.x;
   if (idx >= k.num_chunks) return;
   const MergeParams& p = k.p;
   const uint32_t row = k.div_chunks.div(idx);
@@ -119,6 +118,7 @@ __global__ void __launch_bounds__(THREADS) merge_attn_states_kernel(MergeKernelA
     if (t >= k.num_tokens) return;
   }
   const bool merge = t < k.merge_tokens;
+  wait_for_prior_grids();  // the first global memory access follows
   const V b = *reinterpret_cast<const V*>(static_cast<const S*>(p.suffix_output) + int64_t(t) * p.suffix_stride_token +
                                           int64_t(h) * p.suffix_stride_head + c * VEC);
   V a{};
@@ -134,6 +134,11 @@ __global__ void __launch_bounds__(THREADS) merge_attn_states_kernel(MergeKernelA
                          int64_t(h) * p.output_stride_head + c * VEC) = merge_chunk<E, O, VEC>(r, a, b, inv_scale);
   if (p.output_lse != nullptr && c == 0)
     p.output_lse[int64_t(t) * p.output_lse_stride_token + int64_t(h) * p.output_lse_stride_head] = r.lse;
+}
+
+template <typename E, typename O, int VEC, int THREADS>
+__global__ void __launch_bounds__(THREADS) merge_attn_states_kernel(MergeKernelArgs k) {
+  merge_attn_states_chunk<E, O, VEC>(k, blockIdx.x * THREADS + threadIdx.x);
 }
 
 // Widest vector (in elements, up to 16 bytes) that every pointer, stride and
@@ -182,14 +187,17 @@ Status launch_merge_vec(const MergeParams& full, gpuStream_t stream, int tile_sh
                                  (!full.output_lse || full.output_lse_stride_token == 1);
     tile_shift = lse_token_major && full.num_tokens >= (int64_t(1) << kMergeLseTileShift) ? kMergeLseTileShift : 0;
   }
+  static signed char pdl_cache[64] = {};
+  const bool pdl = (pdl_mask() & kPdlMerge) &&
+                   pdl_capable(pdl_cache, reinterpret_cast<const void*>(merge_attn_states_kernel<E, O, VEC, THREADS>));
   // One launch: k.p, first_head, num_chunks, merge_tokens, num_tokens and tile_shift set by the caller.
   auto launch = [&](MergeKernelArgs& k) {
     k.chunks_per_row = uint32_t(cpr);
     k.div_chunks = FastDivmod(uint32_t(cpr));
     k.div_heads = FastDivmod(uint32_t(full.num_heads));
     const int64_t blocks = (int64_t(k.num_chunks) + THREADS - 1) / THREADS;
-    merge_attn_states_kernel<E, O, VEC, THREADS><<<dim3(uint32_t(blocks)), dim3(THREADS), 0, stream>>>(k);
-    return check_launch();
+    return launch_kernel(pdl, merge_attn_states_kernel<E, O, VEC, THREADS>, dim3(uint32_t(blocks)), dim3(THREADS),
+                         0, stream, k);
   };
   const int64_t tile = int64_t(1) << tile_shift;
   const int64_t padded_rows = (full.num_tokens + tile - 1) / tile * tile * full.num_heads;
@@ -294,6 +302,7 @@ __global__ void __launch_bounds__(256) merge_attn_states_n_kernel(MergeNKernelAr
   constexpr int kStates = 4;
   const MergeNParams& p = k.p;
   const int64_t num_states = p.num_states;
+  wait_for_prior_grids();
   for (uint32_t idx = blockIdx.x * blockDim.x + threadIdx.x; idx < k.total_chunks; idx += gridDim.x * blockDim.x) {
     const uint32_t row = k.div_chunks.div(idx);
     const uint32_t chunk = idx - row * k.chunks_per_row;
@@ -386,6 +395,9 @@ Status launch_merge_n_vec(const MergeNParams& full, int num_sms, gpuStream_t str
   const int threads = 256;
   const int64_t max_blocks = int64_t(num_sms > 0 ? num_sms : 132) * 8;
   using S = typename E::storage;
+  static signed char pdl_cache[64] = {};
+  const bool pdl = (pdl_mask() & kPdlMerge) &&
+                   pdl_capable(pdl_cache, reinterpret_cast<const void*>(merge_attn_states_n_kernel<E, VEC>));
   for (int64_t t0 = 0; t0 < full.num_tokens; t0 += max_tokens) {
     const int64_t nt = full.num_tokens - t0 < max_tokens ? full.num_tokens - t0 : max_tokens;
     MergeNKernelArgs k;
@@ -401,8 +413,7 @@ Status launch_merge_n_vec(const MergeNParams& full, int num_sms, gpuStream_t str
     k.div_heads = FastDivmod(uint32_t(full.num_heads));
     int64_t blocks = (int64_t(k.total_chunks) + threads - 1) / threads;
     if (blocks > max_blocks) blocks = max_blocks;
-    merge_attn_states_n_kernel<E, VEC><<<dim3(uint32_t(blocks)), dim3(threads), 0, stream>>>(k);
-    Status s = check_launch();
+    Status s = launch_kernel(pdl, merge_attn_states_n_kernel<E, VEC>, dim3(uint32_t(blocks)), dim3(threads), 0, stream, k);
     if (s != Status::kSuccess) return s;
   }
   return Status::kSuccess;

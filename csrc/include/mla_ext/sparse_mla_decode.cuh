@@ -985,6 +985,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
 template <int MT, int DQK, KvFormat F>
 __global__ void __launch_bounds__(kThreads, (MT == 1 && F != KvFormat::kBF16) ? MLA_EXT_DECODE_MT1_MIN_BLOCKS : 1)
     decode_split_mma_kernel(const DecodeArgs a) {
+  wait_for_prior_grids();
 #if defined(MLA_EXT_DECODE_MMA)
   decode_body<MT, DQK, F, true>(a);
 #else
@@ -996,6 +997,7 @@ __global__ void __launch_bounds__(kThreads, (MT == 1 && F != KvFormat::kBF16) ? 
 
 template <int MT, int DQK, KvFormat F>
 __global__ void __launch_bounds__(kThreads) decode_split_portable_kernel(const DecodeArgs a) {
+  wait_for_prior_grids();
   decode_body<MT, DQK, F, false>(a);
 }
 
@@ -1026,6 +1028,7 @@ constexpr int kReduceBlockScanSplits = 16;
 // num_tokens 64 (2-4 splits) its 86 registers cost 1.4-11 us, hence the switch.
 template <bool BLOCK_SCAN, int BATCH = 8>
 __global__ void __launch_bounds__(kReduceThreads) decode_reduce_kernel(const ReduceArgs a) {
+  wait_for_prior_grids();
   const SparseDecodeParams& p = a.p;
   const int64_t H = p.num_heads;
   const int64_t row = blockIdx.x;  // t * H + h
@@ -1189,20 +1192,29 @@ inline bool ensure_smem(bool (&done)[64], const void* kernel, size_t bytes) {
   return true;
 }
 
+// One reduce launch (one block per (token, head) row); programmatic where
+// allowed, so its launch overlaps the split kernel's tail (compat.h).
+template <bool SCAN, int BATCH = 8>
+inline Status launch_reduce(const ReduceArgs& r, uint32_t rows, gpuStream_t stream) {
+  static signed char pdl_cache[64] = {};
+  auto* kernel = decode_reduce_kernel<SCAN, BATCH>;
+  const bool pdl = (pdl_mask() & kPdlDecodeReduce) && pdl_capable(pdl_cache, reinterpret_cast<const void*>(kernel));
+  return launch_kernel(pdl, kernel, dim3(rows), dim3(kReduceThreads), 0, stream, r);
+}
+
 template <int MT, int DQK, KvFormat F, bool MMA>
 inline Status launch_split(const DecodeArgs& a, uint32_t blocks, gpuStream_t stream) {
   using C = Cfg<MT, DQK, MMA, kv_layout(F) == KvFormat::kFP8DsMla>;
   static bool done[64] = {};
-  if constexpr (MMA) {
-    if (!ensure_smem(done, reinterpret_cast<const void*>(decode_split_mma_kernel<MT, DQK, F>), C::bytes))
-      return Status::kLaunchFailed;
-    decode_split_mma_kernel<MT, DQK, F><<<dim3(blocks), dim3(kThreads), C::bytes, stream>>>(a);
-  } else {
-    if (!ensure_smem(done, reinterpret_cast<const void*>(decode_split_portable_kernel<MT, DQK, F>), C::bytes))
-      return Status::kLaunchFailed;
-    decode_split_portable_kernel<MT, DQK, F><<<dim3(blocks), dim3(kThreads), C::bytes, stream>>>(a);
-  }
-  return check_launch();
+  static signed char pdl_cache[64] = {};
+  void (*kernel)(DecodeArgs);
+  if constexpr (MMA)
+    kernel = decode_split_mma_kernel<MT, DQK, F>;
+  else
+    kernel = decode_split_portable_kernel<MT, DQK, F>;
+  if (!ensure_smem(done, reinterpret_cast<const void*>(kernel), C::bytes)) return Status::kLaunchFailed;
+  const bool pdl = (pdl_mask() & kPdlDecodeSplit) && pdl_capable(pdl_cache, reinterpret_cast<const void*>(kernel));
+  return launch_kernel(pdl, kernel, dim3(blocks), dim3(kThreads), C::bytes, stream, a);
 }
 
 template <int DQK, KvFormat F, bool MMA>
@@ -1318,20 +1330,12 @@ inline Status launch_sparse_mla_decode(const SparseDecodeParams& p, void* worksp
   r.out_vec4 = (reinterpret_cast<uintptr_t>(p.output) & 7u) == 0 && (p.output_stride_token & 3) == 0 &&
                (p.output_stride_head & 3) == 0;
   r.balanced = a.balanced;
-  // A programmatic dependent launch of this reduce (overlapping its launch with
-  // the split kernel's tail) was measured slower on the H200 (31 -> 36 us at
-  // T = 1, 64 splits), so it is an ordinary launch.
-  if (S >= kReduceBlockScanSplits)
-    decode_reduce_kernel<true><<<dim3(uint32_t(T * H)), dim3(kReduceThreads), 0, stream>>>(r);
-  else if (a.balanced)  // a token may own many more than S splits
-    decode_reduce_kernel<false, 8><<<dim3(uint32_t(T * H)), dim3(kReduceThreads), 0, stream>>>(r);
-  else if (S <= 2)
-    decode_reduce_kernel<false, 2><<<dim3(uint32_t(T * H)), dim3(kReduceThreads), 0, stream>>>(r);
-  else if (S <= 4)
-    decode_reduce_kernel<false, 4><<<dim3(uint32_t(T * H)), dim3(kReduceThreads), 0, stream>>>(r);
-  else
-    decode_reduce_kernel<false, 8><<<dim3(uint32_t(T * H)), dim3(kReduceThreads), 0, stream>>>(r);
-  return check_launch();
+  const uint32_t rows = uint32_t(T * H);
+  if (S >= kReduceBlockScanSplits) return launch_reduce<true>(r, rows, stream);
+  if (a.balanced) return launch_reduce<false, 8>(r, rows, stream);  // a token may own many more than S splits
+  if (S <= 2) return launch_reduce<false, 2>(r, rows, stream);
+  if (S <= 4) return launch_reduce<false, 4>(r, rows, stream);
+  return launch_reduce<false, 8>(r, rows, stream);
 }
 
 }  // namespace mla_ext

@@ -1,0 +1,176 @@
+// Dev probe (not part of the library): where does a small merge_attn_states call spend its
+// time? Each variant is captured 64 times (rotated input sets, as benchmarks/bench_merge.py)
+// into one CUDA graph and replayed; µs per node, median of 20 replays.
+//   empty     : <<<1, 32>>> kernel that does nothing (node floor)
+//   memcpy    : cudaMemcpyAsync of half the call's bytes (the benchmark's copy ceiling)
+//   add_tN    : out = a + b, one 16-byte chunk per thread, N-thread blocks, no LSE
+//   lib_tN    : the library kernel (launch_merge_vec) with N-thread blocks, [H, T] LSE views
+//   pdl_tN    : the library kernel body behind griddepcontrol.wait, launched with
+//               programmatic stream serialisation (PDL); _trig also lets the next node launch early
+//   pair_*    : an add_t128 over other buffers (a stand-in for the attention kernel before the
+//               merge, not PDL-aware) followed by the merge; µs per pair
+// Build: nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Icsrc/include benchmarks/dev/merge_small.cu
+#include <algorithm>
+#include <cstdio>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "mla_ext/merge_attn_states.cuh"
+
+#define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("%s: %s\n", #x, cudaGetErrorString(e)); exit(1); } } while (0)
+
+using E = mla_ext::BFloat16Elem;
+using OW = mla_ext::SameOutput<E>;
+
+__global__ void empty_kernel() {}
+
+template <int THREADS>
+__global__ void __launch_bounds__(THREADS) add_once(const uint4* a, const uint4* b, uint4* o, uint32_t n) {
+  const uint32_t i = blockIdx.x * THREADS + threadIdx.x;
+  if (i >= n) return;
+  const uint4 x = a[i], y = b[i];
+  o[i] = make_uint4(x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w);
+}
+
+template <int THREADS, bool TRIGGER>
+__global__ void __launch_bounds__(THREADS) merge_pdl(mla_ext::MergeKernelArgs k) {
+  if (TRIGGER) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  mla_ext::merge_attn_states_chunk<E, OW, 8>(k, blockIdx.x * THREADS + threadIdx.x);
+}
+
+__global__ void fill_random(uint16_t* v, size_t n, float* l, size_t nl, uint32_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    uint32_t x = uint32_t(i) * 2654435761u ^ seed;
+    x ^= x >> 15; x *= 2246822519u; x ^= x >> 13;
+    const float f = (float(x & 0xffffff) / float(1 << 24)) * 4.f - 2.f;
+    v[i] = uint16_t(__float_as_uint(f) >> 16);
+    if (i < nl) l[i] = f * 2.f;
+  }
+}
+
+constexpr int kSets = 64;
+
+float time_graph(cudaStream_t s, const std::function<void(int)>& call) {
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  for (int i = 0; i < kSets; ++i) call(i);  // warm (module load)
+  CK(cudaStreamSynchronize(s));
+  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < kSets; ++i) call(i);
+  CK(cudaStreamEndCapture(s, &g));
+  CK(cudaGraphInstantiate(&ge, g, 0));
+  cudaEvent_t a, b;
+  cudaEventCreate(&a); cudaEventCreate(&b);
+  for (int i = 0; i < 3; ++i) CK(cudaGraphLaunch(ge, s));
+  std::vector<float> ts;
+  for (int r = 0; r < 20; ++r) {
+    cudaEventRecord(a, s); CK(cudaGraphLaunch(ge, s)); cudaEventRecord(b, s); cudaEventSynchronize(b);
+    float ms; cudaEventElapsedTime(&ms, a, b); ts.push_back(ms * 1000.f / kSets);
+  }
+  std::sort(ts.begin(), ts.end());
+  cudaGraphExecDestroy(ge); cudaGraphDestroy(g);
+  return ts[ts.size() / 2];
+}
+
+int main() {
+  const int64_t shapes[][3] = {{1, 128, 512}, {64, 128, 512}, {256, 16, 512}};
+  cudaStream_t s;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  std::vector<const char*> names;
+  std::vector<std::vector<float>> cols;
+  auto rec = [&](int shape, const char* name, float us) {
+    size_t i = 0;
+    while (i < names.size() && std::string(names[i]) != name) ++i;
+    if (i == names.size()) { names.push_back(name); cols.emplace_back(3, 0.f); }
+    cols[i][shape] = us;
+  };
+  for (int si = 0; si < 3; ++si) {
+    const int64_t T = shapes[si][0], H = shapes[si][1], D = shapes[si][2];
+    const size_t n = size_t(T) * H * D;
+    std::vector<uint16_t*> A(kSets), B(kSets), O(kSets), X(kSets), Y(kSets), Z(kSets);
+    std::vector<float*> LA(kSets), LB(kSets), LO(kSets);
+    for (int c = 0; c < kSets; ++c) {
+      for (auto* v : {&A[c], &B[c], &O[c], &X[c], &Y[c], &Z[c]}) CK(cudaMalloc(v, n * 2));
+      for (auto* l : {&LA[c], &LB[c], &LO[c]}) CK(cudaMalloc(l, T * H * 4));
+      fill_random<<<1024, 256>>>(A[c], n, LA[c], T * H, 2 * c + 1);
+      fill_random<<<1024, 256>>>(B[c], n, LB[c], T * H, 2 * c + 2);
+      fill_random<<<1024, 256>>>(X[c], n, LO[c], T * H, 2 * c + 3);
+      fill_random<<<1024, 256>>>(Y[c], n, LO[c], 0, 2 * c + 4);
+    }
+    CK(cudaDeviceSynchronize());
+    auto params = [&](int c) {
+      mla_ext::MergeParams p;
+      p.dtype = mla_ext::DType::kBFloat16; p.num_tokens = T; p.num_heads = H; p.head_size = D;
+      p.output = O[c]; p.output_stride_token = H * D; p.output_stride_head = D;
+      p.prefix_output = A[c]; p.prefix_stride_token = H * D; p.prefix_stride_head = D;
+      p.suffix_output = B[c]; p.suffix_stride_token = H * D; p.suffix_stride_head = D;
+      p.prefix_lse = LA[c]; p.prefix_lse_stride_token = 1; p.prefix_lse_stride_head = T;
+      p.suffix_lse = LB[c]; p.suffix_lse_stride_token = 1; p.suffix_lse_stride_head = T;
+      p.output_lse = LO[c]; p.output_lse_stride_token = 1; p.output_lse_stride_head = T;
+      return p;
+    };
+    // Flat (token, head) order args, as launch_merge_vec's single launch (calls here are < 2^31 chunks).
+    auto args = [&](int c) {
+      mla_ext::MergeKernelArgs k;
+      k.p = params(c);
+      k.num_chunks = uint32_t(n / 8);
+      k.first_head = 0;
+      k.merge_tokens = uint32_t(T);
+      k.chunks_per_row = uint32_t(D / 8);
+      k.tile_shift = 0;
+      k.num_tokens = 0;
+      k.div_chunks = mla_ext::FastDivmod(uint32_t(D / 8));
+      k.div_heads = mla_ext::FastDivmod(uint32_t(H));
+      return k;
+    };
+    const uint32_t nv = uint32_t(n / 8);
+    auto add = [&](int c, auto kern, int threads, uint16_t* a, uint16_t* b, uint16_t* o) {
+      kern<<<(nv + threads - 1) / threads, threads, 0, s>>>((const uint4*)a, (const uint4*)b, (uint4*)o, nv);
+    };
+    auto pdl = [&](int c, auto kern, int threads) {
+      cudaLaunchConfig_t cfg = {};
+      cfg.gridDim = dim3((nv + threads - 1) / threads);
+      cfg.blockDim = dim3(threads);
+      cfg.stream = s;
+      cudaLaunchAttribute at[1];
+      at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      at[0].val.programmaticStreamSerializationAllowed = 1;
+      cfg.attrs = at;
+      cfg.numAttrs = 1;
+      CK(cudaLaunchKernelEx(&cfg, kern, args(c)));
+    };
+    rec(si, "empty", time_graph(s, [&](int) { empty_kernel<<<1, 32, 0, s>>>(); }));
+    rec(si, "memcpy", time_graph(s, [&](int c) {
+      const size_t bytes = 3 * n * 2 + 3 * T * H * 4;
+      CK(cudaMemcpyAsync(X[c], Y[c], std::min(bytes / 2, n * 2), cudaMemcpyDeviceToDevice, s)); }));
+    rec(si, "add_t128", time_graph(s, [&](int c) { add(c, add_once<128>, 128, A[c], B[c], O[c]); }));
+    rec(si, "add_t64", time_graph(s, [&](int c) { add(c, add_once<64>, 64, A[c], B[c], O[c]); }));
+    rec(si, "add_t32", time_graph(s, [&](int c) { add(c, add_once<32>, 32, A[c], B[c], O[c]); }));
+    rec(si, "lib_t128", time_graph(s, [&](int c) { mla_ext::launch_merge_vec<E, OW, 8, 128>(params(c), s); }));
+    rec(si, "lib_t64", time_graph(s, [&](int c) { mla_ext::launch_merge_vec<E, OW, 8, 64>(params(c), s); }));
+    rec(si, "lib_t32", time_graph(s, [&](int c) { mla_ext::launch_merge_vec<E, OW, 8, 32>(params(c), s); }));
+    rec(si, "lib_t128_nolse", time_graph(s, [&](int c) { auto p = params(c); p.output_lse = nullptr;
+                                                        mla_ext::launch_merge_vec<E, OW, 8, 128>(p, s); }));
+    rec(si, "pdl_t128", time_graph(s, [&](int c) { pdl(c, merge_pdl<128, false>, 128); }));
+    rec(si, "pdl_t64", time_graph(s, [&](int c) { pdl(c, merge_pdl<64, false>, 64); }));
+    rec(si, "pdl_t128_trig", time_graph(s, [&](int c) { pdl(c, merge_pdl<128, true>, 128); }));
+    rec(si, "pair_add_lib128", time_graph(s, [&](int c) { add(c, add_once<128>, 128, X[c], Y[c], Z[c]);
+                                                         mla_ext::launch_merge_vec<E, OW, 8, 128>(params(c), s); }));
+    rec(si, "pair_add_pdl128", time_graph(s, [&](int c) { add(c, add_once<128>, 128, X[c], Y[c], Z[c]);
+                                                         pdl(c, merge_pdl<128, false>, 128); }));
+    rec(si, "pair_add_pdl64", time_graph(s, [&](int c) { add(c, add_once<128>, 128, X[c], Y[c], Z[c]);
+                                                        pdl(c, merge_pdl<64, false>, 64); }));
+    rec(si, "pair_add_add", time_graph(s, [&](int c) { add(c, add_once<128>, 128, X[c], Y[c], Z[c]);
+                                                      add(c, add_once<128>, 128, A[c], B[c], O[c]); }));
+    CK(cudaDeviceSynchronize());
+    for (int c = 0; c < kSets; ++c) {
+      for (auto* v : {A[c], B[c], O[c], X[c], Y[c], Z[c]}) cudaFree(v);
+      for (auto* l : {LA[c], LB[c], LO[c]}) cudaFree(l);
+    }
+  }
+  printf("%-18s %10s %10s %10s\n", "us per node", "1x128x512", "64x128x512", "256x16x512");
+  for (size_t i = 0; i < names.size(); ++i) printf("%-18s %10.3f %10.3f %10.3f\n", names[i], cols[i][0], cols[i][1], cols[i][2]);
+  return 0;
+}
