@@ -103,6 +103,18 @@ inline int current_device_cc_major() {
   return n;
 }
 
+// blockIdx.x read afresh: the compiler cannot reuse an earlier read (and so
+// keep a value derived from it live, in a register or spilled, across a loop).
+__device__ __forceinline__ uint32_t block_index_x() {
+#if defined(__CUDA_ARCH__)
+  uint32_t b;
+  asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(b));
+  return b;
+#else
+  return blockIdx.x;
+#endif
+}
+
 // ---- Programmatic dependent launch (PDL) ----
 // On NVIDIA sm_90+ a kernel launched with programmatic stream serialisation
 // may be scheduled while the kernel before it on the stream is still running;

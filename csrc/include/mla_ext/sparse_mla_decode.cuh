@@ -527,7 +527,7 @@ __device__ __forceinline__ void row_address(const SparseDecodeParams& p, int64_t
 
 
 // ---- the split kernel body ----
-template <int MT, int DQK, KvFormat F, bool MMA>
+template <int MT, int DQK, KvFormat F, bool MMA, bool BAL>
 __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
   constexpr bool SC = kv_layout(F) == KvFormat::kFP8DsMla;  // scales applied after the products
   using C = Cfg<MT, DQK, MMA, SC>;
@@ -557,9 +557,12 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
   // slots [t * S, t * S + S), under the balanced one the block finds the owner.
   int s = int(bid % uint32_t(S));
   int64_t t = int64_t(bid / uint32_t(S));
-  int ns = S;  // splits of the token
-  if (kv_layout(F) == KvFormat::kFP8DsMlaV4 && a.balanced) {  // block-uniform; V4 formats only (decode_balanced)
-    int64_t owner, q0;  // the slot's token and that token's first slot
+  int ns = S;            // splits of the token
+  int64_t q0 = t * S;    // its first slot
+  // BAL: the balanced map (a separate instantiation, so that uniform calls run
+  // a kernel without its prologue; V4 formats only, decode_balanced).
+  if constexpr (BAL) {
+    int64_t owner;
     if (!balanced_slot_owner<kThreads>(p, t * S + s, &owner, &q0, &ns,
                                        reinterpret_cast<int64_t*>(smem + C::sOff))) {
       return;  // idle slot: nothing to compute, no workspace cell of its own
@@ -577,6 +580,11 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
   int64_t p_lo, p_hi;
   decode_split_range(E, s, ns, &p_lo, &p_hi);
   const int ntiles = int((p_hi - p_lo + BN - 1) / BN);
+  // Rows of the last tile (1..BN). The balanced kernel counts a tile's rows from
+  // this 32-bit value (with the 64-bit split length live in the loop its MT=1
+  // instance spilled 8 bytes); the others from the split range (V3.2's MT=1
+  // instance spills 40 bytes the other way round).
+  const int last_rows = int(p_hi - p_lo - int64_t(ntiles - 1) * BN);
 
   const uint16_t* qt = p.q + t * p.q_stride_token + h0 * p.q_stride_head;
 
@@ -630,8 +638,9 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
     // dequantisation and the products (MMA path), not just masked. Not for the
     // V3.2 64-head tile, where the extra live state costs 116-208 bytes of spills.
     constexpr bool kSkipRows = MMA && !(SC && MT == 4);
-    const int live =
-        kSkipRows ? int((p_hi - p_lo - int64_t(j) * BN) < BN ? (p_hi - p_lo - int64_t(j) * BN) : BN) : BN;
+    const int live = !kSkipRows ? BN
+                     : BAL      ? (j == ntiles - 1 ? last_rows : BN)
+                                : int((p_hi - p_lo - int64_t(j) * BN) < BN ? (p_hi - p_lo - int64_t(j) * BN) : BN);
     g.template store<kSkipRows>(Ks, KST, ksc, tid, live);
     if (tid < BN) {
       row_address<F>(p, p_lo + int64_t(j + 1) * BN + tid, em, idx_next, meta_d[nxt * BN + tid],
@@ -888,9 +897,11 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
   // ---- end of split: per-row scale (1/D or 1/l) and lse ----
   const bool final_out = S == 1;
   // Workspace cell of head h: h * (T * S) + this block's split slot (blockIdx.x / HG
-  // under either map), recomputed here rather than kept live through the tile loop.
+  // under either map), recomputed here rather than kept live through the tile loop
+  // (read through block_index_x(): with plain blockIdx.x nvcc kept the prologue's
+  // quotient and spilled it in the balanced MT=1 kernel).
   const int64_t NQ = p.num_tokens * S;
-  const int64_t slot = int64_t(blockIdx.x / uint32_t(HG));
+  const int64_t slot = int64_t(block_index_x() / uint32_t(HG));
   if (ssub == 0) {
     float inv = 0.f, lse = neg_inf();
     if (row_l > 0.f || is_nan(row_l)) {  // NaN scores: NaN output and lse (the CPU twin's rule)
@@ -982,23 +993,23 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
   }
 }
 
-template <int MT, int DQK, KvFormat F>
+template <int MT, int DQK, KvFormat F, bool BAL>
 __global__ void __launch_bounds__(kThreads, (MT == 1 && F != KvFormat::kBF16) ? MLA_EXT_DECODE_MT1_MIN_BLOCKS : 1)
     decode_split_mma_kernel(const DecodeArgs a) {
   wait_for_prior_grids();
 #if defined(MLA_EXT_DECODE_MMA)
-  decode_body<MT, DQK, F, true>(a);
+  decode_body<MT, DQK, F, true, BAL>(a);
 #else
   // NVIDIA below sm_80 (or a host/HIP pass): the portable body fits in this
   // kernel's (larger) shared-memory allocation.
-  decode_body<MT, DQK, F, false>(a);
+  decode_body<MT, DQK, F, false, BAL>(a);
 #endif
 }
 
-template <int MT, int DQK, KvFormat F>
+template <int MT, int DQK, KvFormat F, bool BAL>
 __global__ void __launch_bounds__(kThreads) decode_split_portable_kernel(const DecodeArgs a) {
   wait_for_prior_grids();
-  decode_body<MT, DQK, F, false>(a);
+  decode_body<MT, DQK, F, false, BAL>(a);
 }
 
 // ---- split reduction: one block of 128 threads per (token, head), 4 dims each ----
@@ -1202,27 +1213,27 @@ inline Status launch_reduce(const ReduceArgs& r, uint32_t rows, gpuStream_t stre
   return launch_kernel(pdl, kernel, dim3(rows), dim3(kReduceThreads), 0, stream, r);
 }
 
-template <int MT, int DQK, KvFormat F, bool MMA>
+template <int MT, int DQK, KvFormat F, bool MMA, bool BAL>
 inline Status launch_split(const DecodeArgs& a, uint32_t blocks, gpuStream_t stream) {
   using C = Cfg<MT, DQK, MMA, kv_layout(F) == KvFormat::kFP8DsMla>;
   static bool done[64] = {};
   static signed char pdl_cache[64] = {};
   void (*kernel)(DecodeArgs);
   if constexpr (MMA)
-    kernel = decode_split_mma_kernel<MT, DQK, F>;
+    kernel = decode_split_mma_kernel<MT, DQK, F, BAL>;
   else
-    kernel = decode_split_portable_kernel<MT, DQK, F>;
+    kernel = decode_split_portable_kernel<MT, DQK, F, BAL>;
   if (!ensure_smem(done, reinterpret_cast<const void*>(kernel), C::bytes)) return Status::kLaunchFailed;
   const bool pdl = (pdl_mask() & kPdlDecodeSplit) && pdl_capable(pdl_cache, reinterpret_cast<const void*>(kernel));
   return launch_kernel(pdl, kernel, dim3(blocks), dim3(kThreads), C::bytes, stream, a);
 }
 
-template <int DQK, KvFormat F, bool MMA>
+template <int DQK, KvFormat F, bool MMA, bool BAL = false>
 inline Status launch_split_mt(int mt, const DecodeArgs& a, uint32_t blocks, gpuStream_t stream) {
   switch (mt) {
-    case 1: return launch_split<1, DQK, F, MMA>(a, blocks, stream);
-    case 2: return launch_split<2, DQK, F, MMA>(a, blocks, stream);
-    default: return launch_split<4, DQK, F, MMA>(a, blocks, stream);
+    case 1: return launch_split<1, DQK, F, MMA, BAL>(a, blocks, stream);
+    case 2: return launch_split<2, DQK, F, MMA, BAL>(a, blocks, stream);
+    default: return launch_split<4, DQK, F, MMA, BAL>(a, blocks, stream);
   }
 }
 
@@ -1235,12 +1246,14 @@ inline Status launch_split_fmt(int mt, const DecodeArgs& a, uint32_t blocks, gpu
                            : launch_split_mt<512, KvFormat::kBF16, MMA>(mt, a, blocks, stream);
     case KvFormat::kFP8DsMla:
       return launch_split_mt<576, KvFormat::kFP8DsMla, MMA>(mt, a, blocks, stream);
-    case KvFormat::kFP8DsMlaV4:
-      return launch_split_mt<512, KvFormat::kFP8DsMlaV4, MMA>(mt, a, blocks, stream);
+    case KvFormat::kFP8DsMlaV4:  // V4 formats: the balanced map has its own instantiation
+      return a.balanced ? launch_split_mt<512, KvFormat::kFP8DsMlaV4, MMA, true>(mt, a, blocks, stream)
+                        : launch_split_mt<512, KvFormat::kFP8DsMlaV4, MMA>(mt, a, blocks, stream);
     case KvFormat::kFP8DsMlaFnuz:
       return launch_split_mt<576, KvFormat::kFP8DsMlaFnuz, MMA>(mt, a, blocks, stream);
     case KvFormat::kFP8DsMlaV4Fnuz:
-      return launch_split_mt<512, KvFormat::kFP8DsMlaV4Fnuz, MMA>(mt, a, blocks, stream);
+      return a.balanced ? launch_split_mt<512, KvFormat::kFP8DsMlaV4Fnuz, MMA, true>(mt, a, blocks, stream)
+                        : launch_split_mt<512, KvFormat::kFP8DsMlaV4Fnuz, MMA>(mt, a, blocks, stream);
   }
   return Status::kInvalidArgument;
 }
