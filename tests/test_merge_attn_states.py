@@ -1,5 +1,4 @@
 """merge_attn_states against a float64 reference on fresh random inputs (CPU always, GPU when present)."""
-import itertools
 import shutil
 import subprocess
 
@@ -8,7 +7,7 @@ import torch
 
 import mla_ext
 from mla_ext import reference
-from conftest import DEVICES, HAS_GPU, TOL, assert_close_rel, poison_, requires_gpu
+from conftest import assert_close_rel, poison_, requires_gpu
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 INF = float("inf")
@@ -331,6 +330,33 @@ def test_cuda_graph_capture_side_stream_replay():
         ref_o, ref_l = reference.merge_attn_states(pa.cpu(), la.cpu(), pb.cpu(), lb.cpu())
         assert_close_rel(out, ref_o, torch.bfloat16)
         assert torch.allclose(out_lse.double().cpu(), ref_l, rtol=1e-6, atol=1e-5)
+
+
+@requires_gpu
+def test_gpu_neighbouring_kernels_ordered():
+    """Launch order with the kernels around the merge (on sm_90+ the merge is a programmatic
+    dependent launch that may start before the previous kernel ends): every round a kernel writes
+    the merge's inputs just before it (read after write) and a kernel reads its output just before
+    the next merge overwrites it (write after read); no host sync in between. A merge that touched
+    memory before the previous kernel finished would fail here."""
+    T, H, D, rounds = 1, 128, 512, 40
+    srcs = [make_case(T, H, D, torch.bfloat16, "cuda") for _ in range(rounds)]
+    pa, la, pb, lb = (torch.empty_like(x) for x in srcs[0])
+    out = torch.full((T, H, D), 7.0, dtype=torch.bfloat16, device="cuda")
+    out_lse = torch.empty(T, H, device="cuda")
+    seen = []  # seen[i]: the output as the kernel after round i - 1 read it
+    torch.cuda.synchronize()
+    for src in srcs:
+        for dst, x in zip((pa, la, pb, lb), src):
+            torch.mul(x, 1.0, out=dst)  # exact; a kernel, not a copy-engine memcpy
+        seen.append(out * 1.0)
+        mla_ext.merge_attn_states(out, out_lse, pa, la, pb, lb)
+    seen.append(out * 1.0)
+    torch.cuda.synchronize()
+    assert torch.equal(seen[0].cpu(), torch.full((T, H, D), 7.0, dtype=torch.bfloat16))
+    for i, src in enumerate(srcs):
+        ref_o, _ = reference.merge_attn_states(*(x.cpu() for x in src))
+        assert_close_rel(seen[i + 1], ref_o, torch.bfloat16, what=f"round {i}")
 
 
 @requires_gpu

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 import mla_ext
-from mla_ext import formats, reference
+from mla_ext import formats
 from mla_ext.builders import build_decode_inputs
 from mla_ext.parallel import SHARDING_MODES, ContextParallelDecode, PageSharding, compact_indices
-from conftest import DEVICES, assert_close_rel, poison_
+from conftest import assert_close_rel, poison_
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

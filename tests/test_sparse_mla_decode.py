@@ -4,6 +4,9 @@ Every call gets poisoned output / lse (NaN) and workspace (0xFF bytes = NaN floa
 unselected slots are garbage that decodes to NaN, so an unwritten element, a workspace cell read before
 being written, or a read of an unselected row shows up as NaN.
 """
+import os
+import subprocess
+import sys
 import zlib
 
 import pytest
@@ -11,7 +14,7 @@ import torch
 
 import mla_ext
 from mla_ext import builders, formats, reference
-from conftest import DEVICES, HAS_GPU, TOL, assert_close_rel, e4m3_reference_table, poison_, requires_gpu
+from conftest import HAS_GPU, assert_close_rel, e4m3_reference_table, poison_, requires_gpu
 
 INF = float("inf")
 GEOMS = [("bf16", 576), ("bf16", 512), ("fp8_ds_mla", 576), ("fp8_ds_mla_v4", 512)]
@@ -833,6 +836,89 @@ def test_gpu_many_tokens(kind):
     ref_o, ref_l = inp.reference(dtype=torch.float64)
     check_out(out, ref_o, inp.kv_format)
     check_lse(lse, ref_l.cpu(), kv_format=inp.kv_format)
+
+
+@requires_gpu
+@pytest.mark.parametrize("kind,heads", [("v4_c4", 16), ("v32", 128)])
+def test_gpu_neighbouring_kernels_ordered(kind, heads):
+    """Launch order with the kernels around the decode (on sm_90+ the split kernel and the reduce
+    are programmatic dependent launches that may start before the previous kernel ends): every
+    round a kernel writes q and the indices just before the call (read after write) and a kernel
+    reads the output and lse just before the next call overwrites them (write after read), with no
+    host sync in between. The oracle is the same calls one at a time with a device sync around
+    each (bit-identical: the op is deterministic); the first call is also checked against the
+    float64 reference."""
+    inp = builders.build_decode_inputs(kind, batch=1, num_heads=heads, context_len=(3000, 5000),
+                                       device="cuda", seed=31)
+    T, H = inp.num_tokens, heads
+    kw = inp.op_kwargs()
+    g = torch.Generator().manual_seed(32)
+    rounds = 24
+    qs = [inp.q] + [torch.randn(inp.q.shape, generator=g).to(torch.bfloat16).cuda() for _ in range(rounds - 1)]
+    perms = [inp.indices, inp.indices.flip(1).contiguous()]  # same rows, another order
+    out, lse, ws = poisoned_buffers(T, H, 0, "cuda")
+    q, idx = torch.empty_like(inp.q), torch.empty_like(inp.indices)
+    if kw["lengths"] is not None:
+        assert int(kw["lengths"].min()) == inp.indices.shape[1]  # full rows: the flip keeps the set
+    expected = []
+    for i in range(rounds):
+        q.copy_(qs[i]); idx.copy_(perms[i % 2])
+        torch.cuda.synchronize()
+        mla_ext.sparse_mla_decode(q, inp.kv_cache, idx, output=out, workspace=ws, lse=lse, **kw)
+        torch.cuda.synchronize()
+        expected.append((out.clone(), lse.clone()))
+    ref_o, ref_l = inp.reference(dtype=torch.float64)
+    check_out(expected[0][0], ref_o, inp.kv_format)
+    poison_(out); poison_(lse)
+    seen = []
+    torch.cuda.synchronize()
+    for i in range(rounds):
+        torch.mul(qs[i], 1.0, out=q)  # kernels, not copy-engine memcpys
+        torch.add(perms[i % 2], 0, out=idx)
+        seen.append((out * 1.0, lse * 1.0))
+        mla_ext.sparse_mla_decode(q, inp.kv_cache, idx, output=out, workspace=ws, lse=lse, **kw)
+    seen.append((out * 1.0, lse * 1.0))
+    torch.cuda.synchronize()
+    assert torch.isnan(seen[0][0]).all() and torch.isnan(seen[0][1]).all()
+    for i in range(rounds):
+        assert torch.equal(seen[i + 1][0], expected[i][0]), f"round {i}: output"
+        assert torch.equal(seen[i + 1][1], expected[i][1]), f"round {i}: lse"
+
+
+_PDL_CHILD = """
+import sys, torch, mla_ext
+from mla_ext import builders
+inp = builders.build_decode_inputs("v4_c4", batch=4, num_heads=16, context_len=(3000, 5000), device="cuda", seed=33)
+out = torch.empty(inp.num_tokens, 16, 512, dtype=torch.bfloat16, device="cuda")
+lse = torch.empty(inp.num_tokens, 16, device="cuda")
+ws = torch.empty(mla_ext.sparse_mla_decode_workspace_size(inp.num_tokens, 16, device="cuda"), dtype=torch.uint8, device="cuda")
+mla_ext.sparse_mla_decode(inp.q, inp.kv_cache, inp.indices, output=out, workspace=ws, lse=lse, **inp.op_kwargs())
+m = torch.empty(3, 128, 512, dtype=torch.bfloat16, device="cuda")
+ml = torch.empty(3, 128, device="cuda")
+g = torch.Generator(device="cuda").manual_seed(34)
+a, b = (torch.randn(3, 128, 512, device="cuda", generator=g).to(torch.bfloat16) for _ in range(2))
+la, lb = (torch.randn(3, 128, device="cuda", generator=g) for _ in range(2))
+mla_ext.merge_attn_states(m, ml, a, la, b, lb)
+torch.save(dict(out=out.cpu(), lse=lse.cpu(), m=m.cpu(), ml=ml.cpu()), sys.argv[1])
+"""
+
+
+@requires_gpu
+def test_gpu_pdl_switch_same_results(tmp_path):
+    """MLA_EXT_PDL=0 (ordinary launches) and the default (programmatic launches on sm_90+) give
+    bit-identical decode and merge results (each run in its own process: the switch is read once)."""
+    results = []
+    for pdl in ("0", None):
+        env = dict(os.environ)
+        env.pop("MLA_EXT_PDL", None)
+        if pdl is not None:
+            env["MLA_EXT_PDL"] = pdl
+        path = tmp_path / f"pdl_{pdl}.pt"
+        subprocess.run([sys.executable, "-c", _PDL_CHILD, str(path)], check=True, env=env)
+        results.append(torch.load(path))
+    for key in ("out", "lse", "m", "ml"):
+        assert not torch.isnan(results[0][key]).any(), key
+        assert torch.equal(results[0][key], results[1][key]), key
 
 
 def capture_decode_graph(q, cache, idx, kw):
