@@ -360,6 +360,27 @@ def test_gpu_neighbouring_kernels_ordered():
 
 
 @requires_gpu
+def test_gpu_waits_for_an_early_triggering_kernel():
+    """The kernel before the merge lets it launch at once (griddepcontrol.launch_dependents) and
+    writes the merge's prefix LSE only ~20 us later (torch.ops.mla_ext._test_late_fill): a merge
+    that read before waiting for it would use the old LSE, which weights the other side."""
+    T, H, D = 1, 128, 512
+    pa, la, pb, lb = make_case(T, H, D, torch.bfloat16, "cuda")
+    out = torch.empty(T, H, D, dtype=torch.bfloat16, device="cuda")
+    out_lse = torch.empty(T, H, device="cuda")
+    for v in (40.0, -40.0, 40.0, -40.0):  # prefix dominant / negligible against |lb| <~ 12
+        la.fill_(-v)
+        poison_(out)
+        torch.cuda.synchronize()
+        torch.ops.mla_ext._test_late_fill(la, v, 20000)
+        mla_ext.merge_attn_states(out, out_lse, pa, la, pb, lb)
+        torch.cuda.synchronize()
+        ref_o, ref_l = reference.merge_attn_states(pa.cpu(), torch.full((T, H), v), pb.cpu(), lb.cpu())
+        assert_close_rel(out, ref_o, torch.bfloat16, what=f"prefix lse {v}")
+        assert torch.allclose(out_lse.double().cpu(), ref_l, rtol=1e-6, atol=1e-5)
+
+
+@requires_gpu
 def test_offsets_past_2_pow_32():
     """Element offsets beyond 2^32 (64-bit indexing): a huge token stride on the output."""
     T, H, D = 3, 2, 64

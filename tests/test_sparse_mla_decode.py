@@ -885,6 +885,36 @@ def test_gpu_neighbouring_kernels_ordered(kind, heads):
         assert torch.equal(seen[i + 1][1], expected[i][1]), f"round {i}: lse"
 
 
+@requires_gpu
+def test_gpu_waits_for_an_early_triggering_kernel():
+    """The kernel before the decode lets it launch at once (griddepcontrol.launch_dependents) and
+    writes the sink only ~20 us later (torch.ops.mla_ext._test_late_fill): a split kernel that read
+    before waiting would fold in the old sink (+-40: all weight on the sink, or none). Oracle: the
+    same call with the sink written and synchronised first (bit-identical)."""
+    inp = builders.build_decode_inputs("v4_c4", batch=1, num_heads=16, context_len=(3000, 5000),
+                                       device="cuda", seed=35)
+    kw = inp.op_kwargs()
+    sink = torch.empty(16, device="cuda")
+    kw["attn_sink"] = sink
+    out, lse, ws = poisoned_buffers(inp.num_tokens, 16, 0, "cuda")
+    expected = {}
+    for v in (40.0, -40.0):
+        sink.fill_(v)
+        mla_ext.sparse_mla_decode(inp.q, inp.kv_cache, inp.indices, output=out, workspace=ws, lse=lse, **kw)
+        torch.cuda.synchronize()
+        expected[v] = (out.clone(), lse.clone())
+    assert not torch.equal(expected[40.0][0], expected[-40.0][0])
+    for v in (40.0, -40.0, 40.0, -40.0):
+        sink.fill_(-v)
+        poison_(out); poison_(lse)
+        torch.cuda.synchronize()
+        torch.ops.mla_ext._test_late_fill(sink, v, 20000)
+        mla_ext.sparse_mla_decode(inp.q, inp.kv_cache, inp.indices, output=out, workspace=ws, lse=lse, **kw)
+        torch.cuda.synchronize()
+        assert torch.equal(out, expected[v][0]), f"sink {v}: output"
+        assert torch.equal(lse, expected[v][1]), f"sink {v}: lse"
+
+
 _PDL_CHILD = """
 import sys, torch, mla_ext
 from mla_ext import builders

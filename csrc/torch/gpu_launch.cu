@@ -34,6 +34,23 @@ int launch_sparse_mla_decode(const mla_ext::SparseDecodeParams& p, void* workspa
                                                static_cast<mla_ext::gpuStream_t>(stream)));
 }
 
+__global__ void test_late_fill_kernel(float* out, int64_t n, float value, int64_t delay_ns) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+  for (int64_t t = 0; t < delay_ns; t += 1000) __nanosleep(1000);
+#else
+  (void)delay_ns;
+#endif
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) out[i] = value;
+}
+
+int launch_test_late_fill(float* out, int64_t n, float value, int64_t delay_ns, void* stream) {
+  test_late_fill_kernel<<<1, 256, 0, static_cast<mla_ext::gpuStream_t>(stream)>>>(out, n, value, delay_ns);
+  return int(mla_ext::check_launch());
+}
+
 const char* last_error_string() { return mlaGetErrorString(mlaGetLastError()); }
 
 }  // namespace mla_ext_gpu

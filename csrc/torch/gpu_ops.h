@@ -8,6 +8,7 @@
 #pragma once
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "mla_ext/merge_attn_states.h"
 #include "mla_ext/sparse_mla_decode.h"
@@ -24,6 +25,13 @@ int launch_merge_attn_states(const mla_ext::MergeParams& p, int device, void* st
 int launch_merge_attn_states_n(const mla_ext::MergeNParams& p, int device, void* stream);
 int launch_sparse_mla_decode(const mla_ext::SparseDecodeParams& p, void* workspace,
                              size_t workspace_bytes, int device, void* stream);
+
+// Test only (torch.ops.mla_ext._test_late_fill): one block that lets the next
+// kernel on the stream launch at once (griddepcontrol.launch_dependents, sm_90+)
+// and writes `value` to out[0, n) only after sleeping ~delay_ns, so a
+// programmatically launched kernel after it that read `out` without waiting
+// would see the old values.
+int launch_test_late_fill(float* out, int64_t n, float value, int64_t delay_ns, void* stream);
 
 // The runtime's message for the last failed launch on this thread.
 const char* last_error_string();

@@ -139,6 +139,19 @@ void sparse_mla_decode_cuda(Tensor q, Tensor kv_cache, Tensor indices, std::stri
                                                             dev, current_stream(dev)),
                       "sparse_mla_decode");
 }
+
+// Test only: see mla_ext_gpu::launch_test_late_fill.
+void test_late_fill_cuda(Tensor out, double value, int64_t delay_ns) {
+  const char* op = "_test_late_fill";
+  MLA_CHECK(out.scalar_type() == ScalarType::Float && out.is_contiguous(), op,
+            "expected a contiguous float32 out");
+  MLA_CHECK(delay_ns >= 0 && delay_ns <= 1000000000, op, "expected 0 <= delay_ns <= 1e9, got ", delay_ns);
+  const int32_t dev = out.get_device_index();
+  const DeviceGuardIfNeeded guard(dev);
+  check_launch_status(mla_ext_gpu::launch_test_late_fill(static_cast<float*>(out.data_ptr()), out.numel(),
+                                                         float(value), delay_ns, current_stream(dev)),
+                      op);
+}
 #endif  // MLA_EXT_WITH_GPU
 
 // Bytes of workspace for any call with <= num_tokens tokens and <= num_heads
@@ -189,6 +202,7 @@ STABLE_TORCH_LIBRARY(mla_ext, m) {
       "sparse_mla_decode_workspace_size(int num_tokens, int num_heads, int num_splits, "
       "int device_index) -> int");
   m.def("_set_force_portable(bool enable) -> bool");
+  m.def("_test_late_fill(Tensor(a!) out, float value, int delay_ns) -> ()");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(mla_ext, CPU, m) {
@@ -209,5 +223,6 @@ STABLE_TORCH_LIBRARY_IMPL(mla_ext, CUDA, m) {
   m.impl("merge_attn_states", TORCH_BOX(&mla_ext_torch::merge_attn_states_cuda));
   m.impl("merge_attn_states_n", TORCH_BOX(&mla_ext_torch::merge_attn_states_n_cuda));
   m.impl("sparse_mla_decode", TORCH_BOX(&mla_ext_torch::sparse_mla_decode_cuda));
+  m.impl("_test_late_fill", TORCH_BOX(&mla_ext_torch::test_late_fill_cuda));
 }
 #endif

@@ -132,8 +132,8 @@ __device__ __forceinline__ void wait_for_prior_grids() {
 
 // Kernels that may be launched programmatically in this process, as a bit
 // mask: 1 merge_attn_states(_n), 2 the decode split kernel, 4 the decode
-// reduce. The environment variable MLA_EXT_PDL (read once) sets it; unset:
-// all; "0": none.
+// reduce. The environment variable MLA_EXT_PDL (read once, as an integer:
+// "0" none, "7" all, "5" all but the split kernel) sets it; unset or empty: all.
 constexpr int kPdlMerge = 1, kPdlDecodeSplit = 2, kPdlDecodeReduce = 4;
 inline int pdl_mask() {
   static const int mask = [] {
@@ -145,19 +145,35 @@ inline int pdl_mask() {
 }
 
 // Whether `kernel` may be launched programmatically on the current device:
-// CUDA runtime >= 12.3 (graph capture of such launches), compute capability
-// >= 9 and the kernel built from PTX >= 9.0, so that its code contains the
-// wait (a kernel JIT-compiled from older PTX does not). `cache` is per kernel,
-// indexed by device: 0 unknown, 1 yes, -1 no.
+// built with CUDA >= 12.3 and running on a driver >= 12.3 (graph capture of
+// such launches), compute capability >= 9, and the kernel's code compiled for
+// a virtual architecture >= compute_90 (cudaFuncAttributes::ptxVersion), so
+// that it contains the wait: a kernel JIT-compiled from compute_80 PTX on a
+// Hopper does not. `cache` is per kernel, indexed by device: 0 unknown, 1 yes,
+// -1 no. A failed query leaves no pending error and is not cached.
 inline bool pdl_capable(signed char (&cache)[64], const void* kernel) {
 #if defined(MLA_EXT_CUDA) && defined(CUDART_VERSION) && CUDART_VERSION >= 12030
   int dev = 0;
-  if (mlaGetDevice(&dev) != MLA_EXT_GPU_SUCCESS || dev < 0 || dev >= 64) return false;
+  if (mlaGetDevice(&dev) != MLA_EXT_GPU_SUCCESS || dev < 0 || dev >= 64) {
+    (void)mlaGetLastError();
+    return false;
+  }
   if (cache[dev] == 0) {
+    static const int driver = [] {
+      int v = 0;
+      if (cudaDriverGetVersion(&v) != cudaSuccess) {
+        (void)cudaGetLastError();
+        v = 0;
+      }
+      return v;
+    }();
+    const int cc = current_device_cc_major();
     cudaFuncAttributes attr;
-    const bool ok = current_device_cc_major() >= 9 && cudaFuncGetAttributes(&attr, kernel) == cudaSuccess &&
-                    attr.ptxVersion >= 90;
-    cache[dev] = ok ? 1 : -1;
+    if (cc == 0 || cudaFuncGetAttributes(&attr, kernel) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    cache[dev] = driver >= 12030 && cc >= 9 && attr.ptxVersion >= 90 ? 1 : -1;
   }
   return cache[dev] > 0;
 #else

@@ -1204,7 +1204,10 @@ inline bool ensure_smem(bool (&done)[64], const void* kernel, size_t bytes) {
 }
 
 // One reduce launch (one block per (token, head) row); programmatic where
-// allowed, so its launch overlaps the split kernel's tail (compat.h).
+// allowed (compat.h), so that its launch is processed while the split kernel
+// drains instead of after it (the split kernel does not trigger early: the
+// reduce's blocks start once the split kernel's blocks have all exited, and
+// wait for its memory before reading the workspace).
 template <bool SCAN, int BATCH = 8>
 inline Status launch_reduce(const ReduceArgs& r, uint32_t rows, gpuStream_t stream) {
   static signed char pdl_cache[64] = {};
