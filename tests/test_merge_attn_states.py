@@ -362,7 +362,7 @@ def test_gpu_neighbouring_kernels_ordered():
 @requires_gpu
 def test_gpu_waits_for_an_early_triggering_kernel():
     """The kernel before the merge lets it launch at once (griddepcontrol.launch_dependents) and
-    writes the merge's prefix LSE only ~20 us later (torch.ops.mla_ext._test_late_fill): a merge
+    writes the merge's prefix LSE only 200 us later (torch.ops.mla_ext._test_late_fill): a merge
     that read before waiting for it would use the old LSE, which weights the other side."""
     T, H, D = 1, 128, 512
     pa, la, pb, lb = make_case(T, H, D, torch.bfloat16, "cuda")
@@ -372,7 +372,7 @@ def test_gpu_waits_for_an_early_triggering_kernel():
         la.fill_(-v)
         poison_(out)
         torch.cuda.synchronize()
-        torch.ops.mla_ext._test_late_fill(la, v, 20000)
+        torch.ops.mla_ext._test_late_fill(la, v, 200000)
         mla_ext.merge_attn_states(out, out_lse, pa, la, pb, lb)
         torch.cuda.synchronize()
         ref_o, ref_l = reference.merge_attn_states(pa.cpu(), torch.full((T, H), v), pb.cpu(), lb.cpu())

@@ -888,7 +888,7 @@ def test_gpu_neighbouring_kernels_ordered(kind, heads):
 @requires_gpu
 def test_gpu_waits_for_an_early_triggering_kernel():
     """The kernel before the decode lets it launch at once (griddepcontrol.launch_dependents) and
-    writes the sink only ~20 us later (torch.ops.mla_ext._test_late_fill): a split kernel that read
+    writes the sink only 200 us later (torch.ops.mla_ext._test_late_fill): a split kernel that read
     before waiting would fold in the old sink (+-40: all weight on the sink, or none). Oracle: the
     same call with the sink written and synchronised first (bit-identical)."""
     inp = builders.build_decode_inputs("v4_c4", batch=1, num_heads=16, context_len=(3000, 5000),
@@ -908,7 +908,7 @@ def test_gpu_waits_for_an_early_triggering_kernel():
         sink.fill_(-v)
         poison_(out); poison_(lse)
         torch.cuda.synchronize()
-        torch.ops.mla_ext._test_late_fill(sink, v, 20000)
+        torch.ops.mla_ext._test_late_fill(sink, v, 200000)
         mla_ext.sparse_mla_decode(inp.q, inp.kv_cache, inp.indices, output=out, workspace=ws, lse=lse, **kw)
         torch.cuda.synchronize()
         assert torch.equal(out, expected[v][0]), f"sink {v}: output"

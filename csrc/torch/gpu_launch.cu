@@ -38,8 +38,13 @@ __global__ void test_late_fill_kernel(float* out, int64_t n, float value, int64_
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
-  for (int64_t t = 0; t < delay_ns; t += 1000) __nanosleep(1000);
+#if defined(__CUDA_ARCH__)
+  // Spin on the global nanosecond timer (__nanosleep is only a hint and may return at once).
+  uint64_t t0, t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  } while (t - t0 < uint64_t(delay_ns));
 #else
   (void)delay_ns;
 #endif

@@ -28,7 +28,7 @@ int launch_sparse_mla_decode(const mla_ext::SparseDecodeParams& p, void* workspa
 
 // Test only (torch.ops.mla_ext._test_late_fill): one block that lets the next
 // kernel on the stream launch at once (griddepcontrol.launch_dependents, sm_90+)
-// and writes `value` to out[0, n) only after sleeping ~delay_ns, so a
+// and writes `value` to out[0, n) only after spinning delay_ns, so a
 // programmatically launched kernel after it that read `out` without waiting
 // would see the old values.
 int launch_test_late_fill(float* out, int64_t n, float value, int64_t delay_ns, void* stream);
