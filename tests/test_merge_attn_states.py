@@ -337,8 +337,9 @@ def test_gpu_neighbouring_kernels_ordered():
     """Launch order with the kernels around the merge (on sm_90+ the merge is a programmatic
     dependent launch that may start before the previous kernel ends): every round a kernel writes
     the merge's inputs just before it (read after write) and a kernel reads its output just before
-    the next merge overwrites it (write after read); no host sync in between. A merge that touched
-    memory before the previous kernel finished would fail here."""
+    the next merge overwrites it (write after read); no host sync in between. These neighbours do
+    not trigger early, so a merge without its wait only races with their memory flush: a build
+    without the wait passed this test (H200) and failed the early-trigger test below."""
     T, H, D, rounds = 1, 128, 512, 40
     srcs = [make_case(T, H, D, torch.bfloat16, "cuda") for _ in range(rounds)]
     pa, la, pb, lb = (torch.empty_like(x) for x in srcs[0])

@@ -847,7 +847,9 @@ def test_gpu_neighbouring_kernels_ordered(kind, heads):
     reads the output and lse just before the next call overwrites them (write after read), with no
     host sync in between. The oracle is the same calls one at a time with a device sync around
     each (bit-identical: the op is deterministic); the first call is also checked against the
-    float64 reference."""
+    float64 reference. These neighbours do not trigger early, so a missing wait only races with
+    their memory flush (a build without it passed here); test_gpu_waits_for_an_early_triggering_kernel
+    is the one that fails then."""
     inp = builders.build_decode_inputs(kind, batch=1, num_heads=heads, context_len=(3000, 5000),
                                        device="cuda", seed=31)
     T, H = inp.num_tokens, heads
