@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "mla_ext/merge_attn_states.cuh"
+#include "dev_fill.cuh"
 
 #define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("%s: %s\n", #x, cudaGetErrorString(e)); exit(1); } } while (0)
 
@@ -38,16 +39,6 @@ __global__ void __launch_bounds__(THREADS) merge_pdl(mla_ext::MergeKernelArgs k)
   if (TRIGGER) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   asm volatile("griddepcontrol.wait;" ::: "memory");
   mla_ext::merge_attn_states_chunk<E, OW, 8>(k, blockIdx.x * THREADS + threadIdx.x);
-}
-
-__global__ void fill_random(uint16_t* v, size_t n, float* l, size_t nl, uint32_t seed) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    uint32_t x = uint32_t(i) * 2654435761u ^ seed;
-    x ^= x >> 15; x *= 2246822519u; x ^= x >> 13;
-    const float f = (float(x & 0xffffff) / float(1 << 24)) * 4.f - 2.f;
-    v[i] = uint16_t(__float_as_uint(f) >> 16);
-    if (i < nl) l[i] = f * 2.f;
-  }
 }
 
 constexpr int kSets = 64;
@@ -130,16 +121,10 @@ int main() {
       kern<<<(nv + threads - 1) / threads, threads, 0, s>>>((const uint4*)a, (const uint4*)b, (uint4*)o, nv);
     };
     auto pdl = [&](int c, auto kern, int threads) {
-      cudaLaunchConfig_t cfg = {};
-      cfg.gridDim = dim3((nv + threads - 1) / threads);
-      cfg.blockDim = dim3(threads);
-      cfg.stream = s;
-      cudaLaunchAttribute at[1];
-      at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-      at[0].val.programmaticStreamSerializationAllowed = 1;
-      cfg.attrs = at;
-      cfg.numAttrs = 1;
-      CK(cudaLaunchKernelEx(&cfg, kern, args(c)));
+      CK(mla_ext::launch_kernel(true, kern, dim3((nv + threads - 1) / threads), dim3(threads), 0, s, args(c)) ==
+                 mla_ext::Status::kSuccess
+             ? cudaSuccess
+             : cudaErrorLaunchFailure);
     };
     rec(si, "empty", time_graph(s, [&](int) { empty_kernel<<<1, 32, 0, s>>>(); }));
     rec(si, "memcpy", time_graph(s, [&](int c) {
