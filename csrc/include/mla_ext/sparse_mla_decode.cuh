@@ -1072,27 +1072,32 @@ __global__ void __launch_bounds__(kReduceThreads) decode_reduce_kernel(const Red
     for (int e = 0; e < 4; ++e) o[e] *= inv;
   };
   if constexpr (!BLOCK_SCAN) {
+    // Every partial of a batch is loaded before the first is used (each was
+    // written by this call; one whose weight is 0, or of a NaN / empty row, is
+    // loaded but not used). The first batch goes out with the LSE loads, so the
+    // two share one L2 round trip. BATCH: 2 or 4 when the call has that few
+    // splits (fewer registers).
+    constexpr int kBatch = BATCH;
+    float4 v[kBatch];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u)
+      v[u] = u < S ? *reinterpret_cast<const float4*>(parts + int64_t(u) * kDV + col) : make_float4(0.f, 0.f, 0.f, 0.f);
     float mx;
     const SplitMergeMode mode = split_merge_scan(lse, S, &mx);
     if (mode == SplitMergeMode::kNaN) {
       o[0] = o[1] = o[2] = o[3] = out_lse = quiet_nan();
     } else if (mode == SplitMergeMode::kMix) {
-      // Every partial of a batch is loaded before the first is used (each was
-      // written by this call; one whose weight is 0 is loaded but not used).
-      // BATCH: 2 or 4 when the call has that few splits (fewer registers).
-      constexpr int kBatch = BATCH;
       float L = 0.f;
       for (int i0 = 0; i0 < S; i0 += kBatch) {
         float w[kBatch];
-        float4 v[kBatch];
 #pragma unroll
         for (int u = 0; u < kBatch; ++u) {
           const int i = i0 + u;
           w[u] = 0.f;
-          v[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+          if (i0 > 0) v[u] = make_float4(0.f, 0.f, 0.f, 0.f);
           if (i < S) {
             w[u] = expf(lse[i] - mx);
-            v[u] = *reinterpret_cast<const float4*>(parts + int64_t(i) * kDV + col);
+            if (i0 > 0) v[u] = *reinterpret_cast<const float4*>(parts + int64_t(i) * kDV + col);
           }
         }
 #pragma unroll
@@ -1111,6 +1116,14 @@ __global__ void __launch_bounds__(kReduceThreads) decode_reduce_kernel(const Red
     __shared__ float s_sum[kReduceWarps];
     __shared__ int s_nan[kReduceWarps];
     const int lane = tid % kWarpSize, warp = tid / kWarpSize;
+    // The first batch of partials goes out with the LSE loads (one L2 round
+    // trip for both); loaded but unused for a NaN or empty row.
+    constexpr int kBatch = 16;
+    const float* part_out = parts + col;
+    float4 v[kBatch];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u)
+      if (u < S) v[u] = *reinterpret_cast<const float4*>(part_out + int64_t(u) * kDV);
     float l[kReduceLsePerThread];
     float mx = neg_inf();
     int nan = 0;
@@ -1158,13 +1171,12 @@ __global__ void __launch_bounds__(kReduceThreads) decode_reduce_kernel(const Red
       float L = s_sum[0];
 #pragma unroll
       for (int w = 1; w < kReduceWarps; ++w) L += s_sum[w];
-      constexpr int kBatch = 16;
-      const float* part_out = parts + col;
       for (int i0 = 0; i0 < S; i0 += kBatch) {
-        float4 v[kBatch];
+        if (i0 > 0) {
 #pragma unroll
-        for (int u = 0; u < kBatch; ++u)
-          if (i0 + u < S) v[u] = *reinterpret_cast<const float4*>(part_out + int64_t(i0 + u) * kDV);
+          for (int u = 0; u < kBatch; ++u)
+            if (i0 + u < S) v[u] = *reinterpret_cast<const float4*>(part_out + int64_t(i0 + u) * kDV);
+        }
 #pragma unroll
         for (int u = 0; u < kBatch; ++u) {
           if (i0 + u < S) {
