@@ -144,15 +144,18 @@ inline int pdl_mask() {
   return mask;
 }
 
-// Whether `kernel` may be launched programmatically on the current device:
+// Whether `kernel` (of the family `bit` of pdl_mask) is launched
+// programmatically on the current device: its bit is set, and it was
 // built with CUDA >= 12.3 and running on a driver >= 12.3 (graph capture of
 // such launches), compute capability >= 9, and the kernel's code compiled for
 // a virtual architecture >= compute_90 (cudaFuncAttributes::ptxVersion), so
 // that it contains the wait: a kernel JIT-compiled from compute_80 PTX on a
 // Hopper does not. `cache` is per kernel, indexed by device: 0 unknown, 1 yes,
 // -1 no. A failed query leaves no pending error and is not cached.
-inline bool pdl_capable(signed char (&cache)[64], const void* kernel) {
+template <typename K>
+inline bool use_pdl(int bit, signed char (&cache)[64], K* kernel) {
 #if defined(MLA_EXT_CUDA) && defined(CUDART_VERSION) && CUDART_VERSION >= 12030
+  if ((pdl_mask() & bit) == 0) return false;
   int dev = 0;
   if (mlaGetDevice(&dev) != MLA_EXT_GPU_SUCCESS || dev < 0 || dev >= 64) {
     (void)mlaGetLastError();
@@ -169,7 +172,7 @@ inline bool pdl_capable(signed char (&cache)[64], const void* kernel) {
     }();
     const int cc = current_device_cc_major();
     cudaFuncAttributes attr;
-    if (cc == 0 || cudaFuncGetAttributes(&attr, kernel) != cudaSuccess) {
+    if (cc == 0 || cudaFuncGetAttributes(&attr, reinterpret_cast<const void*>(kernel)) != cudaSuccess) {
       (void)cudaGetLastError();
       return false;
     }
@@ -177,6 +180,7 @@ inline bool pdl_capable(signed char (&cache)[64], const void* kernel) {
   }
   return cache[dev] > 0;
 #else
+  (void)bit;
   (void)cache;
   (void)kernel;
   return false;
@@ -184,7 +188,7 @@ inline bool pdl_capable(signed char (&cache)[64], const void* kernel) {
 }
 
 // Launch `kernel` on `stream`, programmatically when `programmatic` (see
-// above; callers pass pdl_mask() & bit && pdl_capable(...)), else as <<<>>>.
+// above; callers pass use_pdl(...)), else as <<<>>>.
 template <typename... KArgs, typename... Args>
 inline Status launch_kernel(bool programmatic, void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
                             gpuStream_t stream, const Args&... args) {

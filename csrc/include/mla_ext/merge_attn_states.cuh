@@ -188,8 +188,7 @@ Status launch_merge_vec(const MergeParams& full, gpuStream_t stream, int tile_sh
     tile_shift = lse_token_major && full.num_tokens >= (int64_t(1) << kMergeLseTileShift) ? kMergeLseTileShift : 0;
   }
   static signed char pdl_cache[64] = {};
-  const bool pdl = (pdl_mask() & kPdlMerge) &&
-                   pdl_capable(pdl_cache, reinterpret_cast<const void*>(merge_attn_states_kernel<E, O, VEC, THREADS>));
+  const bool pdl = use_pdl(kPdlMerge, pdl_cache, merge_attn_states_kernel<E, O, VEC, THREADS>);
   // One launch: k.p, first_head, num_chunks, merge_tokens, num_tokens and tile_shift set by the caller.
   auto launch = [&](MergeKernelArgs& k) {
     k.chunks_per_row = uint32_t(cpr);
@@ -396,8 +395,7 @@ Status launch_merge_n_vec(const MergeNParams& full, int num_sms, gpuStream_t str
   const int64_t max_blocks = int64_t(num_sms > 0 ? num_sms : 132) * 8;
   using S = typename E::storage;
   static signed char pdl_cache[64] = {};
-  const bool pdl = (pdl_mask() & kPdlMerge) &&
-                   pdl_capable(pdl_cache, reinterpret_cast<const void*>(merge_attn_states_n_kernel<E, VEC>));
+  const bool pdl = use_pdl(kPdlMerge, pdl_cache, merge_attn_states_n_kernel<E, VEC>);
   for (int64_t t0 = 0; t0 < full.num_tokens; t0 += max_tokens) {
     const int64_t nt = full.num_tokens - t0 < max_tokens ? full.num_tokens - t0 : max_tokens;
     MergeNKernelArgs k;

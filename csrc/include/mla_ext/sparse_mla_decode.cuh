@@ -1224,7 +1224,7 @@ template <bool SCAN, int BATCH = 8>
 inline Status launch_reduce(const ReduceArgs& r, uint32_t rows, gpuStream_t stream) {
   static signed char pdl_cache[64] = {};
   auto* kernel = decode_reduce_kernel<SCAN, BATCH>;
-  const bool pdl = (pdl_mask() & kPdlDecodeReduce) && pdl_capable(pdl_cache, reinterpret_cast<const void*>(kernel));
+  const bool pdl = use_pdl(kPdlDecodeReduce, pdl_cache, kernel);
   return launch_kernel(pdl, kernel, dim3(rows), dim3(kReduceThreads), 0, stream, r);
 }
 
@@ -1239,7 +1239,7 @@ inline Status launch_split(const DecodeArgs& a, uint32_t blocks, gpuStream_t str
   else
     kernel = decode_split_portable_kernel<MT, DQK, F, BAL>;
   if (!ensure_smem(done, reinterpret_cast<const void*>(kernel), C::bytes)) return Status::kLaunchFailed;
-  const bool pdl = (pdl_mask() & kPdlDecodeSplit) && pdl_capable(pdl_cache, reinterpret_cast<const void*>(kernel));
+  const bool pdl = use_pdl(kPdlDecodeSplit, pdl_cache, kernel);
   return launch_kernel(pdl, kernel, dim3(blocks), dim3(kThreads), C::bytes, stream, a);
 }
 
