@@ -183,9 +183,16 @@ def verify_merge(args, rows: int = 64) -> float:
 
 def measure_merge(T: int, H: int, D: int, *, dtype=torch.bfloat16, device="cuda", layout="contiguous",
                   with_copy: bool = True, host: bool = False) -> dict:
-    """Verify and time ``merge_attn_states`` for one shape; GPU runs include the copy ceiling."""
+    """Verify and time ``merge_attn_states`` for one shape; GPU runs include the copy ceiling.
+
+    On a GPU each shape starts from an emptied caching allocator, so a result does not depend
+    on which shapes ran before: on an H200, 16384 x 16 x 128 measured 98% of the copy in a fresh
+    process and 91% right after 8192 x 128 x 128's inputs had been freed into the cache
+    (torch.add of the same tensors unchanged; benchmarks/dev/merge_state.py, NOTES.md)."""
     from ._ops import merge_attn_states
 
+    if str(device).startswith("cuda"):
+        torch.cuda.empty_cache()
     nbytes = merge_bytes(T, H, D, dtype)
     first = make_merge_inputs(T, H, D, dtype, device, layout=layout)
     for t in (first[0], first[1]):
