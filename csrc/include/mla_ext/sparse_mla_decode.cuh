@@ -1081,7 +1081,7 @@ __global__ void __launch_bounds__(kReduceThreads) decode_reduce_kernel(const Red
     float4 v[kBatch];
 #pragma unroll
     for (int u = 0; u < kBatch; ++u)
-      v[u] = u < S ? *reinterpret_cast<const float4*>(parts + int64_t(u) * kDV + col) : make_float4(0.f, 0.f, 0.f, 0.f);
+      if (u < S) v[u] = *reinterpret_cast<const float4*>(parts + int64_t(u) * kDV + col);  // v[u >= S]: never read
     float mx;
     const SplitMergeMode mode = split_merge_scan(lse, S, &mx);
     if (mode == SplitMergeMode::kNaN) {
@@ -1094,7 +1094,6 @@ __global__ void __launch_bounds__(kReduceThreads) decode_reduce_kernel(const Red
         for (int u = 0; u < kBatch; ++u) {
           const int i = i0 + u;
           w[u] = 0.f;
-          if (i0 > 0) v[u] = make_float4(0.f, 0.f, 0.f, 0.f);
           if (i < S) {
             w[u] = expf(lse[i] - mx);
             if (i0 > 0) v[u] = *reinterpret_cast<const float4*>(parts + int64_t(i) * kDV + col);
