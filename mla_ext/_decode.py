@@ -96,14 +96,17 @@ def sparse_mla_decode(
         softmax_scale: finite multiplier of ``q.K`` (V3.2: ``192**-0.5 * mscale**2``; V4:
             ``512**-0.5``; see :mod:`mla_ext.reference`).
         output: ``[num_tokens, num_heads, 512]`` bfloat16. **Mutated**: every element written.
-            Any token and head strides; last dim stride 1.
+            Any token and head strides; last dim stride 1. ``output``, ``lse`` and
+            ``workspace`` share no memory with each other or with any other argument (not even
+            ``q``, whose V4 shape is the same); disjoint parts of one buffer are fine.
         workspace: 1-D contiguous uint8 tensor on the same device, at least
             :func:`sparse_mla_decode_workspace_size` bytes (a :class:`DecodeWorkspace`'s
             ``.tensor``). **Mutated** (scratch for split-K partial results when more than one
             split is used); its contents on entry do not matter. The op itself checks only the
             bytes this call's split count needs (none for one split), and the automatic count
             depends on the device's processor count, so a workspace that passes on the CPU can
-            be too small on a GPU: size it with :func:`sparse_mla_decode_workspace_size`.
+            be too small on a GPU: size it with :func:`sparse_mla_decode_workspace_size`. Its
+            data pointer must be 16-byte aligned (a fresh tensor's is).
         lengths: optional ``[num_tokens]`` int32 (any stride): entries at positions
             ``>= lengths[t]`` of ``indices`` are skipped (negative = 0).
         extra_kv_cache, extra_indices, extra_lengths: optional second set (DeepSeek V4
@@ -142,8 +145,10 @@ def sparse_mla_decode(
             left untouched), naming the argument: wrong dtype / shape / strides of any tensor,
             unknown ``kv_format``, a cache row that does not match the format or q's d_qk, a V4
             page stride below ``page_size * 584`` bytes, an incomplete extra set, tensors on
-            different devices, ``num_splits`` outside 0..256, a non-finite ``softmax_scale``, or a
-            workspace smaller than needed (the message states the bytes needed).
+            different devices, ``num_splits`` outside 0..256, a non-finite ``softmax_scale``, a
+            workspace smaller than needed (the message states the bytes needed) or not 16-byte
+            aligned, ``output`` / ``lse`` / ``workspace`` sharing memory with each other or
+            with another argument, or (GPU) q or cache rows not 16-byte aligned.
     """
     _ops.sparse_mla_decode(q, kv_cache, indices, kv_format, float(softmax_scale), output, workspace,
                            lengths, extra_kv_cache, extra_indices, extra_lengths, attn_sink, lse,
@@ -188,8 +193,8 @@ def sparse_mla_decode_workspace_size(num_tokens: int, num_heads: int, *, num_spl
         bytes (int; 0 when no split-K scratch is needed, e.g. ``num_splits=1``).
 
     Raises:
-        RuntimeError: negative sizes, ``num_splits`` outside 0..256, a CUDA device on a CPU-only
-            build. ValueError: a device that is neither CPU nor CUDA.
+        RuntimeError: negative sizes, ``num_tokens x num_heads`` above 2^43, ``num_splits``
+            outside 0..256, a CUDA device on a CPU-only build. ValueError: a device that is neither CPU nor CUDA.
     """
     return int(_ops.sparse_mla_decode_workspace_size(int(num_tokens), int(num_heads), int(num_splits),
                                                      _device_index(device)))
@@ -203,7 +208,8 @@ class DecodeWorkspace:
         max_num_tokens: the most query tokens a call will have.
         num_heads: the most heads a call will have.
         num_splits: the ``num_splits`` the calls pass (0 = automatic).
-        device: where the calls run (CPU or CUDA).
+        device: where the calls run (CPU or CUDA; ``None``: the current CUDA device when CUDA
+            is available, else the CPU, as :func:`sparse_mla_decode_workspace_size`).
 
     Attributes:
         tensor: the 1-D uint8 workspace (pass as ``workspace=``); ``nbytes`` bytes, contents
@@ -213,7 +219,11 @@ class DecodeWorkspace:
 
     def __init__(self, max_num_tokens: int, num_heads: int, *, num_splits: int = 0,
                  device: DeviceLike):
-        dev = torch.device(device) if not isinstance(device, int) else torch.device("cuda", device)
+        index = _device_index(device) if device is None else None  # None: as sparse_mla_decode_workspace_size
+        if device is None:
+            dev = torch.device("cpu") if index < 0 else torch.device("cuda", index)
+        else:
+            dev = torch.device(device) if not isinstance(device, int) else torch.device("cuda", device)
         if dev.type == "cuda" and dev.index is None and torch.cuda.is_available():
             dev = torch.device("cuda", torch.cuda.current_device())
         self.max_num_tokens = int(max_num_tokens)

@@ -1,6 +1,7 @@
 """Python entry points of the ops, with their fake (meta) implementations for torch.compile."""
 from __future__ import annotations
 
+import operator
 from typing import Optional
 
 import torch
@@ -69,8 +70,10 @@ def merge_attn_states(
         output: ``[num_tokens, num_heads, head_size]`` float32 / float16 / bfloat16
             (the inputs' dtype), or float8_e4m3fn / float8_e4m3fnuz together with
             ``output_scale``. **Mutated**: fully written. Any token and head strides;
-            the last dim must have stride 1. May alias ``prefix_output`` or
-            ``suffix_output`` (same dtype).
+            the last dim must have stride 1. May be the very same view as
+            ``prefix_output`` or ``suffix_output`` (in place: same data pointer, dtype,
+            shape and strides); any other overlap with an input, or with an LSE or
+            ``output_scale``, is refused.
         output_lse: optional ``[num_tokens, num_heads]`` float32, any strides, sharing no
             element with ``prefix_lse`` / ``suffix_lse`` (a separate buffer; disjoint fields
             of one buffer are fine). **Mutated**: the merged LSE (natural log). ``None``
@@ -114,13 +117,17 @@ def merge_attn_states(
             dtypes differ or are not float32/float16/bfloat16 (output: or FP8), an
             LSE is not float32, shapes do not match ``output``'s, a last dim is not
             contiguous, tensors are on different devices, ``output_lse`` has the
-            wrong shape or shares memory with an input LSE, an FP8 output comes
+            wrong shape or shares memory with an input LSE, ``output`` overlaps an input
+            other than as the very same view or shares memory with an LSE or
+            ``output_scale``, an FP8 output comes
             without ``output_scale`` (or a scale with a non-FP8 output),
             ``output_scale`` is not float32 / not one element / on another device,
             ``prefill_tokens_with_context < 0``, or head_size is 2^31 or more.
+        TypeError: ``prefill_tokens_with_context`` is not an integer (e.g. a float).
     """
     _merge_op(output, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse,
-              None if prefill_tokens_with_context is None else int(prefill_tokens_with_context), output_scale)
+              None if prefill_tokens_with_context is None else operator.index(prefill_tokens_with_context),
+              output_scale)
 
 
 def merge_attn_states_n(
@@ -148,8 +155,10 @@ def merge_attn_states_n(
     Args:
         output: ``[num_tokens, num_heads, head_size]`` float32 / float16 / bfloat16.
             **Mutated**: fully written. Any token and head strides, last dim stride 1.
-            May alias one state ``values[s]`` (every state is read before the output
-            element is written).
+            May be the very same view as one state ``values[s]`` (in place: same data
+            pointer, shape and strides; every state is read before the output element is
+            written); any other overlap with ``values``, ``lses``, ``output_lse`` or
+            ``attn_sink`` is refused.
         output_lse: optional ``[num_tokens, num_heads]`` float32, any strides, sharing no
             element with ``lses``. **Mutated**: the merged LSE. ``None`` skips it.
         values: ``[num_states, num_tokens, num_heads, head_size]`` of ``output``'s dtype,
@@ -178,7 +187,9 @@ def merge_attn_states_n(
         RuntimeError: before anything is written, naming the argument, when ``values`` is
             not 4-D ``[num_states, *output.shape]`` or has no state, dtypes differ or are
             not float32/float16/bfloat16, ``lses`` / ``output_lse`` are not float32 or have
-            the wrong shape, ``output_lse`` shares memory with ``lses``, a last dim is not
+            the wrong shape, ``output_lse`` shares memory with ``lses`` or ``attn_sink``,
+            ``output`` overlaps ``values`` other than as one state's very same view or
+            shares memory with ``lses`` / ``output_lse`` / ``attn_sink``, a last dim is not
             contiguous, ``attn_sink`` is not float32 ``[num_heads]``, or tensors are on
             different devices.
     """

@@ -143,6 +143,38 @@ def test_output_aliases_input(device, dtype, alias):
     assert_close_rel(out, ref_o, dtype)
 
 
+def test_output_overlap_refused(device):
+    """In place means the very same view: an output shifted by one head over prefix_output, a
+    transposed view of it, or one sharing memory with an input LSE is refused before anything
+    is written; two disjoint fields of one interleaved buffer are accepted."""
+    T, H, D = 4, 3, 16
+    pa, la, pb, lb = make_case(T, H, D, torch.float32, device, gen_seed=7)
+    buf = torch.cat([pa.flatten(), poison_(torch.empty(D, device=device))])
+    before = buf.clone()
+    prefix = buf[:T * H * D].view(T, H, D)
+    shifted = buf[D:].view(T, H, D)
+    with pytest.raises(RuntimeError, match="output to be either the very same view as prefix_output"):
+        mla_ext.merge_attn_states(shifted, None, prefix, la, pb, lb)
+    x = pb.transpose(0, 1).contiguous()  # [H, T, D] holding suffix values
+    x_before = x.clone()
+    with pytest.raises(RuntimeError, match="very same view as suffix_output"):
+        # the same memory read as [T, H, D] (contiguous) and written through a transposed view
+        mla_ext.merge_attn_states(x.transpose(0, 1), None, pa, la, x.view(T, H, D), lb)
+    assert torch.equal(x, x_before)
+    lbuf = torch.cat([la.flatten(), poison_(torch.empty(T * H * D, device=device))])
+    with pytest.raises(RuntimeError, match="output not to share memory with prefix_lse"):
+        mla_ext.merge_attn_states(lbuf[T * H - 1:T * H - 1 + T * H * D].view(T, H, D), None, pa,
+                                  lbuf[:T * H].view(T, H), pb, lb)
+    assert torch.equal(buf.isnan(), before.isnan()) and lbuf[T * H:].isnan().all()
+    # disjoint fields of one [T, H, 2, D] buffer: output in field 0, prefix in field 1
+    both = poison_(torch.empty(T, H, 2, D, device=device))
+    both[:, :, 1] = pa
+    mla_ext.merge_attn_states(both[:, :, 0], None, both[:, :, 1], la, pb, lb)
+    ref_o, _ = reference.merge_attn_states(pa.cpu(), la.cpu(), pb.cpu(), lb.cpu())
+    assert_close_rel(both[:, :, 0], ref_o, torch.float32)
+    assert torch.equal(both[:, :, 1], pa)
+
+
 def test_empty_batch(device):
     for shape in [(0, 4, 64), (4, 0, 64)]:
         z = torch.empty(*shape, dtype=torch.bfloat16, device=device)
@@ -442,6 +474,25 @@ def test_vllm_compat_lse_shape_message():
     with pytest.raises(RuntimeError, match=r"prefix_lse of shape \[num_heads, num_tokens\] = \[3, 5\]"):
         mla_ext.compat.vllm.merge_attn_states(out, pa, la, pb, lb.T)  # prefix_lse given as [T, H]
     assert out.isnan().all()
+
+
+def test_vllm_compat_lse_not_2d_message():
+    """LSEs that are not 2-D give the documented RuntimeError (not an IndexError from the
+    transposition), whatever output's shape."""
+    with pytest.raises(RuntimeError, match="prefix_lse to be 2-D"):
+        mla_ext.compat.vllm.merge_attn_states(torch.zeros(3, 8), torch.zeros(3, 8), torch.zeros(3),
+                                              torch.zeros(3, 8), torch.zeros(3))
+
+
+def test_prefill_tokens_with_context_must_be_an_integer():
+    T, H, D = 5, 3, 16
+    pa, la, pb, lb = make_case(T, H, D, torch.float32, "cpu", gen_seed=8)
+    out = poison_(torch.empty(T, H, D))
+    with pytest.raises(TypeError):
+        mla_ext.merge_attn_states(out, None, pa, la, pb, lb, prefill_tokens_with_context=2.5)
+    assert out.isnan().all()
+    mla_ext.merge_attn_states(out, None, pa, la, pb, lb, prefill_tokens_with_context=torch.tensor(2).item())
+    assert not out.isnan().any()
 
 
 # ---- FP8 output (output_scale) and prefill_tokens_with_context ----

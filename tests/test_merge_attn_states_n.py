@@ -222,6 +222,25 @@ def test_errors_before_write(device, case):
     assert args["output"].isnan().all() and args["output_lse"].isnan().all()
 
 
+def test_output_overlap_refused(device):
+    """output in place means the very same view as one state; an output shifted by one head over
+    values, or an attn_sink sharing memory with output_lse, is refused before anything is written."""
+    args = _valid(device, S=3)
+    values = args["values"]
+    S, T, H, D = values.shape
+    flat = torch.cat([values.flatten(), poison_(torch.empty(D, dtype=values.dtype, device=device))])
+    before = flat.clone()
+    vals = flat[:values.numel()].view(S, T, H, D)
+    shifted = flat[(S - 1) * T * H * D + D:].view(T, H, D)  # values[S - 1] moved by one head
+    with pytest.raises(RuntimeError, match="very same view as one state"):
+        mla_ext.merge_attn_states_n(shifted, args["output_lse"], vals, args["lses"])
+    assert torch.equal(flat.isnan(), before.isnan()) and args["output_lse"].isnan().all()
+    ol = args["output_lse"]
+    with pytest.raises(RuntimeError, match="output_lse not to share memory with attn_sink"):
+        mla_ext.merge_attn_states_n(args["output"], ol, values, args["lses"], attn_sink=ol[0])
+    assert args["output"].isnan().all() and ol.isnan().all()
+
+
 def test_output_lse_sharing_lses(device):
     """output_lse may not share elements with lses (e.g. lses[1] in place): a clear error, nothing
     written; a disjoint slot of the same buffer is accepted."""

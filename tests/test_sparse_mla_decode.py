@@ -7,6 +7,7 @@ being written, or a read of an unselected row shows up as NaN.
 import os
 import subprocess
 import sys
+import time
 import zlib
 
 import pytest
@@ -618,6 +619,22 @@ def test_workspace_size_monotonic_and_sufficient(device):
         mla_ext.sparse_mla_decode_workspace_size(4, 4, num_splits=257, device=device)
 
 
+def test_workspace_size_extremes_and_default_device():
+    """Absurd sizes give an error (not a wrapped-around 0, not a hang); a huge head count under
+    the automatic split setting returns at once; DecodeWorkspace(device=None) takes the same
+    default device as sparse_mla_decode_workspace_size."""
+    with pytest.raises(RuntimeError, match="num_tokens x num_heads <= 2\\^43"):
+        mla_ext.sparse_mla_decode_workspace_size(2**40, 2**20, num_splits=256, device="cpu")
+    t0 = time.perf_counter()
+    auto = mla_ext.sparse_mla_decode_workspace_size(1, 2**40, num_splits=0, device="cpu")
+    assert time.perf_counter() - t0 < 5.0
+    assert auto == mla_ext.sparse_mla_decode_workspace_size(1, 2**40 - 63, num_splits=0, device="cpu")
+    w = mla_ext.DecodeWorkspace(4, 8, device=None)
+    want = torch.device("cuda", torch.cuda.current_device()) if HAS_GPU else torch.device("cpu")
+    assert w.device == want and w.tensor.device == want
+    assert w.nbytes == mla_ext.sparse_mla_decode_workspace_size(4, 8, device=None)
+
+
 def _opcheck_args(device, S):
     g = torch.Generator().manual_seed(13)
     T, H, W = 3, 8, 40
@@ -746,6 +763,36 @@ ERROR_CASES = {
     "softmax_scale nan": (lambda a: a.update(softmax_scale=float("nan")), "softmax_scale"),
     "softmax_scale inf": (lambda a: a.update(softmax_scale=INF), "softmax_scale"),
 }
+
+
+def _arena(a, first, second):
+    """first and second carved from one uint8 arena, second starting 16 bytes before first ends."""
+    n1 = first.numel() * first.element_size()
+    n2 = second.numel() * second.element_size()
+    arena = torch.full((n1 + n2,), 0xFF, dtype=torch.uint8, device=a["q"].device)
+    one = arena[:n1].view(first.dtype).view(first.shape)
+    two = arena[n1 - 16:n1 - 16 + n2].view(second.dtype).view(second.shape)
+    one.copy_(first)
+    two.copy_(second)
+    return one, two
+
+
+def _ws_over_indices(a):
+    ws, idx = _arena(a, a["workspace"], a["indices"])
+    a.update(workspace=ws, indices=idx)
+
+
+def _output_over_workspace(a):
+    ws, out = _arena(a, a["workspace"], a["output"])
+    a.update(workspace=ws, output=out)
+
+
+ERROR_CASES.update({
+    "output is q": (lambda a: a.update(output=a["q"]), "output not to share memory with q"),
+    "lse over sink": (lambda a: a.update(attn_sink=a["lse"][0]), "lse not to share memory with attn_sink"),
+    "workspace over indices": (_ws_over_indices, "workspace not to share memory with indices"),
+    "output over workspace": (_output_over_workspace, "output not to share memory with workspace"),
+})
 if HAS_GPU:
     ERROR_CASES["devices differ"] = (lambda a: a.update(attn_sink=a["attn_sink"].cpu() if a["q"].is_cuda
                                                         else a["attn_sink"].cuda()), "same device")

@@ -7,6 +7,7 @@
 #include <torch/headeronly/util/Exception.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <numeric>
 #include <optional>
 #include <stdexcept>
@@ -132,6 +133,129 @@ inline bool may_share_elements(const F32View& a, const F32View& b) {
   if (gap % 4 != 0) return true;
   if (g == 0) return gap == 0;
   return (gap / 4) % g == 0;
+}
+
+// Bytes per element of the dtypes the ops accept (0: not one of them; the overlap test
+// below then treats every byte of the range as used).
+inline int64_t element_bytes(ScalarType t) {
+  switch (t) {
+    case ScalarType::Double: case ScalarType::Long: return 8;
+    case ScalarType::Float: case ScalarType::Int: return 4;
+    case ScalarType::Half: case ScalarType::BFloat16: case ScalarType::Short: return 2;
+    case ScalarType::Byte: case ScalarType::Char: case ScalarType::Bool:
+    case ScalarType::Float8_e4m3fn: case ScalarType::Float8_e4m3fnuz: return 1;
+    default: return 0;
+  }
+}
+
+// A strided byte span for the overlap test below: first element's address, element size and
+// up to 4 (size, stride in elements) dims. Built from values the validation already holds, so
+// the test costs no further tensor queries (the merge's host time is a goal).
+struct Span {
+  uintptr_t ptr;
+  int64_t esize;  // bytes per element; 0: unknown, every byte of the range counts as used
+  int dims;
+  int64_t size[4];
+  int64_t stride[4];
+};
+
+inline Span span_of(const void* ptr, int64_t esize, std::initializer_list<int64_t> sizes,
+                    std::initializer_list<int64_t> strides) {
+  Span v{reinterpret_cast<uintptr_t>(ptr), esize, int(sizes.size()), {0, 0, 0, 0}, {0, 0, 0, 0}};
+  int i = 0;
+  for (int64_t x : sizes) v.size[i++] = x;
+  i = 0;
+  for (int64_t x : strides) v.stride[i++] = x;
+  return v;
+}
+
+// A tensor's span (at most 4 dims; more are folded into an unknown-element span over its range).
+inline Span span_of(const Tensor& t) {
+  Span v{reinterpret_cast<uintptr_t>(t.data_ptr()), element_bytes(t.scalar_type()), 0, {0, 0, 0, 0}, {0, 0, 0, 0}};
+  const int64_t nd = t.dim();
+  if (t.numel() == 0) {
+    v.dims = 1;  // size 0: empty
+    return v;
+  }
+  if (nd <= 4) {
+    v.dims = int(nd);
+    for (int64_t d = 0; d < nd; ++d) {
+      v.size[d] = t.size(d);
+      v.stride[d] = t.stride(d);
+    }
+    return v;
+  }
+  int64_t lo = 0, hi = 0;
+  for (int64_t d = 0; d < nd; ++d) {
+    const int64_t span = (t.size(d) - 1) * t.stride(d);
+    if (span < 0) lo += span; else hi += span;
+  }
+  const int64_t es = v.esize > 0 ? v.esize : 1;
+  v.ptr = uintptr_t(int64_t(v.ptr) + lo * es);
+  v.esize = 0;
+  v.dims = 1;
+  v.size[0] = (hi - lo + 1) * es;  // bytes
+  v.stride[0] = 1;
+  return v;
+}
+
+// Whether two spans may share a byte of memory (O(dims)). A span is taken as rows of its last
+// dim when that dim has stride 1 (a row of size elements is one contiguous extent), else as
+// single elements. False when the address ranges are apart, or when the gap between the first
+// rows, modulo the gcd g of the byte strides of every other dim that moves, leaves no row of
+// one inside a row of the other (so e.g. the fields of one interleaved [T, H, 2, D] buffer
+// pass as disjoint). A sufficient test for disjointness: an ambiguous pair counts as sharing.
+inline bool may_share_bytes(const Span& a, const Span& b) {
+  // Rows: the last dim when it has stride 1 (or the span's element size is unknown).
+  auto rows = [](const Span& t) {
+    return t.esize == 0 || (t.dims > 0 && t.size[t.dims - 1] > 1 && t.stride[t.dims - 1] == 1);
+  };
+  // lo, hi: the byte range; ext: the bytes of one row (or element) from each start address.
+  auto range = [&rows](const Span& t, int64_t* lo, int64_t* hi, int64_t* ext) {
+    const int64_t es = t.esize > 0 ? t.esize : 1;
+    *lo = *hi = int64_t(t.ptr);
+    for (int d = 0; d < t.dims; ++d)
+      if (t.size[d] == 0) return false;
+    const bool r = rows(t);
+    *ext = r && t.dims > 0 ? t.size[t.dims - 1] * es : es;
+    for (int d = 0; d < (r ? t.dims - 1 : t.dims); ++d) {
+      const int64_t span = (t.size[d] - 1) * t.stride[d] * es;
+      if (span < 0) *lo += span; else *hi += span;
+    }
+    *hi += *ext;
+    return true;
+  };
+  int64_t alo, ahi, xa, blo, bhi, xb;
+  if (!range(a, &alo, &ahi, &xa) || !range(b, &blo, &bhi, &xb)) return false;  // empty
+  if (ahi <= blo || bhi <= alo) return false;  // the common case: apart
+  int64_t g = 0;
+  for (const Span* t : {&a, &b}) {
+    const int64_t es = t->esize > 0 ? t->esize : 1;
+    for (int d = 0; d < (rows(*t) ? t->dims - 1 : t->dims); ++d)
+      if (t->size[d] > 1) g = std::gcd(g, t->stride[d] < 0 ? -t->stride[d] * es : t->stride[d] * es);
+  }
+  const int64_t gap = int64_t(a.ptr) - int64_t(b.ptr);
+  if (g == 0) return gap > -xb && gap < xa;  // one row each
+  if (g < (xa > xb ? xa : xb)) return true;  // rows longer than the period: not resolved here
+  const int64_t r = ((gap % g) + g) % g;     // two row starts differ by r or r - g (mod g)
+  return r < xa || r > g - xb;
+}
+
+// Whether two spans are the very same view: pointer, element size, sizes and strides.
+inline bool same_view(const Span& a, const Span& b) {
+  if (a.ptr != b.ptr || a.esize != b.esize || a.dims != b.dims) return false;
+  for (int d = 0; d < a.dims; ++d)
+    if (a.size[d] != b.size[d] || (a.size[d] > 1 && a.stride[d] != b.stride[d])) return false;
+  return true;
+}
+
+// A buffer the op writes must not share memory with another argument (the kernels read the
+// inputs while other threads and blocks write the outputs, and the CPU twin would read what it
+// has already overwritten).
+inline void check_disjoint(const char* op, const Span& out, const char* out_name, const Span& other,
+                           const char* other_name) {
+  MLA_CHECK(!may_share_bytes(out, other), op, "expected ", out_name, " not to share memory with ", other_name,
+            " (", out_name, " is written while ", other_name, " is still read or written); pass separate buffers");
 }
 
 // A [num_tokens, num_heads] LSE as an F32View.
@@ -276,6 +400,31 @@ inline mla_ext::MergeParams make_merge_params(const Tensor& output,
   p.suffix_lse = static_cast<const float*>(suffix_lse.data_ptr());
   p.suffix_lse_stride_token = suffix_lse.stride(0);
   p.suffix_lse_stride_head = suffix_lse.stride(1);
+  // In place means the very same view (each chunk is read before the same thread writes it);
+  // any other overlap would read elements already merged.
+  {
+    const int64_t ein = mla_ext::dtype_size(p.dtype), eout = mla_ext::merge_output_size(p.dtype, p.output_kind);
+    const Span out = span_of(p.output, eout, {T, H, D}, {p.output_stride_token, p.output_stride_head, 1});
+    const Span pre = span_of(p.prefix_output, ein, {T, H, D}, {p.prefix_stride_token, p.prefix_stride_head, 1});
+    const Span suf = span_of(p.suffix_output, ein, {T, H, D}, {p.suffix_stride_token, p.suffix_stride_head, 1});
+    MLA_CHECK(same_view(out, pre) || !may_share_bytes(out, pre), op,
+              "expected output to be either the very same view as prefix_output (in place: same data pointer, "
+              "shape and strides) or not to share memory with it");
+    MLA_CHECK(same_view(out, suf) || !may_share_bytes(out, suf), op,
+              "expected output to be either the very same view as suffix_output (in place: same data pointer, "
+              "shape and strides) or not to share memory with it");
+    check_disjoint(op, out, "output", span_of(p.prefix_lse, 4, {T, H}, {p.prefix_lse_stride_token,
+                                                                        p.prefix_lse_stride_head}), "prefix_lse");
+    check_disjoint(op, out, "output", span_of(p.suffix_lse, 4, {T, H}, {p.suffix_lse_stride_token,
+                                                                        p.suffix_lse_stride_head}), "suffix_lse");
+    const Span scale = span_of(p.output_scale, 4, {1}, {1});
+    if (p.output_lse != nullptr) {
+      const Span ol = span_of(p.output_lse, 4, {T, H}, {p.output_lse_stride_token, p.output_lse_stride_head});
+      check_disjoint(op, out, "output", ol, "output_lse");
+      if (p.output_scale != nullptr) check_disjoint(op, ol, "output_lse", scale, "output_scale");
+    }
+    if (p.output_scale != nullptr) check_disjoint(op, out, "output", scale, "output_scale");
+  }
   if (p.output_lse != nullptr) {
     const F32View ol = lse_view(p.output_lse, T, H, p.output_lse_stride_token, p.output_lse_stride_head);
     check_lse_disjoint(op, ol, lse_view(p.prefix_lse, T, H, p.prefix_lse_stride_token, p.prefix_lse_stride_head),
@@ -353,6 +502,34 @@ inline mla_ext::MergeNParams make_merge_n_params(const Tensor& output, const std
   p.lses_stride_state = lses.stride(0);
   p.lses_stride_token = lses.stride(1);
   p.lses_stride_head = lses.stride(2);
+  // In place means the very same view as one state values[s]: each chunk of every state is read
+  // before the same thread writes the output chunk.
+  {
+    const int64_t es = mla_ext::dtype_size(p.dtype);
+    const Span out = span_of(p.output, es, {T, H, D}, {p.output_stride_token, p.output_stride_head, 1});
+    // The only state output can be the same view of: the one whose start is output's.
+    const int64_t gap = int64_t(reinterpret_cast<uintptr_t>(p.output)) - int64_t(reinterpret_cast<uintptr_t>(p.values));
+    const int64_t step = p.values_stride_state * es;
+    const int64_t s = (step == 0 || S == 1) ? (gap == 0 ? 0 : -1) : (gap % step == 0 ? gap / step : -1);
+    const bool output_is_a_state =
+        s >= 0 && s < S &&
+        same_view(out, span_of(static_cast<const uint8_t*>(p.values) + s * step, es, {T, H, D},
+                               {p.values_stride_token, p.values_stride_head, 1}));
+    const Span vals = span_of(p.values, es, {S, T, H, D},
+                              {p.values_stride_state, p.values_stride_token, p.values_stride_head, 1});
+    MLA_CHECK(output_is_a_state || !may_share_bytes(out, vals), op,
+              "expected output to be either the very same view as one state values[s] (in place: same data "
+              "pointer, shape and strides) or not to share memory with values");
+    check_disjoint(op, out, "output", span_of(p.lses, 4, {S, T, H}, {p.lses_stride_state, p.lses_stride_token,
+                                                                    p.lses_stride_head}), "lses");
+    const Span sink = span_of(p.attn_sink, 4, {H}, {p.attn_sink_stride});
+    if (p.output_lse != nullptr) {
+      const Span ol = span_of(p.output_lse, 4, {T, H}, {p.output_lse_stride_token, p.output_lse_stride_head});
+      check_disjoint(op, out, "output", ol, "output_lse");
+      if (p.attn_sink != nullptr) check_disjoint(op, ol, "output_lse", sink, "attn_sink");
+    }
+    if (p.attn_sink != nullptr) check_disjoint(op, out, "output", sink, "attn_sink");
+  }
   if (p.output_lse != nullptr)
     check_lse_disjoint(op, lse_view(p.output_lse, T, H, p.output_lse_stride_token, p.output_lse_stride_head),
                        F32View{p.lses, {S, T, H}, {p.lses_stride_state, p.lses_stride_token, p.lses_stride_head}, 3},

@@ -247,6 +247,36 @@ inline mla_ext::SparseDecodeParams make_decode_params(
             "expected workspace's data pointer to be 16-byte aligned, got address offset ",
             int(reinterpret_cast<uintptr_t>(workspace.data_ptr()) & 15u));
 
+  // The buffers the op writes (output, lse, workspace) share memory with no other argument:
+  // the split kernels read q, the caches, indices, lengths and the sink while other blocks
+  // write the output and the workspace, and the reduce reads the workspace while it writes
+  // the output and lse.
+  {
+    struct Named {
+      Span v;
+      const char* name;
+    };
+    Named written[3];
+    int nw = 0;
+    written[nw++] = {span_of(output), "output"};
+    written[nw++] = {span_of(workspace), "workspace"};
+    if (lse.has_value()) written[nw++] = {span_of(*lse), "lse"};
+    Named read[8];
+    int nr = 0;
+    read[nr++] = {span_of(q), "q"};
+    read[nr++] = {span_of(kv_cache), "kv_cache"};
+    read[nr++] = {span_of(indices), "indices"};
+    if (lengths.has_value()) read[nr++] = {span_of(*lengths), "lengths"};
+    if (extra_kv_cache.has_value()) read[nr++] = {span_of(*extra_kv_cache), "extra_kv_cache"};
+    if (extra_indices.has_value()) read[nr++] = {span_of(*extra_indices), "extra_indices"};
+    if (extra_lengths.has_value()) read[nr++] = {span_of(*extra_lengths), "extra_lengths"};
+    if (attn_sink.has_value()) read[nr++] = {span_of(*attn_sink), "attn_sink"};
+    for (int i = 0; i < nw; ++i) {
+      for (int j = i + 1; j < nw; ++j) check_disjoint(kOp, written[i].v, written[i].name, written[j].v, written[j].name);
+      for (int j = 0; j < nr; ++j) check_disjoint(kOp, written[i].v, written[i].name, read[j].v, read[j].name);
+    }
+  }
+
   // fill
   p.kv_format = fmt;
   p.d_qk = int(d_qk);
