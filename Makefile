@@ -1,5 +1,5 @@
 # mla_ext: set up, run, test. Every target works on a fresh machine: it installs
-# torch==2.13.0 (CPU) only when no torch >= 2.10 is present, and uses the
+# torch==2.13.0 (from pip's index; the CPU wheel on our build machines) only when no torch >= 2.10 is present, and uses the
 # installed torch (CUDA/ROCm included) otherwise, downloading nothing then.
 PYTHON ?= python3
 export MAX_JOBS ?= $(shell nproc 2>/dev/null || echo 2)

@@ -1,7 +1,9 @@
 """Install what building and testing mla_ext needs, and nothing that is already there.
 
 - torch: kept if a torch >= 2.10 is importable (e.g. a CUDA build on a GPU
-  machine with no network); otherwise ``torch==2.13.0`` (the CPU wheel) is installed.
+  machine with no network); otherwise ``torch==2.13.0`` is installed from pip's configured
+  index (the CPU wheel on this project's build machines; PyPI's default Linux wheel is the CUDA
+  build).
 - Python packages named on the command line: installed only if missing.
 - Packages after ``--optional`` (e.g. matplotlib, for ``mla-ext decode --plot``): installed if
   missing and possible; when pip cannot get them (a GPU machine without network) a warning is

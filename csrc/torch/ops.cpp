@@ -165,6 +165,9 @@ int64_t sparse_mla_decode_workspace_size(int64_t num_tokens, int64_t num_heads, 
             "expected num_splits to be 0 (automatic) or 1..", mla_ext::kMaxSplits, ", got ", num_splits);
   MLA_CHECK(device_index >= -1, op, "expected device_index -1 (CPU) or a CUDA device index, got ",
             device_index);
+  // 2^43 (token, head) cells x 256 splits x 2052 bytes stays below 2^62: the byte count cannot wrap.
+  MLA_CHECK(num_heads == 0 || num_tokens <= (int64_t(1) << 43) / num_heads, op,
+            "expected num_tokens x num_heads <= 2^43, got ", num_tokens, " x ", num_heads);
   int procs = 1;
   if (device_index < 0) {
     procs = mla_ext::cpu::num_threads();

@@ -40,6 +40,10 @@ def merge_attn_states(
         RuntimeError: as :func:`mla_ext.merge_attn_states` (shapes are checked on
             the transposed ``[num_tokens, num_heads]`` views).
     """
+    for name, lse in (("prefix_lse", prefix_lse), ("suffix_lse", suffix_lse), ("output_lse", output_lse)):
+        if lse is not None and lse.dim() != 2:
+            raise RuntimeError(f"merge_attn_states (vLLM layout): expected {name} to be 2-D "
+                               f"[num_heads, num_tokens], got shape {list(lse.shape)}")
     if output.dim() == 3:
         want = (output.shape[1], output.shape[0])
         for name, lse in (("prefix_lse", prefix_lse), ("suffix_lse", suffix_lse), ("output_lse", output_lse)):

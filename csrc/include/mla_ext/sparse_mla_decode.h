@@ -302,6 +302,8 @@ inline size_t decode_workspace_size_for(int64_t num_tokens, int64_t num_heads, i
   const int64_t t_max = num_tokens < target ? num_tokens : target;
   for (int64_t h = decode_head_tile(num_heads);; h += 64) {
     if (h > num_heads) h = num_heads;
+    // More head groups than the split target: one split for every t, and so for every larger h.
+    if (decode_head_groups(h) > target) break;
     for (int64_t t = 1; t <= t_max; ++t) {
       const size_t b = decode_workspace_size(t, h, decode_max_auto_splits(t, h, num_sms));
       if (b > best) best = b;
