@@ -1024,6 +1024,13 @@ struct ReduceArgs {
 constexpr int kReduceThreads = kDV / 4;
 constexpr int kReduceWarps = kReduceThreads / kWarpSize;
 constexpr int kReduceLsePerThread = (kMaxSplits + kReduceThreads - 1) / kReduceThreads;
+// The block-wide scan path folds its partials in batches of kReduceScanBatch splits, and with
+// many splits runs up to kReduceMaxGroups groups of kReduceThreads threads per block, group g
+// taking batches g, g + G, ... (one L2 round trip per batch and group instead of S / 16 in a
+// row), then adds the groups' sums in a fixed order (deterministic).
+constexpr int kReduceScanBatch = 16;
+constexpr int kReduceMaxGroups = 5;
+constexpr int kReduceMaxWarps = kReduceThreads * kReduceMaxGroups / kWarpSize;
 // From this many splits on the reduce scans the split LSEs with the whole block
 // (below it, each thread scans them itself: fewer registers, no shared memory,
 // and at num_tokens 64 thousands of reduce blocks want the occupancy).
@@ -1037,14 +1044,18 @@ constexpr int kReduceBlockScanSplits = 16;
 // (deterministic), and the weights reach the partial loop, 16 splits per batch,
 // through shared memory. H200, one token: 0.4-1 us faster at 20-32 splits; at
 // num_tokens 64 (2-4 splits) its 86 registers cost 1.4-11 us, hence the switch.
-template <bool BLOCK_SCAN, int BATCH = 8>
-__global__ void __launch_bounds__(kReduceThreads) decode_reduce_kernel(const ReduceArgs a) {
+template <bool BLOCK_SCAN, int BATCH = 8, bool GROUPED = false>
+__global__ void __launch_bounds__(GROUPED ? kReduceThreads * kReduceMaxGroups : kReduceThreads)
+    decode_reduce_kernel(const ReduceArgs a) {
   wait_for_prior_grids();
   const SparseDecodeParams& p = a.p;
   const int64_t H = p.num_heads;
   const int64_t row = blockIdx.x;  // t * H + h
   const int64_t t = row / H, h = row - (row / H) * H;
   const int tid = threadIdx.x;
+  // Column group: threads [128 g, 128 g + 128) cover the 512 output columns once (the
+  // per-thread path and the balanced map run one group: blockDim.x == kReduceThreads).
+  const int grp = GROUPED ? tid / kReduceThreads : 0, ctid = tid - grp * kReduceThreads;
   // The token's split slots (sparse_mla_decode.h split map): S of them from q0.
   const int64_t NQ = p.num_tokens * p.num_splits;
   int S = p.num_splits;
@@ -1055,7 +1066,7 @@ __global__ void __launch_bounds__(kReduceThreads) decode_reduce_kernel(const Red
   }
   const float* lse = a.ws_lse + h * NQ + q0;
   const float* parts = a.ws_out + (h * NQ + q0) * kDV;  // split i's partial: parts + i * kDV
-  const int col = tid * 4;
+  const int col = ctid * 4;
   float o[4] = {0.f, 0.f, 0.f, 0.f};
   float out_lse = neg_inf();
   // Both paths: fold a split's partial in with weight w; normalise at the end (sink once).
@@ -1111,24 +1122,28 @@ __global__ void __launch_bounds__(kReduceThreads) decode_reduce_kernel(const Red
     }
   } else {
     __shared__ float s_w[kMaxSplits];
-    __shared__ float s_max[kReduceWarps];
-    __shared__ float s_sum[kReduceWarps];
-    __shared__ int s_nan[kReduceWarps];
+    __shared__ float s_max[kReduceMaxWarps];
+    __shared__ float s_sum[kReduceMaxWarps];
+    __shared__ int s_nan[kReduceMaxWarps];
+    __shared__ float4 s_part[kReduceMaxGroups - 1][kReduceThreads];
     const int lane = tid % kWarpSize, warp = tid / kWarpSize;
-    // The first batch of partials goes out with the LSE loads (one L2 round
-    // trip for both); loaded but unused for a NaN or empty row.
-    constexpr int kBatch = 16;
+    // GROUPED = false: one group, every count below a compile-time constant.
+    const int nt = GROUPED ? int(blockDim.x) : kReduceThreads;
+    const int nwarps = nt / kWarpSize, groups = nt / kReduceThreads;
+    // The first batch of this group's partials goes out with the LSE loads (one
+    // L2 round trip for both); loaded but unused for a NaN or empty row.
+    constexpr int kBatch = kReduceScanBatch;
     const float* part_out = parts + col;
     float4 v[kBatch];
 #pragma unroll
     for (int u = 0; u < kBatch; ++u)
-      if (u < S) v[u] = *reinterpret_cast<const float4*>(part_out + int64_t(u) * kDV);
+      if (grp * kBatch + u < S) v[u] = *reinterpret_cast<const float4*>(part_out + int64_t(grp * kBatch + u) * kDV);
     float l[kReduceLsePerThread];
     float mx = neg_inf();
     int nan = 0;
 #pragma unroll
     for (int u = 0; u < kReduceLsePerThread; ++u) {
-      const int i = tid + u * kReduceThreads;
+      const int i = tid + u * nt;
       l[u] = i < S ? lse[i] : neg_inf();
       mx = fmaxf(mx, l[u]);  // fmaxf skips a NaN; the flag records it
       nan |= is_nan(l[u]) ? 1 : 0;
@@ -1145,8 +1160,7 @@ __global__ void __launch_bounds__(kReduceThreads) decode_reduce_kernel(const Red
     __syncthreads();
     mx = s_max[0];
     nan = s_nan[0];
-#pragma unroll
-    for (int w = 1; w < kReduceWarps; ++w) {
+    for (int w = 1; w < nwarps; ++w) {  // a constant trip count unless GROUPED
       mx = fmaxf(mx, s_max[w]);
       nan |= s_nan[w];
     }
@@ -1156,7 +1170,7 @@ __global__ void __launch_bounds__(kReduceThreads) decode_reduce_kernel(const Red
       float part = 0.f;
 #pragma unroll
       for (int u = 0; u < kReduceLsePerThread; ++u) {
-        const int i = tid + u * kReduceThreads;
+        const int i = tid + u * nt;
         if (i < S) {
           const float w = expf(l[u] - mx);
           s_w[i] = w;
@@ -1168,10 +1182,9 @@ __global__ void __launch_bounds__(kReduceThreads) decode_reduce_kernel(const Red
       if (lane == 0) s_sum[warp] = part;
       __syncthreads();
       float L = s_sum[0];
-#pragma unroll
-      for (int w = 1; w < kReduceWarps; ++w) L += s_sum[w];
-      for (int i0 = 0; i0 < S; i0 += kBatch) {
-        if (i0 > 0) {
+      for (int w = 1; w < nwarps; ++w) L += s_sum[w];
+      for (int i0 = grp * kBatch; i0 < S; i0 += groups * kBatch) {
+        if (i0 > grp * kBatch) {
 #pragma unroll
           for (int u = 0; u < kBatch; ++u)
             if (i0 + u < S) v[u] = *reinterpret_cast<const float4*>(part_out + int64_t(i0 + u) * kDV);
@@ -1184,9 +1197,20 @@ __global__ void __launch_bounds__(kReduceThreads) decode_reduce_kernel(const Red
           }
         }
       }
+      if (GROUPED && groups > 1) {  // the other groups' sums into group 0, in group order
+        if (grp > 0) s_part[grp - 1][ctid] = make_float4(o[0], o[1], o[2], o[3]);
+        __syncthreads();
+        if (grp == 0) {
+          for (int g = 1; g < groups; ++g) {
+            const float4 q = s_part[g - 1][ctid];
+            o[0] += q.x; o[1] += q.y; o[2] += q.z; o[3] += q.w;
+          }
+        }
+      }
       finish(L, mx);
     }
   }
+  if (grp > 0) return;  // group 0 writes the row
   uint16_t* out = p.output + t * p.output_stride_token + h * p.output_stride_head + col;
   const uint32_t lo = pack_bf16x2(o[0], o[1]), hi = pack_bf16x2(o[2], o[3]);
   if (a.out_vec4) {
@@ -1219,12 +1243,19 @@ inline bool ensure_smem(bool (&done)[64], const void* kernel, size_t bytes) {
 // drains instead of after it (the split kernel does not trigger early: the
 // reduce's blocks start once the split kernel's blocks have all exited, and
 // wait for its memory before reading the workspace).
-template <bool SCAN, int BATCH = 8>
+// GROUPED (block-wide scan only): one column group per batch of splits, up to
+// kReduceMaxGroups; the balanced map's token-slot search is written for one group.
+template <bool SCAN, int BATCH = 8, bool GROUPED = false>
 inline Status launch_reduce(const ReduceArgs& r, uint32_t rows, gpuStream_t stream) {
   static signed char pdl_cache[64] = {};
-  auto* kernel = decode_reduce_kernel<SCAN, BATCH>;
+  auto* kernel = decode_reduce_kernel<SCAN, BATCH, GROUPED>;
   const bool pdl = use_pdl(kPdlDecodeReduce, pdl_cache, kernel);
-  return launch_kernel(pdl, kernel, dim3(rows), dim3(kReduceThreads), 0, stream, r);
+  int groups = 1;
+  if (GROUPED) {
+    groups = (r.p.num_splits + kReduceScanBatch - 1) / kReduceScanBatch;
+    if (groups > kReduceMaxGroups) groups = kReduceMaxGroups;
+  }
+  return launch_kernel(pdl, kernel, dim3(rows), dim3(kReduceThreads * groups), 0, stream, r);
 }
 
 template <int MT, int DQK, KvFormat F, bool MMA, bool BAL>
@@ -1358,6 +1389,9 @@ inline Status launch_sparse_mla_decode(const SparseDecodeParams& p, void* worksp
                (p.output_stride_head & 3) == 0;
   r.balanced = a.balanced;
   const uint32_t rows = uint32_t(T * H);
+  // More than two batches of splits: column groups (H200, one token: 65 splits 18.7 -> 17.5 us
+  // at 16 heads; two batches in two groups gained nothing against the barrier they add).
+  if (S > 2 * kReduceScanBatch && !a.balanced) return launch_reduce<true, 8, true>(r, rows, stream);
   if (S >= kReduceBlockScanSplits) return launch_reduce<true>(r, rows, stream);
   if (a.balanced) return launch_reduce<false, 8>(r, rows, stream);  // a token may own many more than S splits
   if (S <= 2) return launch_reduce<false, 2>(r, rows, stream);
