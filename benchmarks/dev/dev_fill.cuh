@@ -1,8 +1,16 @@
-// Shared by the dev probes in this folder (not part of the library).
+// Shared by the dev probes in this folder (not part of the library): a random fill and a
+// graph timer.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <vector>
+
+#include <cuda_runtime.h>
 
 // Pseudo-random fill (hash of the index): bf16 values in about [-2, 2], fp32 LSEs in [-4, 4], so
 // the data is like the benchmark's torch.randn inputs rather than a constant pattern.
@@ -14,4 +22,45 @@ __global__ void fill_random(uint16_t* v, size_t n, float* l, size_t nl, uint32_t
     v[i] = uint16_t(__float_as_uint(f) >> 16);
     if (i < nl) l[i] = f * 2.f;
   }
+}
+
+// µs per graph node: call(i) for i in [0, sets) (one launch or copy per input set) captured
+// once into a CUDA graph on stream s and replayed; the median of `replays` replays, after
+// `warmup` ones (and one eager pass before the capture, for module loading).
+inline float graph_us_per_node(cudaStream_t s, int sets, const std::function<void(int)>& call,
+                               int replays = 20, int warmup = 3) {
+  auto ck = [](cudaError_t e, const char* what) {
+    if (e != cudaSuccess) {
+      printf("%s: %s\n", what, cudaGetErrorString(e));
+      exit(1);
+    }
+  };
+  for (int i = 0; i < sets; ++i) call(i);
+  ck(cudaStreamSynchronize(s), "warm-up pass");
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  ck(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "begin capture");
+  for (int i = 0; i < sets; ++i) call(i);
+  ck(cudaStreamEndCapture(s, &g), "end capture");
+  ck(cudaGraphInstantiate(&ge, g, 0), "instantiate");
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  for (int i = 0; i < warmup; ++i) ck(cudaGraphLaunch(ge, s), "graph launch");
+  std::vector<float> ts;
+  for (int r = 0; r < replays; ++r) {
+    cudaEventRecord(a, s);
+    ck(cudaGraphLaunch(ge, s), "graph launch");
+    cudaEventRecord(b, s);
+    cudaEventSynchronize(b);
+    float ms;
+    cudaEventElapsedTime(&ms, a, b);
+    ts.push_back(ms * 1000.f / sets);
+  }
+  std::sort(ts.begin(), ts.end());
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  cudaGraphExecDestroy(ge);
+  cudaGraphDestroy(g);
+  return ts[ts.size() / 2];
 }

@@ -1,7 +1,7 @@
 // Dev probe (not part of the library): why does 16384 x 16 x 128 reach only ~91% of the copy
 // in bench_merge.py while 4096 x 128 x 128 reaches 100%? Graph-timed like the benchmark: each
 // variant captured once per input set (kSets sets, rotated so L2 never serves them) into one
-// CUDA graph, replayed; µs per node, median of 15 replays. All library variants launch with PDL
+// CUDA graph, replayed; µs per node, median of 20 replays. All library variants launch with PDL
 // (as the library does on sm_90+), LSEs as [H, T] buffers (vLLM layout) unless named otherwise.
 //   memcpy       : cudaMemcpyAsync of half the call's value bytes, as two copies (LSEs left out)
 //   add_once     : out = a + b, one 16-byte chunk per thread, grid covers the call (no LSE)
@@ -42,28 +42,6 @@ __global__ void __launch_bounds__(256) add_gs(const uint4* a, const uint4* b, ui
     const uint4 x = a[i], y = b[i];
     o[i] = make_uint4(x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w);
   }
-}
-
-float time_graph(cudaStream_t s, int sets, const std::function<void(int)>& call) {
-  cudaGraph_t g;
-  cudaGraphExec_t ge;
-  for (int i = 0; i < sets; ++i) call(i);
-  CK(cudaStreamSynchronize(s));
-  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  for (int i = 0; i < sets; ++i) call(i);
-  CK(cudaStreamEndCapture(s, &g));
-  CK(cudaGraphInstantiate(&ge, g, 0));
-  cudaEvent_t a, b;
-  cudaEventCreate(&a); cudaEventCreate(&b);
-  for (int i = 0; i < 2; ++i) CK(cudaGraphLaunch(ge, s));
-  std::vector<float> ts;
-  for (int r = 0; r < 15; ++r) {
-    cudaEventRecord(a, s); CK(cudaGraphLaunch(ge, s)); cudaEventRecord(b, s); cudaEventSynchronize(b);
-    float ms; cudaEventElapsedTime(&ms, a, b); ts.push_back(ms * 1000.f / sets);
-  }
-  std::sort(ts.begin(), ts.end());
-  cudaGraphExecDestroy(ge); cudaGraphDestroy(g);
-  return ts[ts.size() / 2];
 }
 
 int main() {
@@ -121,21 +99,21 @@ int main() {
       return p;
     };
     const uint32_t nv = uint32_t(n / 8);
-    rec(si, "memcpy", time_graph(s, sets, [&](int c) {  // half the bytes: all of A and half of B into O
+    rec(si, "memcpy", graph_us_per_node(s, sets, [&](int c) {  // half the bytes: all of A and half of B into O
       CK(cudaMemcpyAsync(O[c], A[c], n * 2, cudaMemcpyDeviceToDevice, s));
       CK(cudaMemcpyAsync(O[(c + 1) % sets], B[c], n, cudaMemcpyDeviceToDevice, s)); }));
-    rec(si, "add_once", time_graph(s, sets, [&](int c) {
+    rec(si, "add_once", graph_us_per_node(s, sets, [&](int c) {
       add_once<128><<<(nv + 127) / 128, 128, 0, s>>>((const uint4*)A[c], (const uint4*)B[c], (uint4*)O[c], nv); }));
-    rec(si, "add_gs", time_graph(s, sets, [&](int c) {
+    rec(si, "add_gs", graph_us_per_node(s, sets, [&](int c) {
       add_gs<<<sms * 8, 256, 0, s>>>((const uint4*)A[c], (const uint4*)B[c], (uint4*)O[c], nv); }));
-    rec(si, "lib", time_graph(s, sets, [&](int c) { mla_ext::launch_merge_vec<E, OW, 8, 128>(params(c), s); }));
-    rec(si, "lib_tile2", time_graph(s, sets, [&](int c) { mla_ext::launch_merge_vec<E, OW, 8, 128>(params(c), s, 2); }));
-    rec(si, "lib_tile4", time_graph(s, sets, [&](int c) { mla_ext::launch_merge_vec<E, OW, 8, 128>(params(c), s, 4); }));
-    rec(si, "lib_tile5", time_graph(s, sets, [&](int c) { mla_ext::launch_merge_vec<E, OW, 8, 128>(params(c), s, 5); }));
-    rec(si, "lib_t256", time_graph(s, sets, [&](int c) { mla_ext::launch_merge_vec<E, OW, 8, 256>(params(c), s); }));
-    rec(si, "lib_t64", time_graph(s, sets, [&](int c) { mla_ext::launch_merge_vec<E, OW, 8, 64>(params(c), s); }));
-    rec(si, "lib_lseTH", time_graph(s, sets, [&](int c) { mla_ext::launch_merge_vec<E, OW, 8, 128>(params(c, true), s); }));
-    rec(si, "lib_nolse", time_graph(s, sets, [&](int c) { auto p = params(c); p.output_lse = nullptr;
+    rec(si, "lib", graph_us_per_node(s, sets, [&](int c) { mla_ext::launch_merge_vec<E, OW, 8, 128>(params(c), s); }));
+    rec(si, "lib_tile2", graph_us_per_node(s, sets, [&](int c) { mla_ext::launch_merge_vec<E, OW, 8, 128>(params(c), s, 2); }));
+    rec(si, "lib_tile4", graph_us_per_node(s, sets, [&](int c) { mla_ext::launch_merge_vec<E, OW, 8, 128>(params(c), s, 4); }));
+    rec(si, "lib_tile5", graph_us_per_node(s, sets, [&](int c) { mla_ext::launch_merge_vec<E, OW, 8, 128>(params(c), s, 5); }));
+    rec(si, "lib_t256", graph_us_per_node(s, sets, [&](int c) { mla_ext::launch_merge_vec<E, OW, 8, 256>(params(c), s); }));
+    rec(si, "lib_t64", graph_us_per_node(s, sets, [&](int c) { mla_ext::launch_merge_vec<E, OW, 8, 64>(params(c), s); }));
+    rec(si, "lib_lseTH", graph_us_per_node(s, sets, [&](int c) { mla_ext::launch_merge_vec<E, OW, 8, 128>(params(c, true), s); }));
+    rec(si, "lib_nolse", graph_us_per_node(s, sets, [&](int c) { auto p = params(c); p.output_lse = nullptr;
                                                         mla_ext::launch_merge_vec<E, OW, 8, 128>(p, s); }));
     CK(cudaDeviceSynchronize());
     for (int c = 0; c < sets; ++c) {

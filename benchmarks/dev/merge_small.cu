@@ -43,28 +43,6 @@ __global__ void __launch_bounds__(THREADS) merge_pdl(mla_ext::MergeKernelArgs k)
 
 constexpr int kSets = 64;
 
-float time_graph(cudaStream_t s, const std::function<void(int)>& call) {
-  cudaGraph_t g;
-  cudaGraphExec_t ge;
-  for (int i = 0; i < kSets; ++i) call(i);  // warm (module load)
-  CK(cudaStreamSynchronize(s));
-  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  for (int i = 0; i < kSets; ++i) call(i);
-  CK(cudaStreamEndCapture(s, &g));
-  CK(cudaGraphInstantiate(&ge, g, 0));
-  cudaEvent_t a, b;
-  cudaEventCreate(&a); cudaEventCreate(&b);
-  for (int i = 0; i < 3; ++i) CK(cudaGraphLaunch(ge, s));
-  std::vector<float> ts;
-  for (int r = 0; r < 20; ++r) {
-    cudaEventRecord(a, s); CK(cudaGraphLaunch(ge, s)); cudaEventRecord(b, s); cudaEventSynchronize(b);
-    float ms; cudaEventElapsedTime(&ms, a, b); ts.push_back(ms * 1000.f / kSets);
-  }
-  std::sort(ts.begin(), ts.end());
-  cudaGraphExecDestroy(ge); cudaGraphDestroy(g);
-  return ts[ts.size() / 2];
-}
-
 int main() {
   const int64_t shapes[][3] = {{1, 128, 512}, {64, 128, 512}, {256, 16, 512}};
   cudaStream_t s;
@@ -126,28 +104,28 @@ int main() {
              ? cudaSuccess
              : cudaErrorLaunchFailure);
     };
-    rec(si, "empty", time_graph(s, [&](int) { empty_kernel<<<1, 32, 0, s>>>(); }));
-    rec(si, "memcpy", time_graph(s, [&](int c) {
+    rec(si, "empty", graph_us_per_node(s, kSets, [&](int) { empty_kernel<<<1, 32, 0, s>>>(); }));
+    rec(si, "memcpy", graph_us_per_node(s, kSets, [&](int c) {
       const size_t bytes = 3 * n * 2 + 3 * T * H * 4;
       CK(cudaMemcpyAsync(X[c], Y[c], std::min(bytes / 2, n * 2), cudaMemcpyDeviceToDevice, s)); }));
-    rec(si, "add_t128", time_graph(s, [&](int c) { add(c, add_once<128>, 128, A[c], B[c], O[c]); }));
-    rec(si, "add_t64", time_graph(s, [&](int c) { add(c, add_once<64>, 64, A[c], B[c], O[c]); }));
-    rec(si, "add_t32", time_graph(s, [&](int c) { add(c, add_once<32>, 32, A[c], B[c], O[c]); }));
-    rec(si, "lib_t128", time_graph(s, [&](int c) { mla_ext::launch_merge_vec<E, OW, 8, 128>(params(c), s); }));
-    rec(si, "lib_t64", time_graph(s, [&](int c) { mla_ext::launch_merge_vec<E, OW, 8, 64>(params(c), s); }));
-    rec(si, "lib_t32", time_graph(s, [&](int c) { mla_ext::launch_merge_vec<E, OW, 8, 32>(params(c), s); }));
-    rec(si, "lib_t128_nolse", time_graph(s, [&](int c) { auto p = params(c); p.output_lse = nullptr;
+    rec(si, "add_t128", graph_us_per_node(s, kSets, [&](int c) { add(c, add_once<128>, 128, A[c], B[c], O[c]); }));
+    rec(si, "add_t64", graph_us_per_node(s, kSets, [&](int c) { add(c, add_once<64>, 64, A[c], B[c], O[c]); }));
+    rec(si, "add_t32", graph_us_per_node(s, kSets, [&](int c) { add(c, add_once<32>, 32, A[c], B[c], O[c]); }));
+    rec(si, "lib_t128", graph_us_per_node(s, kSets, [&](int c) { mla_ext::launch_merge_vec<E, OW, 8, 128>(params(c), s); }));
+    rec(si, "lib_t64", graph_us_per_node(s, kSets, [&](int c) { mla_ext::launch_merge_vec<E, OW, 8, 64>(params(c), s); }));
+    rec(si, "lib_t32", graph_us_per_node(s, kSets, [&](int c) { mla_ext::launch_merge_vec<E, OW, 8, 32>(params(c), s); }));
+    rec(si, "lib_t128_nolse", graph_us_per_node(s, kSets, [&](int c) { auto p = params(c); p.output_lse = nullptr;
                                                         mla_ext::launch_merge_vec<E, OW, 8, 128>(p, s); }));
-    rec(si, "pdl_t128", time_graph(s, [&](int c) { pdl(c, merge_pdl<128, false>, 128); }));
-    rec(si, "pdl_t64", time_graph(s, [&](int c) { pdl(c, merge_pdl<64, false>, 64); }));
-    rec(si, "pdl_t128_trig", time_graph(s, [&](int c) { pdl(c, merge_pdl<128, true>, 128); }));
-    rec(si, "pair_add_lib128", time_graph(s, [&](int c) { add(c, add_once<128>, 128, X[c], Y[c], Z[c]);
+    rec(si, "pdl_t128", graph_us_per_node(s, kSets, [&](int c) { pdl(c, merge_pdl<128, false>, 128); }));
+    rec(si, "pdl_t64", graph_us_per_node(s, kSets, [&](int c) { pdl(c, merge_pdl<64, false>, 64); }));
+    rec(si, "pdl_t128_trig", graph_us_per_node(s, kSets, [&](int c) { pdl(c, merge_pdl<128, true>, 128); }));
+    rec(si, "pair_add_lib128", graph_us_per_node(s, kSets, [&](int c) { add(c, add_once<128>, 128, X[c], Y[c], Z[c]);
                                                          mla_ext::launch_merge_vec<E, OW, 8, 128>(params(c), s); }));
-    rec(si, "pair_add_pdl128", time_graph(s, [&](int c) { add(c, add_once<128>, 128, X[c], Y[c], Z[c]);
+    rec(si, "pair_add_pdl128", graph_us_per_node(s, kSets, [&](int c) { add(c, add_once<128>, 128, X[c], Y[c], Z[c]);
                                                          pdl(c, merge_pdl<128, false>, 128); }));
-    rec(si, "pair_add_pdl64", time_graph(s, [&](int c) { add(c, add_once<128>, 128, X[c], Y[c], Z[c]);
+    rec(si, "pair_add_pdl64", graph_us_per_node(s, kSets, [&](int c) { add(c, add_once<128>, 128, X[c], Y[c], Z[c]);
                                                         pdl(c, merge_pdl<64, false>, 64); }));
-    rec(si, "pair_add_add", time_graph(s, [&](int c) { add(c, add_once<128>, 128, X[c], Y[c], Z[c]);
+    rec(si, "pair_add_add", graph_us_per_node(s, kSets, [&](int c) { add(c, add_once<128>, 128, X[c], Y[c], Z[c]);
                                                       add(c, add_once<128>, 128, A[c], B[c], O[c]); }));
     CK(cudaDeviceSynchronize());
     for (int c = 0; c < kSets; ++c) {
