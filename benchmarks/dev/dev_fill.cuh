@@ -1,5 +1,5 @@
-// Shared by the dev probes in this folder (not part of the library): a random fill and a
-// graph timer.
+// Shared by the dev probes in this folder (not part of the library): a random fill, an add kernel,
+// a graph timer and a results table.
 #pragma once
 
 #include <algorithm>
@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include <cuda_runtime.h>
@@ -22,6 +23,16 @@ __global__ void fill_random(uint16_t* v, size_t n, float* l, size_t nl, uint32_t
     v[i] = uint16_t(__float_as_uint(f) >> 16);
     if (i < nl) l[i] = f * 2.f;
   }
+}
+
+// The stream ceiling: out = a + b, one 16-byte chunk per thread, THREADS-thread blocks, the grid
+// covering n chunks (two reads and one write per chunk, no math worth the name).
+template <int THREADS>
+__global__ void __launch_bounds__(THREADS) add_once(const uint4* a, const uint4* b, uint4* o, uint32_t n) {
+  const uint32_t i = blockIdx.x * THREADS + threadIdx.x;
+  if (i >= n) return;
+  const uint4 x = a[i], y = b[i];
+  o[i] = make_uint4(x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w);
 }
 
 // µs per graph node: call(i) for i in [0, sets) (one launch or copy per input set) captured
@@ -64,3 +75,20 @@ inline float graph_us_per_node(cudaStream_t s, int sets, const std::function<voi
   cudaGraphDestroy(g);
   return ts[ts.size() / 2];
 }
+
+// Results by variant name (rows, in first-seen order) and shape index (columns).
+struct VariantTable {
+  int shapes;
+  std::vector<const char*> names;
+  std::vector<std::vector<float>> cols;
+  explicit VariantTable(int n) : shapes(n) {}
+  void rec(int shape, const char* name, float us) {
+    size_t i = 0;
+    while (i < names.size() && std::string(names[i]) != name) ++i;
+    if (i == names.size()) {
+      names.push_back(name);
+      cols.emplace_back(shapes, 0.f);
+    }
+    cols[i][shape] = us;
+  }
+};

@@ -29,14 +29,6 @@
 using E = mla_ext::BFloat16Elem;
 using OW = mla_ext::SameOutput<E>;
 
-template <int THREADS>
-__global__ void __launch_bounds__(THREADS) add_once(const uint4* a, const uint4* b, uint4* o, uint32_t n) {
-  const uint32_t i = blockIdx.x * THREADS + threadIdx.x;
-  if (i >= n) return;
-  const uint4 x = a[i], y = b[i];
-  o[i] = make_uint4(x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w);
-}
-
 __global__ void __launch_bounds__(256) add_gs(const uint4* a, const uint4* b, uint4* o, uint32_t n) {
   for (uint32_t i = blockIdx.x * 256 + threadIdx.x; i < n; i += gridDim.x * 256) {
     const uint4 x = a[i], y = b[i];
@@ -50,14 +42,9 @@ int main() {
   int sms = 0; cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
   cudaStream_t s;
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  std::vector<const char*> names;
-  std::vector<std::vector<float>> cols;
-  auto rec = [&](int shape, const char* name, float us) {
-    size_t i = 0;
-    while (i < names.size() && std::string(names[i]) != name) ++i;
-    if (i == names.size()) { names.push_back(name); cols.emplace_back(kShapes, 0.f); }
-    cols[i][shape] = us;
-  };
+  VariantTable table(kShapes);
+  auto rec = [&](int shape, const char* name, float us) { table.rec(shape, name, us); };
+
   for (int si = 0; si < kShapes; ++si) {
     const int64_t T = shapes[si][0], H = shapes[si][1], D = shapes[si][2];
     const size_t n = size_t(T) * H * D;
@@ -125,9 +112,9 @@ int main() {
   printf("%-12s", "us per node");
   for (auto& sh : shapes) printf(" %6lldx%3lldx%3lld", (long long)sh[0], (long long)sh[1], (long long)sh[2]);
   printf("\n");
-  for (size_t i = 0; i < names.size(); ++i) {
-    printf("%-12s", names[i]);
-    for (int k = 0; k < kShapes; ++k) printf(" %16.2f", cols[i][k]);
+  for (size_t i = 0; i < table.names.size(); ++i) {
+    printf("%-12s", table.names[i]);
+    for (int k = 0; k < kShapes; ++k) printf(" %16.2f", table.cols[i][k]);
     printf("\n");
   }
   return 0;

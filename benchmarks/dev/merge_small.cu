@@ -26,14 +26,6 @@ using OW = mla_ext::SameOutput<E>;
 
 __global__ void empty_kernel() {}
 
-template <int THREADS>
-__global__ void __launch_bounds__(THREADS) add_once(const uint4* a, const uint4* b, uint4* o, uint32_t n) {
-  const uint32_t i = blockIdx.x * THREADS + threadIdx.x;
-  if (i >= n) return;
-  const uint4 x = a[i], y = b[i];
-  o[i] = make_uint4(x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w);
-}
-
 template <int THREADS, bool TRIGGER>
 __global__ void __launch_bounds__(THREADS) merge_pdl(mla_ext::MergeKernelArgs k) {
   if (TRIGGER) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
@@ -47,14 +39,9 @@ int main() {
   const int64_t shapes[][3] = {{1, 128, 512}, {64, 128, 512}, {256, 16, 512}};
   cudaStream_t s;
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  std::vector<const char*> names;
-  std::vector<std::vector<float>> cols;
-  auto rec = [&](int shape, const char* name, float us) {
-    size_t i = 0;
-    while (i < names.size() && std::string(names[i]) != name) ++i;
-    if (i == names.size()) { names.push_back(name); cols.emplace_back(3, 0.f); }
-    cols[i][shape] = us;
-  };
+  VariantTable table(3);
+  auto rec = [&](int shape, const char* name, float us) { table.rec(shape, name, us); };
+
   for (int si = 0; si < 3; ++si) {
     const int64_t T = shapes[si][0], H = shapes[si][1], D = shapes[si][2];
     const size_t n = size_t(T) * H * D;
@@ -134,6 +121,6 @@ int main() {
     }
   }
   printf("%-18s %10s %10s %10s\n", "us per node", "1x128x512", "64x128x512", "256x16x512");
-  for (size_t i = 0; i < names.size(); ++i) printf("%-18s %10.3f %10.3f %10.3f\n", names[i], cols[i][0], cols[i][1], cols[i][2]);
+  for (size_t i = 0; i < table.names.size(); ++i) printf("%-18s %10.3f %10.3f %10.3f\n", table.names[i], table.cols[i][0], table.cols[i][1], table.cols[i][2]);
   return 0;
 }
