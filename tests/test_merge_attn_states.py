@@ -175,6 +175,70 @@ def test_output_overlap_refused(device):
     assert torch.equal(both[:, :, 1], pa)
 
 
+def test_overlap_rows_of_different_lengths(device):
+    """An LSE inside each output row is refused; an LSE in the padding right after each output
+    row (one [T, H, D + 1] buffer) is accepted and correct; output_lse over prefix_output is
+    refused. (Rows and LSE elements of one buffer share a period but not a length.)"""
+    T, H, D = 6, 1, 16
+    pa, la, pb, lb = make_case(T, H, D, torch.float32, device, gen_seed=9)
+    buf = poison_(torch.empty(T, 2 * D, device=device))
+    with pytest.raises(RuntimeError, match="output not to share memory with prefix_lse"):
+        mla_ext.merge_attn_states(buf[:, :D].view(T, H, D), None, pa, buf[:, 4:5], pb, lb)
+    assert buf.isnan().all()
+    packed = poison_(torch.empty(T, 3, D + 1, device=device))  # H = 3 rows of D values + their LSE
+    pa3, la3, pb3, lb3 = make_case(T, 3, D, torch.float32, device, gen_seed=10)
+    mla_ext.merge_attn_states(packed[..., :D], packed[..., D], pa3, la3, pb3, lb3)
+    ref_o, ref_l = reference.merge_attn_states(pa3.cpu(), la3.cpu(), pb3.cpu(), lb3.cpu())
+    assert_close_rel(packed[..., :D], ref_o, torch.float32)
+    assert torch.allclose(packed[..., D].double().cpu(), ref_l, rtol=1e-6, atol=1e-5)
+    out = poison_(torch.empty(T, H, D, device=device))
+    pbuf = pa.clone()
+    with pytest.raises(RuntimeError, match="output_lse not to share memory with prefix_output"):
+        mla_ext.merge_attn_states(out, pbuf[:, :, 0], pbuf, la, pb, lb)
+    assert torch.equal(pbuf, pa) and out.isnan().all()
+
+
+def _byte_set(t):
+    """The byte addresses a tensor's elements cover (small tensors only)."""
+    es = t.element_size()
+    idx = torch.zeros((), dtype=torch.int64)
+    for size, stride in zip(t.shape, t.stride()):
+        idx = (idx.unsqueeze(-1) + torch.arange(size) * stride).flatten()
+    base = t.data_ptr()
+    return {base + int(i) * es + b for i in idx.tolist() for b in range(es)}
+
+
+def test_overlap_check_never_misses_random_views():
+    """Random strided output / LSE views of one float32 buffer: whenever they truly share a byte
+    the op refuses (the check may refuse more, never less), and a refused call writes nothing."""
+    g = torch.Generator().manual_seed(21)
+    buf = torch.zeros(4096)
+    refused = accepted = 0
+    for i in range(400):
+        T, H, D = (int(x) for x in torch.randint(1, 4, (3,), generator=g))
+        # Strides that are multiples of one period P (in elements) half of the time, so that the
+        # check's modular test (not only its range test) decides.
+        P = int(torch.randint(4, 17, (1,), generator=g)) if i % 2 else 1
+        r = [int(x) for x in torch.randint(1, 9, (4,), generator=g)]
+        out = buf.as_strided((T, H, D), (P * r[0] * 4, P * r[1], 1), int(torch.randint(0, 300, (1,), generator=g)))
+        lse = buf.as_strided((T, H), (P * r[2] * 2, P * r[3]), int(torch.randint(0, 400, (1,), generator=g)))
+        shares = bool(_byte_set(out) & _byte_set(lse))
+        pa = torch.randn(T, H, D, generator=g)
+        pb = torch.randn(T, H, D, generator=g)
+        lb = torch.randn(T, H, generator=g)
+        buf.copy_(torch.arange(4096, dtype=torch.float32))
+        before = buf.clone()
+        try:
+            mla_ext.merge_attn_states(out, None, pa, lse, pb, lb)
+            assert not shares, (T, H, D, out.stride(), out.storage_offset(), lse.stride(), lse.storage_offset())
+            accepted += 1
+        except RuntimeError as e:
+            assert "not to share memory with prefix_lse" in str(e)
+            assert torch.equal(buf, before)
+            refused += 1
+    assert refused > 20 and accepted > 20  # both outcomes exercised
+
+
 def test_empty_batch(device):
     for shape in [(0, 4, 64), (4, 0, 64)]:
         z = torch.empty(*shape, dtype=torch.bfloat16, device=device)

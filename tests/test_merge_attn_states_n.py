@@ -241,6 +241,25 @@ def test_output_overlap_refused(device):
     assert args["output"].isnan().all() and ol.isnan().all()
 
 
+def test_in_place_state_overlapping_another_refused(device):
+    """output may be the very same view as values[s] only if no other state shares its memory
+    (here values[1][t] is values[0][t + 1]); output_lse inside values is refused."""
+    args = _valid(device, S=2)
+    T, H, D = args["output"].shape
+    buf = torch.randn((T + 1) * H * D, device=device).to(args["values"].dtype)
+    before = buf.clone()
+    values = buf.as_strided((2, T, H, D), (H * D, H * D, D, 1))
+    with pytest.raises(RuntimeError, match="not to share memory with the other states"):
+        mla_ext.merge_attn_states_n(values[0], args["output_lse"], values, args["lses"])
+    assert torch.equal(buf, before) and args["output_lse"].isnan().all()
+    vals = args["values"].clone()
+    vals_before = vals.clone()
+    if vals.dtype == torch.float32:
+        with pytest.raises(RuntimeError, match="output_lse not to share memory with values"):
+            mla_ext.merge_attn_states_n(args["output"], vals[0, :, :, 0], vals, args["lses"])
+        assert torch.equal(vals, vals_before) and args["output"].isnan().all()
+
+
 def test_output_lse_sharing_lses(device):
     """output_lse may not share elements with lses (e.g. lses[1] in place): a clear error, nothing
     written; a disjoint slot of the same buffer is accepted."""

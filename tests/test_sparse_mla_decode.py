@@ -787,11 +787,18 @@ def _output_over_workspace(a):
     a.update(workspace=ws, output=out)
 
 
+def _lse_inside_output(a):
+    T, H, _ = a["output"].shape
+    buf = torch.full((T, H, 1024), float("nan"), dtype=torch.bfloat16, device=a["q"].device)
+    a.update(output=buf[..., :512], lse=buf.view(torch.float32)[..., 8])
+
+
 ERROR_CASES.update({
     "output is q": (lambda a: a.update(output=a["q"]), "output not to share memory with q"),
     "lse over sink": (lambda a: a.update(attn_sink=a["lse"][0]), "lse not to share memory with attn_sink"),
     "workspace over indices": (_ws_over_indices, "workspace not to share memory with indices"),
     "output over workspace": (_output_over_workspace, "output not to share memory with workspace"),
+    "lse inside output rows": (_lse_inside_output, "output not to share memory with lse"),
 })
 if HAS_GPU:
     ERROR_CASES["devices differ"] = (lambda a: a.update(attn_sink=a["attn_sink"].cpu() if a["q"].is_cuda
@@ -809,6 +816,20 @@ def test_errors_before_write(device, case):
         mla_ext.sparse_mla_decode(args.pop("q"), args.pop("kv_cache"), args.pop("indices"), **args)
     assert torch.equal(out.isnan(), before[0].isnan()) and torch.equal(lse.isnan(), before[1].isnan())
     assert torch.equal(ws, before[2])
+
+
+def test_lse_in_output_row_padding_accepted(device):
+    """output rows and lse in one [T, H, 514] bf16 buffer (lse in each row's last 4 bytes): disjoint,
+    accepted, and the same results as separate buffers."""
+    args = _valid(device)
+    T, H, _ = args["output"].shape
+    buf = torch.full((T, H, 514), float("nan"), dtype=torch.bfloat16, device=args["q"].device)
+    q, cache, idx = args.pop("q"), args.pop("kv_cache"), args.pop("indices")
+    mla_ext.sparse_mla_decode(q, cache, idx, **args)
+    ref_o, ref_l = args["output"].clone(), args["lse"].clone()
+    args.update(output=buf[..., :512], lse=buf.view(torch.float32)[..., 256])
+    mla_ext.sparse_mla_decode(q, cache, idx, **args)
+    assert torch.equal(buf[..., :512], ref_o) and torch.equal(buf.view(torch.float32)[..., 256], ref_l)
 
 
 def test_valid_args_pass(device):

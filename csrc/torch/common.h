@@ -177,7 +177,7 @@ inline Span span_of(const Tensor& t) {
     v.dims = 1;  // size 0: empty
     return v;
   }
-  if (nd <= 4) {
+  if (nd <= 4 && v.esize > 0) {
     v.dims = int(nd);
     for (int64_t d = 0; d < nd; ++d) {
       v.size[d] = t.size(d);
@@ -185,12 +185,14 @@ inline Span span_of(const Tensor& t) {
     }
     return v;
   }
+  // More than 4 dims, or a dtype element_bytes does not know (taken as 8 bytes, the widest):
+  // the whole byte range as one row.
   int64_t lo = 0, hi = 0;
   for (int64_t d = 0; d < nd; ++d) {
     const int64_t span = (t.size(d) - 1) * t.stride(d);
     if (span < 0) lo += span; else hi += span;
   }
-  const int64_t es = v.esize > 0 ? v.esize : 1;
+  const int64_t es = v.esize > 0 ? v.esize : 8;
   v.ptr = uintptr_t(int64_t(v.ptr) + lo * es);
   v.esize = 0;
   v.dims = 1;
@@ -235,10 +237,11 @@ inline bool may_share_bytes(const Span& a, const Span& b) {
       if (t->size[d] > 1) g = std::gcd(g, t->stride[d] < 0 ? -t->stride[d] * es : t->stride[d] * es);
   }
   const int64_t gap = int64_t(a.ptr) - int64_t(b.ptr);
-  if (g == 0) return gap > -xb && gap < xa;  // one row each
+  // Rows [x, x + xa) of a and [y, y + xb) of b meet iff -xa < x - y < xb, and x - y = gap (mod g).
+  if (g == 0) return gap > -xa && gap < xb;  // one row each
   if (g < (xa > xb ? xa : xb)) return true;  // rows longer than the period: not resolved here
-  const int64_t r = ((gap % g) + g) % g;     // two row starts differ by r or r - g (mod g)
-  return r < xa || r > g - xb;
+  const int64_t r = ((gap % g) + g) % g;     // x - y is r or r - g (mod g)
+  return r < xb || r > g - xa;
 }
 
 // Whether two spans are the very same view: pointer, element size, sizes and strides.
@@ -421,6 +424,8 @@ inline mla_ext::MergeParams make_merge_params(const Tensor& output,
     if (p.output_lse != nullptr) {
       const Span ol = span_of(p.output_lse, 4, {T, H}, {p.output_lse_stride_token, p.output_lse_stride_head});
       check_disjoint(op, out, "output", ol, "output_lse");
+      check_disjoint(op, ol, "output_lse", pre, "prefix_output");
+      check_disjoint(op, ol, "output_lse", suf, "suffix_output");
       if (p.output_scale != nullptr) check_disjoint(op, ol, "output_lse", scale, "output_scale");
     }
     if (p.output_scale != nullptr) check_disjoint(op, out, "output", scale, "output_scale");
@@ -520,12 +525,21 @@ inline mla_ext::MergeNParams make_merge_n_params(const Tensor& output, const std
     MLA_CHECK(output_is_a_state || !may_share_bytes(out, vals), op,
               "expected output to be either the very same view as one state values[s] (in place: same data "
               "pointer, shape and strides) or not to share memory with values");
+    if (output_is_a_state) {  // and then no memory with the other states
+      const Span before = span_of(p.values, es, {s, T, H, D},
+                                  {p.values_stride_state, p.values_stride_token, p.values_stride_head, 1});
+      const Span after = span_of(static_cast<const uint8_t*>(p.values) + (s + 1) * step, es, {S - 1 - s, T, H, D},
+                                 {p.values_stride_state, p.values_stride_token, p.values_stride_head, 1});
+      MLA_CHECK(!may_share_bytes(out, before) && !may_share_bytes(out, after), op,
+                "expected output, the same view as values[", s, "], not to share memory with the other states");
+    }
     check_disjoint(op, out, "output", span_of(p.lses, 4, {S, T, H}, {p.lses_stride_state, p.lses_stride_token,
                                                                     p.lses_stride_head}), "lses");
     const Span sink = span_of(p.attn_sink, 4, {H}, {p.attn_sink_stride});
     if (p.output_lse != nullptr) {
       const Span ol = span_of(p.output_lse, 4, {T, H}, {p.output_lse_stride_token, p.output_lse_stride_head});
       check_disjoint(op, out, "output", ol, "output_lse");
+      check_disjoint(op, ol, "output_lse", vals, "values");
       if (p.attn_sink != nullptr) check_disjoint(op, ol, "output_lse", sink, "attn_sink");
     }
     if (p.attn_sink != nullptr) check_disjoint(op, out, "output", sink, "attn_sink");
