@@ -1060,7 +1060,7 @@ __global__ void __launch_bounds__(GROUPED ? kReduceThreads * kReduceMaxGroups : 
   const int64_t NQ = p.num_tokens * p.num_splits;
   int S = p.num_splits;
   int64_t q0 = t * S;
-  if (a.balanced) {
+  if (!GROUPED && a.balanced) {  // the grouped instance never runs the balanced map
     __shared__ int64_t s_bal[kReduceWarps];
     balanced_token_slots<kReduceThreads>(p, t, &q0, &S, s_bal);
   }
@@ -1324,12 +1324,12 @@ inline bool check_set(const KvSet& s, KvFormat f, int d_qk, bool required) {
 
 // Launch sparse MLA decode (DESIGN.md §4). p.num_splits must be resolved
 // (1..kMaxSplits); num_splits > 1 needs decode_workspace_size(T, H, S) bytes of
-// workspace (any contents). num_sms is accepted for API stability (the split
-// count is already resolved). No allocation, no host sync; launches on stream.
+// workspace (any contents). num_sms (the processor count; <= 0: 128 assumed)
+// only picks the reduce's block shape (the split count is already resolved). No
+// allocation, no host sync; launches on stream.
 inline Status launch_sparse_mla_decode(const SparseDecodeParams& p, void* workspace, size_t workspace_bytes,
                                        int num_sms, gpuStream_t stream) {
   using namespace decode_detail;
-  (void)num_sms;
   if (p.num_tokens < 0 || p.num_heads < 0) return Status::kInvalidArgument;
   if (p.num_splits < 1 || p.num_splits > kMaxSplits) return Status::kInvalidArgument;
   if (p.d_qk != 512 && p.d_qk != 576) return Status::kInvalidArgument;
@@ -1389,9 +1389,13 @@ inline Status launch_sparse_mla_decode(const SparseDecodeParams& p, void* worksp
                (p.output_stride_head & 3) == 0;
   r.balanced = a.balanced;
   const uint32_t rows = uint32_t(T * H);
-  // More than two batches of splits: column groups (H200, one token: 65 splits 18.7 -> 17.5 us
-  // at 16 heads; two batches in two groups gained nothing against the barrier they add).
-  if (S > 2 * kReduceScanBatch && !a.balanced) return launch_reduce<true, 8, true>(r, rows, stream);
+  // More than two batches of splits: column groups (H200, one token: 65 splits 18.9 -> 17.7 us
+  // at 16 heads; two batches in two groups gained nothing against the barrier they add). Only
+  // while the rows fit one wave of these one-per-processor blocks (95 registers x up to 640
+  // threads); more rows keep the 128-thread blocks, several per processor.
+  const int64_t one_wave = num_sms > 0 ? num_sms : 128;
+  if (S > 2 * kReduceScanBatch && !a.balanced && int64_t(rows) <= one_wave)
+    return launch_reduce<true, 8, true>(r, rows, stream);
   if (S >= kReduceBlockScanSplits) return launch_reduce<true>(r, rows, stream);
   if (a.balanced) return launch_reduce<false, 8>(r, rows, stream);  // a token may own many more than S splits
   if (S <= 2) return launch_reduce<false, 2>(r, rows, stream);
