@@ -219,7 +219,7 @@ def test_covering(device, fmt, d_qk, H, T, W, invalid, page_size, sink_mode, S, 
 # splits, extra set, strides, duplicates
 # ---------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("S", [1, 2, 7, 16, 64, 130, 256, 0])
+@pytest.mark.parametrize("S", [1, 2, 7, 16, 40, 64, 130, 256, 0])
 @pytest.mark.parametrize("fmt,d_qk", [("fp8_ds_mla_v4", 512), ("fp8_ds_mla", 576)])
 def test_explicit_splits(device, S, fmt, d_qk):
     """Includes more splits than valid entries (W=5 with lengths down to 0: most splits empty)."""
@@ -393,14 +393,15 @@ def test_strided_views_nothing_outside_written(device):
 
 
 def test_edge_sinks_and_empty(device):
-    """+inf sink -> 0 output (lse unchanged); empty rows -> 0 / -inf; W = 0; T = 0."""
+    """+inf sink -> 0 output (lse unchanged); empty rows -> 0 / -inf; W = 0; T = 0. S = 40: the
+    GPU reduce in three column groups, most splits empty."""
     g = torch.Generator().manual_seed(9)
     T, H, fmt = 4, 8, "bf16"
     idx = torch.tensor([[1, 2], [-1, -1], [3, 400], [0, 0]], dtype=torch.int32)
     cache = make_cache(g, fmt, 512, 4, 64, idx, device)
     q = torch.randn(T, H, 512, generator=g).to(torch.bfloat16)
     sink = make_sink(g, H, "mixed")
-    for S in (1, 2):
+    for S in (1, 2, 40):
         out, lse, _ = run_check(q, cache, idx, fmt=fmt, scale=0.05, device=device, num_splits=S, sink=sink)
         assert (out[:, 1::3] == 0).all()          # +inf sink heads
         assert (out[1] == 0).all() and torch.isneginf(lse[1]).all()
@@ -1091,14 +1092,15 @@ def test_gpu_cuda_graph_replay_balanced_map():
 
 
 @requires_gpu
-def test_gpu_deterministic_with_poisoned_workspace():
-    inp = builders.build_decode_inputs("v4_c4", batch=8, num_heads=64, device="cuda", seed=24)
+@pytest.mark.parametrize("batch,S", [(8, 16), (1, 64)])  # (1, 64): the reduce in column groups
+def test_gpu_deterministic_with_poisoned_workspace(batch, S):
+    inp = builders.build_decode_inputs("v4_c4", batch=batch, num_heads=64, device="cuda", seed=24)
     T, H = inp.num_tokens, inp.num_heads
     results = []
     for _ in range(2):
-        out, lse, ws = poisoned_buffers(T, H, 16, "cuda")
+        out, lse, ws = poisoned_buffers(T, H, S, "cuda")
         mla_ext.sparse_mla_decode(inp.q, inp.kv_cache, inp.indices, output=out, workspace=ws, lse=lse,
-                                  num_splits=16, **inp.op_kwargs())
+                                  num_splits=S, **inp.op_kwargs())
         results.append((out.clone(), lse.clone()))
     assert torch.equal(results[0][0].view(torch.int16), results[1][0].view(torch.int16))
     assert torch.equal(results[0][1].view(torch.int32), results[1][1].view(torch.int32))
