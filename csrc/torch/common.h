@@ -100,41 +100,6 @@ inline void check_no_repeats(const char* op, const Tensor& t, const char* name) 
               " (an expand()ed view); pass a tensor with its own storage");
 }
 
-// A float32 view for the overlap test below: base pointer and up to 3 (size, stride) dims.
-struct F32View {
-  const float* ptr;
-  int64_t size[3];
-  int64_t stride[3];
-  int dims;
-};
-
-// Whether two float32 views may share an element: their address ranges meet and the gap
-// between their first elements is a multiple of the gcd of all strides that move (a
-// sufficient test for disjointness, O(dims), no tensor queries; e.g. the fields of one
-// interleaved [T, H, 3] buffer pass as disjoint).
-inline bool may_share_elements(const F32View& a, const F32View& b) {
-  int64_t g = 0;
-  auto range = [&g](const F32View& v, int64_t* lo, int64_t* hi) {
-    *lo = *hi = int64_t(reinterpret_cast<uintptr_t>(v.ptr));
-    for (int d = 0; d < v.dims; ++d) {
-      if (v.size[d] == 0) return false;
-      if (v.size[d] == 1) continue;
-      const int64_t span = (v.size[d] - 1) * v.stride[d] * 4;
-      if (span < 0) *lo += span; else *hi += span;
-      g = std::gcd(g, v.stride[d] < 0 ? -v.stride[d] : v.stride[d]);
-    }
-    *hi += 4;
-    return true;
-  };
-  int64_t alo, ahi, blo, bhi;
-  if (!range(a, &alo, &ahi) || !range(b, &blo, &bhi)) return false;  // empty: nothing shared
-  if (ahi <= blo || bhi <= alo) return false;
-  const int64_t gap = int64_t(reinterpret_cast<uintptr_t>(a.ptr)) - int64_t(reinterpret_cast<uintptr_t>(b.ptr));
-  if (gap % 4 != 0) return true;
-  if (g == 0) return gap == 0;
-  return (gap / 4) % g == 0;
-}
-
 // Bytes per element of the dtypes the ops accept (0: not one of them; the overlap test
 // below then treats every byte of the range as used).
 inline int64_t element_bytes(ScalarType t) {
@@ -259,19 +224,6 @@ inline void check_disjoint(const char* op, const Span& out, const char* out_name
                            const char* other_name) {
   MLA_CHECK(!may_share_bytes(out, other), op, "expected ", out_name, " not to share memory with ", other_name,
             " (", out_name, " is written while ", other_name, " is still read or written); pass separate buffers");
-}
-
-// A [num_tokens, num_heads] LSE as an F32View.
-inline F32View lse_view(const float* ptr, int64_t T, int64_t H, int64_t stride_token, int64_t stride_head) {
-  return F32View{ptr, {T, H, 1}, {stride_token, stride_head, 0}, 2};
-}
-
-// The GPU kernels read a row's input LSEs from several threads (and blocks) while one thread
-// writes its output LSE, so an output LSE sharing elements with an input LSE is refused.
-inline void check_lse_disjoint(const char* op, const F32View& out, const F32View& in, const char* in_name) {
-  MLA_CHECK(!may_share_elements(out, in), op, "expected output_lse not to share memory with ", in_name,
-            " (the output LSE is written while other threads still read the input LSEs); pass a separate "
-            "output_lse buffer");
 }
 
 inline void check_same_device(const char* op, const Tensor& ref, const char* ref_name,
@@ -423,19 +375,18 @@ inline mla_ext::MergeParams make_merge_params(const Tensor& output,
     const Span scale = span_of(p.output_scale, 4, {1}, {1});
     if (p.output_lse != nullptr) {
       const Span ol = span_of(p.output_lse, 4, {T, H}, {p.output_lse_stride_token, p.output_lse_stride_head});
+      // The GPU kernels read a row's input LSEs from several threads (and blocks) while one
+      // thread writes its output LSE.
+      check_disjoint(op, ol, "output_lse", span_of(p.prefix_lse, 4, {T, H}, {p.prefix_lse_stride_token,
+                                                                              p.prefix_lse_stride_head}), "prefix_lse");
+      check_disjoint(op, ol, "output_lse", span_of(p.suffix_lse, 4, {T, H}, {p.suffix_lse_stride_token,
+                                                                              p.suffix_lse_stride_head}), "suffix_lse");
       check_disjoint(op, out, "output", ol, "output_lse");
       check_disjoint(op, ol, "output_lse", pre, "prefix_output");
       check_disjoint(op, ol, "output_lse", suf, "suffix_output");
       if (p.output_scale != nullptr) check_disjoint(op, ol, "output_lse", scale, "output_scale");
     }
     if (p.output_scale != nullptr) check_disjoint(op, out, "output", scale, "output_scale");
-  }
-  if (p.output_lse != nullptr) {
-    const F32View ol = lse_view(p.output_lse, T, H, p.output_lse_stride_token, p.output_lse_stride_head);
-    check_lse_disjoint(op, ol, lse_view(p.prefix_lse, T, H, p.prefix_lse_stride_token, p.prefix_lse_stride_head),
-                       "prefix_lse");
-    check_lse_disjoint(op, ol, lse_view(p.suffix_lse, T, H, p.suffix_lse_stride_token, p.suffix_lse_stride_head),
-                       "suffix_lse");
   }
   return p;
 }
@@ -533,21 +484,18 @@ inline mla_ext::MergeNParams make_merge_n_params(const Tensor& output, const std
       MLA_CHECK(!may_share_bytes(out, before) && !may_share_bytes(out, after), op,
                 "expected output, the same view as values[", s, "], not to share memory with the other states");
     }
-    check_disjoint(op, out, "output", span_of(p.lses, 4, {S, T, H}, {p.lses_stride_state, p.lses_stride_token,
-                                                                    p.lses_stride_head}), "lses");
+    const Span lse_in = span_of(p.lses, 4, {S, T, H}, {p.lses_stride_state, p.lses_stride_token, p.lses_stride_head});
+    check_disjoint(op, out, "output", lse_in, "lses");
     const Span sink = span_of(p.attn_sink, 4, {H}, {p.attn_sink_stride});
     if (p.output_lse != nullptr) {
       const Span ol = span_of(p.output_lse, 4, {T, H}, {p.output_lse_stride_token, p.output_lse_stride_head});
+      check_disjoint(op, ol, "output_lse", lse_in, "lses");
       check_disjoint(op, out, "output", ol, "output_lse");
       check_disjoint(op, ol, "output_lse", vals, "values");
       if (p.attn_sink != nullptr) check_disjoint(op, ol, "output_lse", sink, "attn_sink");
     }
     if (p.attn_sink != nullptr) check_disjoint(op, out, "output", sink, "attn_sink");
   }
-  if (p.output_lse != nullptr)
-    check_lse_disjoint(op, lse_view(p.output_lse, T, H, p.output_lse_stride_token, p.output_lse_stride_head),
-                       F32View{p.lses, {S, T, H}, {p.lses_stride_state, p.lses_stride_token, p.lses_stride_head}, 3},
-                       "lses");
   return p;
 }
 
