@@ -194,7 +194,8 @@ def sparse_mla_decode_workspace_size(num_tokens: int, num_heads: int, *, num_spl
 
     Raises:
         RuntimeError: negative sizes, ``num_tokens x num_heads`` above 2^43, ``num_splits``
-            outside 0..256, a CUDA device on a CPU-only build. ValueError: a device that is neither CPU nor CUDA.
+            outside 0..256, a CUDA device on a CPU-only build.
+        ValueError: a device that is neither CPU nor CUDA.
     """
     return int(_ops.sparse_mla_decode_workspace_size(int(num_tokens), int(num_heads), int(num_splits),
                                                      _device_index(device)))
@@ -219,8 +220,8 @@ class DecodeWorkspace:
 
     def __init__(self, max_num_tokens: int, num_heads: int, *, num_splits: int = 0,
                  device: DeviceLike):
-        index = _device_index(device) if device is None else None  # None: as sparse_mla_decode_workspace_size
-        if device is None:
+        if device is None:  # as sparse_mla_decode_workspace_size
+            index = _device_index(None)
             dev = torch.device("cpu") if index < 0 else torch.device("cuda", index)
         else:
             dev = torch.device(device) if not isinstance(device, int) else torch.device("cuda", device)
