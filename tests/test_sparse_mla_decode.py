@@ -866,6 +866,42 @@ def test_gpu_portable_vs_tensor_core(fmt, d_qk, H):
 
 
 @requires_gpu
+@pytest.mark.parametrize("fmt,d_qk", GEOMS + FNUZ_GEOMS)
+@pytest.mark.parametrize("portable", [False, True])
+def test_gpu_forced_head_tiles(fmt, d_qk, portable):
+    """Every head tile (16, 32, 64 heads per block, and a ragged 24) on both GPU paths, with
+    head counts that leave a partial last tile; small calls pick 16- or 32-head tiles on their own
+    (decode_launch_head_tile), so this keeps the 32- and 64-head kernels covered at small T."""
+    g = torch.Generator().manual_seed(31 + len(fmt) + d_qk)
+    T, W = 3, 300
+    idx, lengths = make_indices(g, T, W, 20 * 64, "scattered", "random")
+    cache = make_cache(g, fmt, d_qk, 20, 64, idx, "cuda")
+    prev_p = torch.ops.mla_ext._set_force_portable(portable)
+    try:
+        for H in (40, 128):
+            q = torch.randn(T, H, d_qk, generator=g).to(torch.bfloat16)
+            sink = make_sink(g, H, "finite")
+            for tile in (16, 24, 32, 64):
+                prev = torch.ops.mla_ext._set_head_tile(tile)
+                try:
+                    for S in (1, 5):
+                        run_check(q, cache, idx, fmt=fmt, scale=d_qk ** -0.5, device="cuda", num_splits=S,
+                                  lengths=lengths, sink=sink)
+                finally:
+                    torch.ops.mla_ext._set_head_tile(prev)
+    finally:
+        torch.ops.mla_ext._set_force_portable(prev_p)
+
+
+def test_set_head_tile_range():
+    with pytest.raises(RuntimeError, match="expected head_tile 0 \\(automatic\\) or 1..64, got 65"):
+        torch.ops.mla_ext._set_head_tile(65)
+    with pytest.raises(RuntimeError, match="got -1"):
+        torch.ops.mla_ext._set_head_tile(-1)
+    assert torch.ops.mla_ext._set_head_tile(0) == 0
+
+
+@requires_gpu
 @pytest.mark.parametrize("fmt,d_qk", FP8_GEOMS)
 def test_gpu_fp8_every_byte_value_portable(fmt, d_qk):
     """test_fp8_every_byte_value on the portable (no tensor-core) GPU path, the one HIP builds use;

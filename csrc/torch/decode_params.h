@@ -26,6 +26,13 @@ inline std::atomic<bool>& force_portable_flag() {
   return flag;
 }
 
+// Process-global GPU head tile (SparseDecodeParams::head_tile): 0 = automatic,
+// 1..64 forces one (torch.ops.mla_ext._set_head_tile; used by tests and sweeps).
+inline std::atomic<int>& head_tile_setting() {
+  static std::atomic<int> tile{0};
+  return tile;
+}
+
 namespace decode_detail {
 
 constexpr const char* kOp = "sparse_mla_decode";
@@ -296,6 +303,7 @@ inline mla_ext::SparseDecodeParams make_decode_params(
   }
   p.num_splits = S;
   p.force_portable = force_portable_flag().load();
+  p.head_tile = head_tile_setting().load();
   return p;
 }
 

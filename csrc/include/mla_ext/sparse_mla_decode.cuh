@@ -5,7 +5,8 @@
 // Work division. Grid = head_groups x num_splits x num_tokens blocks (shapes
 // only, so a captured CUDA graph replays with new indices and lengths), 256
 // threads per block. A block owns one (token, split, head group): a head tile of
-// HT = decode_head_tile(H) heads (<= 64), padded inside the block to 16*MT rows
+// HT <= 64 heads (decode_launch_head_tile: up to 64, fewer when the call has too
+// few blocks to fill the GPU; p.head_tile forces one), padded to 16*MT rows
 // (MT = 1, 2 or 4 m-tiles of 16 heads). Split s of token t covers a contiguous
 // part [E*s/S, E*(s+1)/S) of the token's *effective* positions: the main set's
 // first min(W_main, lengths[t]) positions followed by the extra set's first
@@ -1325,7 +1326,8 @@ inline bool check_set(const KvSet& s, KvFormat f, int d_qk, bool required) {
 // Launch sparse MLA decode (DESIGN.md §4). p.num_splits must be resolved
 // (1..kMaxSplits); num_splits > 1 needs decode_workspace_size(T, H, S) bytes of
 // workspace (any contents). num_sms (the processor count; <= 0: 128 assumed)
-// only picks the reduce's block shape (the split count is already resolved). No
+// picks the head tile and the reduce's block shape (the split count is already
+// resolved; neither changes the workspace). No
 // allocation, no host sync; launches on stream.
 inline Status launch_sparse_mla_decode(const SparseDecodeParams& p, void* workspace, size_t workspace_bytes,
                                        int num_sms, gpuStream_t stream) {
@@ -1346,8 +1348,10 @@ inline Status launch_sparse_mla_decode(const SparseDecodeParams& p, void* worksp
 
   const int64_t T = p.num_tokens, H = p.num_heads;
   const int S = p.num_splits;
-  const int64_t HT = decode_head_tile(H);
-  const int64_t HG = decode_head_groups(H);
+  if (p.head_tile < 0 || p.head_tile > 64) return Status::kInvalidArgument;
+  const int64_t HT = p.head_tile > 0 ? (p.head_tile < H ? p.head_tile : H)
+                                     : decode_launch_head_tile(T, H, S, num_sms);
+  const int64_t HG = (H + HT - 1) / HT;
   const int mt = HT <= 16 ? 1 : (HT <= 32 ? 2 : 4);
   const int64_t blocks = HG * S * T;
   if (blocks >= (int64_t(1) << 31) || T * H >= (int64_t(1) << 31)) return Status::kInvalidArgument;

@@ -85,6 +85,8 @@ struct SparseDecodeParams {
 
   int num_splits = 1;               // resolved split count, 1..kMaxSplits
   bool force_portable = false;      // GPU: use the portable (no tensor-core) path
+  int head_tile = 0;                // GPU heads per block: 0 = automatic (decode_launch_head_tile),
+                                    // 1..64 forces one (tests and sweeps); results agree up to rounding
 };
 
 // ---------------------------------------------------------------------------
@@ -101,6 +103,26 @@ inline int64_t decode_head_tile(int64_t num_heads) { return num_heads <= 64 ? nu
 inline int64_t decode_head_groups(int64_t num_heads) {
   const int64_t tile = decode_head_tile(num_heads);
   return tile > 0 ? (num_heads + tile - 1) / tile : 0;
+}
+
+// Heads per block the GPU launcher uses for a call of T tokens, H heads and S
+// resolved splits on num_sms processors. A block of up to 64 heads gathers and
+// dequantises each KV tile once for all of them, which pays when the call has
+// blocks enough to fill the GPU. With few blocks (small T) most processors
+// idle while each block walks a long chain, so the smallest tile of 16 or 32
+// heads whose blocks fit one per processor is used instead (H200 sweep,
+// benchmarks/RESULTS.md, eighth session: one token, 128 heads, window layer
+// 12.0 -> 8.3 us; two 16-head blocks sharing a processor lost to one 32-head
+// block). Depends on shapes and the processor count only; neither the split
+// count nor the workspace depends on it.
+inline int64_t decode_launch_head_tile(int64_t num_tokens, int64_t num_heads, int num_splits, int num_sms) {
+  const int64_t big = decode_head_tile(num_heads);
+  const int64_t sms = num_sms > 0 ? num_sms : 128;
+  for (int64_t ht = 16; ht < big; ht *= 2) {
+    const int64_t groups = (num_heads + ht - 1) / ht;
+    if (num_tokens * groups * int64_t(num_splits) <= sms) return ht;
+  }
+  return big;
 }
 
 // Splits per (token, head group) before tile rounding: ~2 blocks per
