@@ -1,26 +1,38 @@
 """Time sparse_mla_decode against explicit split counts (CUDA-graph replay, L2-cold sets).
 
 Answers: is the automatic split count right at small num_tokens, where a call is latency-bound
-(a split kernel, then a reduce kernel when num_splits > 1)? Prints one table.
-Usage: python3 tests/gpu_dev/splits_sweep.py
+(a split kernel, then a reduce kernel when num_splits > 1)? Prints one table (µs per call;
+"auto" is num_splits=0). Layers as benchmarks/bench_decode.py (mla_ext.bench.DECODE_LAYERS).
+Usage: python3 tests/gpu_dev/splits_sweep.py [--shapes v4_c128:128:2,v32:64:1] [--splits 0,16,32]
 """
+import argparse
+
 import torch
 from tabulate import tabulate
 
-from mla_ext.bench import build_decode_sets, time_graph
+from mla_ext.bench import DECODE_LAYERS, build_decode_sets, decode_num_sets, time_graph
 
-SHAPES = [("v4_swa", 8, 1), ("v4_swa", 64, 1), ("v4_c4", 8, 1), ("v4_c4", 64, 1), ("v4_c128", 8, 1),
-          ("v4_c128", 64, 1), ("v32", 16, 1), ("v32", 128, 1), ("v4_c4", 8, 16), ("v4_swa", 8, 16)]
-SPLITS = [0, 1, 2, 4, 8, 12, 16, 24, 32, 64]
+DEFAULT_SHAPES = ("v4_swa:8:1,v4_swa:64:1,v4_c4_flash:8:1,v4_c4_flash:64:1,v4_c128:8:1,v4_c128:64:1,"
+                  "v32:16:1,v32:128:1,v4_c4_flash:8:16,v4_swa:8:16")
+ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+ap.add_argument("--shapes", default=DEFAULT_SHAPES, help="layer:num_heads:num_tokens, comma-separated")
+ap.add_argument("--splits", default="0,1,2,4,8,12,16,24,32,64", help="split counts (0 = automatic)")
+args = ap.parse_args()
+splits = [int(s) for s in args.splits.split(",")]
+ws = torch.empty(512 << 20, dtype=torch.uint8, device="cuda")
 rows = []
-for kind, heads, batch in SHAPES:
-    ds = build_decode_sets(kind, batch=batch, num_heads=heads, context_len=(24576, 40960), sets=16, device="cuda")
-    row = [kind, heads, batch, int(ds.rows_per_call)]
-    for s in SPLITS:
-        ws = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
+for shape in args.shapes.split(","):
+    layer, heads, batch = shape.split(":")
+    heads, batch = int(heads), int(batch)
+    kind, topk, ctx = DECODE_LAYERS[layer]
+    ds = build_decode_sets(kind, batch=batch, num_heads=heads, context_len=ctx, topk=topk,
+                           sets=decode_num_sets(kind, batch, ctx[1], topk), device="cuda",
+                           mixed=layer.endswith("mixed"))
+    row = [layer, heads, batch, int(ds.rows_per_call)]
+    for s in splits:
         calls = [lambda r=r: ds._op(**ds.kwargs[r], output=ds.outputs[r], workspace=ws, lse=ds.lses[r], num_splits=s)
                  for r in range(ds.sets)]
         row.append(round(time_graph(calls), 1))
     rows.append(row)
     del ds
-print(tabulate(rows, headers=["kind", "H", "T", "rows"] + [f"S={s}" if s else "auto" for s in SPLITS]))
+print(tabulate(rows, headers=["layer", "H", "T", "rows"] + [f"S={s}" if s else "auto" for s in splits]))

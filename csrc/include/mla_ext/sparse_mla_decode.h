@@ -162,30 +162,88 @@ constexpr int64_t kMinEntriesPerSplit = 32;
 constexpr int64_t kMinEntriesPerManySplits = 64;
 constexpr int64_t kManySplits = 32;
 
-// The automatic split count for a call whose index sets have total width
-// `total_width` (main width + extra width).
-inline int decode_num_splits(int64_t num_tokens, int64_t num_heads, int64_t total_width,
-                             int num_sms) {
-  int s = decode_base_splits(num_tokens, num_heads, num_sms);
+// The balanced split map's range (decode_balanced, below).
+constexpr int64_t kBalanceMaxTokens = 256;  // one token per thread of a split block
+constexpr int64_t kBalanceMinWidth = 4096;  // W_main + W_extra: long compressed rows (V4 C128)
+
+// Splits worth having for total_width index entries: one per 32 entries up to
+// 32 splits, then one per 64 (never fewer than 32 there).
+inline int64_t decode_width_splits(int64_t total_width) {
   int64_t by_width = (total_width + kMinEntriesPerSplit - 1) / kMinEntriesPerSplit;
   if (by_width > kManySplits) {  // monotonic in the width: 32 splits until 64-entry splits give more
     by_width = (total_width + kMinEntriesPerManySplits - 1) / kMinEntriesPerManySplits;
     if (by_width < kManySplits) by_width = kManySplits;
   }
-  if (by_width < 1) by_width = 1;
-  if (int64_t(s) > by_width) s = int(by_width);
-  // Tile rounding: a split walks its entries in tiles of kDecodeTileRows, so
-  // 8320 entries over 64 splits (130 each) cost 3 tile steps where 65 splits
-  // (128 each) cost 2. Take the splits that save a tile step when that needs at
-  // most 1/8 more splits and the blocks still fit one per processor
-  // (decode_max_auto_splits bounds the result).
+  return by_width < 1 ? 1 : by_width;
+}
+
+// Tile rounding: a split walks its entries in tiles of kDecodeTileRows, so
+// 8320 entries over 64 splits (130 each) cost 3 tile steps where 65 splits
+// (128 each) cost 2. The splits that save a tile step when that needs at most
+// `limit` splits, else s.
+inline int decode_round_splits(int s, int64_t total_width, int64_t limit) {
   const int64_t per = (total_width + s - 1) / s;
   if (per > kDecodeTileRows) {
     const int64_t steps = (per + kDecodeTileRows - 1) / kDecodeTileRows;
     const int64_t s2 = (total_width + (steps - 1) * kDecodeTileRows - 1) / ((steps - 1) * kDecodeTileRows);
-    if (s2 <= int64_t(decode_max_auto_splits(num_tokens, num_heads, num_sms))) s = int(s2);
+    if (s2 <= limit) return int(s2);
   }
   return s;
+}
+
+// Rows per split up to which a head tile smaller than decode_head_tile(H) is
+// taken for more than 16 heads (decode_num_splits): 16 heads while a split
+// stays within one tile step, 32 heads up to 160 rows (H200 sweeps, eighth
+// session: 32-head blocks with 80-144 rows beat 64-head blocks with half as
+// many; with ~250 rows they lose ~1 us or tie).
+constexpr int64_t kHeadTile16MaxRows = kDecodeTileRows;
+constexpr int64_t kHeadTile32MaxRows = 160;
+
+// The automatic split count for a call whose index sets have total width
+// `total_width` (main width + extra width).
+//
+// Up to 16 heads (one 16-head tile, two blocks per processor): ~2 blocks per
+// processor, at most the width's worth (decode_width_splits), tile-rounded.
+//
+// More heads: the 32- and 64-head kernels run one block per processor, so the
+// count targets one wave of blocks, for the head tile the GPU launcher will use
+// (decode_launch_head_tile picks the smallest tile whose blocks fit one per
+// processor). The smallest of 16 / 32 / 64 heads is taken whose one-wave split
+// count leaves each split at most kHeadTile16MaxRows / kHeadTile32MaxRows rows;
+// a small call thus spends its spare blocks on head tiles instead of on splits
+// too short to pay (H200, 128 heads, 4 tokens: C4 Flash 29.9 -> 17.7 us, V4 C128
+// 2 tokens 59 -> 41.5). Never more than decode_max_auto_splits.
+inline int decode_num_splits(int64_t num_tokens, int64_t num_heads, int64_t total_width,
+                             int num_sms) {
+  const int64_t by_width = decode_width_splits(total_width);
+  const int cap = decode_max_auto_splits(num_tokens, num_heads, num_sms);
+  const int64_t big = decode_head_tile(num_heads);
+  if (big > 16 && num_tokens > 0) {
+    const int64_t sms = num_sms > 0 ? num_sms : 1;
+    for (int64_t ht = 16;; ht *= 2) {
+      const bool last = ht >= big;
+      const int64_t groups = last ? decode_head_groups(num_heads) : (num_heads + ht - 1) / ht;
+      const int64_t one_wave = sms / (num_tokens * groups);
+      int64_t s = one_wave < 1 ? 1 : one_wave;
+      if (s > kMaxAutoSplits) s = kMaxAutoSplits;
+      if (s > by_width) s = by_width;
+      const int64_t rows = (total_width + s - 1) / s;
+      if (last || rows <= (ht == 16 ? kHeadTile16MaxRows : kHeadTile32MaxRows)) {
+        int r = decode_round_splits(int(s), total_width, one_wave < s + s / 8 ? one_wave : s + s / 8);
+        // Long rows (V4 C128) keep two splits where one wave would allow only one: the
+        // balanced map needs S > 1 to spread a straggler row (H200, 128 heads x 64 tokens,
+        // one 8192-row token: 425 us with one split, 151 with two; uniform rows +4%).
+        if (r < 2 && by_width >= 2 && total_width >= kBalanceMinWidth && num_tokens >= 2 &&
+            num_tokens <= kBalanceMaxTokens)
+          r = 2;
+        return r < cap ? r : cap;
+      }
+    }
+  }
+  int s = decode_base_splits(num_tokens, num_heads, num_sms);
+  if (int64_t(s) > by_width) s = int(by_width);
+  // (decode_max_auto_splits bounds the rounding: up to 1/8 more, blocks within one per processor)
+  return decode_round_splits(s, total_width, cap);
 }
 
 // ---------------------------------------------------------------------------
@@ -218,8 +276,6 @@ MLA_EXT_HD int64_t effective_len(const KvSet& s, int64_t t) {
 // lengths (content), but only inside the kernels: grid, workspace and split
 // count stay shape-only. Equal lengths give the uniform map exactly.
 // ---------------------------------------------------------------------------
-constexpr int64_t kBalanceMaxTokens = 256;  // one token per thread of a split block
-constexpr int64_t kBalanceMinWidth = 4096;  // W_main + W_extra: long compressed rows (V4 C128)
 
 // Whether a call uses the balanced map: a V4 FP8 cache format (the C128 layers'
 // long compressed rows; the other kernels keep their registers for the tile
