@@ -4,6 +4,7 @@ Every call gets poisoned output / lse (NaN) and workspace (0xFF bytes = NaN floa
 unselected slots are garbage that decodes to NaN, so an unwritten element, a workspace cell read before
 being written, or a read of an unselected row shows up as NaN.
 """
+import contextlib
 import os
 import subprocess
 import sys
@@ -16,6 +17,21 @@ import torch
 import mla_ext
 from mla_ext import builders, formats, reference
 from conftest import HAS_GPU, assert_close_rel, e4m3_reference_table, poison_, requires_gpu
+
+
+@contextlib.contextmanager
+def gpu_path(portable=None, head_tile=None):
+    """Set the process-global GPU path switches (portable kernels, forced head tile) for the
+    block; the previous settings come back afterwards, also on failure."""
+    prev_p = None if portable is None else torch.ops.mla_ext._set_force_portable(portable)
+    prev_t = None if head_tile is None else torch.ops.mla_ext._set_head_tile(head_tile)
+    try:
+        yield
+    finally:
+        if prev_t is not None:
+            torch.ops.mla_ext._set_head_tile(prev_t)
+        if prev_p is not None:
+            torch.ops.mla_ext._set_force_portable(prev_p)
 
 INF = float("inf")
 GEOMS = [("bf16", 576), ("bf16", 512), ("fp8_ds_mla", 576), ("fp8_ds_mla_v4", 512)]
@@ -295,11 +311,8 @@ def test_balanced_split_map_fnuz_and_portable(device):
     cache = make_cache(g, fmt, 512, 3000, ps, idx, device)
     q = torch.randn(T, H, 512, generator=g).to(torch.bfloat16)
     for portable in ([False, True] if device != "cpu" else [False]):
-        prev = torch.ops.mla_ext._set_force_portable(portable)
-        try:
+        with gpu_path(portable=portable):
             run_check(q, cache, idx, fmt=fmt, scale=0.05, device=device, num_splits=0, lengths=lengths)
-        finally:
-            torch.ops.mla_ext._set_force_portable(prev)
 
 
 def test_balanced_split_map_with_window_set(device):
@@ -853,16 +866,11 @@ def test_gpu_portable_vs_tensor_core(fmt, d_qk, H):
     cache = make_cache(g, fmt, d_qk, 60, 64, idx, "cuda")
     q = torch.randn(T, H, d_qk, generator=g).to(torch.bfloat16)
     sink = make_sink(g, H, "finite")
-    prev = torch.ops.mla_ext._set_force_portable(True)
-    try:
-        for S in (1, 4):
-            run_check(q, cache, idx, fmt=fmt, scale=d_qk ** -0.5, device="cuda", num_splits=S,
-                      lengths=lengths, sink=sink)
-    finally:
-        torch.ops.mla_ext._set_force_portable(prev)
-    for S in (1, 4):
-        run_check(q, cache, idx, fmt=fmt, scale=d_qk ** -0.5, device="cuda", num_splits=S,
-                  lengths=lengths, sink=sink)
+    for portable in (True, False):
+        with gpu_path(portable=portable):
+            for S in (1, 4):
+                run_check(q, cache, idx, fmt=fmt, scale=d_qk ** -0.5, device="cuda", num_splits=S,
+                          lengths=lengths, sink=sink)
 
 
 @requires_gpu
@@ -876,21 +884,14 @@ def test_gpu_forced_head_tiles(fmt, d_qk, portable):
     T, W = 3, 300
     idx, lengths = make_indices(g, T, W, 20 * 64, "scattered", "random")
     cache = make_cache(g, fmt, d_qk, 20, 64, idx, "cuda")
-    prev_p = torch.ops.mla_ext._set_force_portable(portable)
-    try:
-        for H in (40, 128):
-            q = torch.randn(T, H, d_qk, generator=g).to(torch.bfloat16)
-            sink = make_sink(g, H, "finite")
-            for tile in (16, 24, 32, 64):
-                prev = torch.ops.mla_ext._set_head_tile(tile)
-                try:
-                    for S in (1, 5):
-                        run_check(q, cache, idx, fmt=fmt, scale=d_qk ** -0.5, device="cuda", num_splits=S,
-                                  lengths=lengths, sink=sink)
-                finally:
-                    torch.ops.mla_ext._set_head_tile(prev)
-    finally:
-        torch.ops.mla_ext._set_force_portable(prev_p)
+    for H in (40, 128):
+        q = torch.randn(T, H, d_qk, generator=g).to(torch.bfloat16)
+        sink = make_sink(g, H, "finite")
+        for tile in (16, 24, 32, 64):
+            with gpu_path(portable=portable, head_tile=tile):
+                for S in (1, 5):
+                    run_check(q, cache, idx, fmt=fmt, scale=d_qk ** -0.5, device="cuda", num_splits=S,
+                              lengths=lengths, sink=sink)
 
 
 def test_set_head_tile_range():
@@ -906,12 +907,9 @@ def test_set_head_tile_range():
 def test_gpu_fp8_every_byte_value_portable(fmt, d_qk):
     """test_fp8_every_byte_value on the portable (no tensor-core) GPU path, the one HIP builds use;
     the plain test covers the tensor-core path on NVIDIA sm_80+ (packed cvt on sm_89+)."""
-    prev = torch.ops.mla_ext._set_force_portable(True)
-    try:
+    with gpu_path(portable=True):
         for S in (1, 2):
             check_every_byte_value("cuda", fmt, d_qk, S)
-    finally:
-        torch.ops.mla_ext._set_force_portable(prev)
 
 
 @requires_gpu
