@@ -315,6 +315,26 @@ def test_balanced_split_map_fnuz_and_portable(device):
             run_check(q, cache, idx, fmt=fmt, scale=0.05, device=device, num_splits=0, lengths=lengths)
 
 
+@requires_gpu
+@pytest.mark.parametrize("fmt", ["fp8_ds_mla_v4", "fp8_ds_mla_v4_fnuz"])
+def test_gpu_balanced_split_map_head_tiles(fmt):
+    """The balanced map's kernel instances with 16-, 32- and 64-head tiles (40 heads: a partial
+    last tile each time), automatic and explicit split counts, tensor-core and portable paths."""
+    g = torch.Generator().manual_seed(79 + len(fmt))
+    T, H, W, ps = len(STRAGGLER_LENGTHS), 40, 4608, 2
+    idx, _ = make_indices(g, T, W, 3000 * ps, "scattered", None)
+    lengths = torch.tensor(STRAGGLER_LENGTHS, dtype=torch.int32)
+    cache = make_cache(g, fmt, 512, 3000, ps, idx, "cuda")
+    q = torch.randn(T, H, 512, generator=g).to(torch.bfloat16)
+    sink = make_sink(g, H, "finite")
+    for portable in (False, True):
+        for tile in (16, 32, 64):
+            with gpu_path(portable=portable, head_tile=tile):
+                for S in (0, 3):
+                    run_check(q, cache, idx, fmt=fmt, scale=0.05, device="cuda", num_splits=S,
+                              lengths=lengths, sink=sink)
+
+
 def test_balanced_split_map_with_window_set(device):
     """A C128 layer's two sets: the compressed rows (main, W = 4096, lengths from 0 to the width)
     and a sliding window (extra, page 256, its own lengths); the map balances their sum."""

@@ -105,35 +105,22 @@ inline int64_t decode_head_groups(int64_t num_heads) {
   return tile > 0 ? (num_heads + tile - 1) / tile : 0;
 }
 
-// Heads per block the GPU launcher uses for a call of T tokens, H heads and S
-// resolved splits on num_sms processors. A block of up to 64 heads gathers and
-// dequantises each KV tile once for all of them, which pays when the call has
-// blocks enough to fill the GPU. With few blocks (small T) most processors
-// idle while each block walks a long chain, so the smallest tile of 16 or 32
-// heads whose blocks fit one per processor is used instead (H200 sweep,
-// benchmarks/RESULTS.md, eighth session: one token, 128 heads, window layer
-// 12.0 -> 8.3 us; two 16-head blocks sharing a processor lost to one 32-head
-// block). Depends on shapes and the processor count only; neither the split
-// count nor the workspace depends on it.
-inline int64_t decode_launch_head_tile(int64_t num_tokens, int64_t num_heads, int num_splits, int num_sms) {
-  const int64_t big = decode_head_tile(num_heads);
-  const int64_t sms = num_sms > 0 ? num_sms : 128;
-  for (int64_t ht = 16; ht < big; ht *= 2) {
-    const int64_t groups = (num_heads + ht - 1) / ht;
-    if (num_tokens * groups * int64_t(num_splits) <= sms) return ht;
-  }
-  return big;
+// Blocks of `groups` head groups per (token, split) that fit one per processor
+// for num_tokens tokens: floor(sms / (num_tokens * groups)), by two divisions so
+// that no product can overflow (the C API passes any num_tokens >= 0).
+inline int64_t decode_one_wave_splits(int64_t sms, int64_t num_tokens, int64_t groups) {
+  if (num_tokens <= 0 || groups <= 0) return sms;
+  return sms / num_tokens / groups;
 }
 
 // Splits per (token, head group) before tile rounding: ~2 blocks per
 // processor, capped at kMaxAutoSplits.
 inline int decode_base_splits(int64_t num_tokens, int64_t num_heads, int num_sms) {
-  const int64_t base = num_tokens * decode_head_groups(num_heads);
-  if (base <= 0) return 1;
+  if (num_tokens <= 0 || num_heads <= 0) return 1;
   const int64_t target = 2 * int64_t(num_sms > 0 ? num_sms : 1);  // ~2 blocks per processor
-  // Round down: base * s stays within one wave of `target` blocks (rounding up
-  // left a mostly idle second wave, e.g. 320 blocks on 264 slots).
-  int64_t s = target / base;
+  // Round down: T * groups * s stays within one wave of `target` blocks (rounding
+  // up left a mostly idle second wave, e.g. 320 blocks on 264 slots).
+  int64_t s = decode_one_wave_splits(target, num_tokens, decode_head_groups(num_heads));
   if (s < 1) s = 1;
   if (s > kMaxAutoSplits) s = kMaxAutoSplits;
   return int(s);
@@ -144,10 +131,10 @@ inline int decode_base_splits(int64_t num_tokens, int64_t num_heads, int num_sms
 // tile rounding's headroom (up to 1/8 more, within one block per processor).
 inline int decode_max_auto_splits(int64_t num_tokens, int64_t num_heads, int num_sms) {
   const int s = decode_base_splits(num_tokens, num_heads, num_sms);
-  const int64_t base = num_tokens * decode_head_groups(num_heads);
-  if (base <= 0) return s;
+  if (num_tokens <= 0 || num_heads <= 0) return s;
   int64_t ext = int64_t(s) + s / 8;
-  const int64_t one_wave = int64_t(num_sms > 0 ? num_sms : 1) / base;
+  const int64_t one_wave =
+      decode_one_wave_splits(int64_t(num_sms > 0 ? num_sms : 1), num_tokens, decode_head_groups(num_heads));
   if (ext > one_wave) ext = one_wave;
   return ext > s ? int(ext) : s;
 }
@@ -166,9 +153,14 @@ constexpr int64_t kManySplits = 32;
 constexpr int64_t kBalanceMaxTokens = 256;  // one token per thread of a split block
 constexpr int64_t kBalanceMinWidth = 4096;  // W_main + W_extra: long compressed rows (V4 C128)
 
+// Widths above this are treated as this by the policy (no overflow; the
+// answer is the same: the split count is capped far below).
+constexpr int64_t kMaxPolicyWidth = int64_t(1) << 40;
+
 // Splits worth having for total_width index entries: one per 32 entries up to
 // 32 splits, then one per 64 (never fewer than 32 there).
 inline int64_t decode_width_splits(int64_t total_width) {
+  if (total_width > kMaxPolicyWidth) total_width = kMaxPolicyWidth;
   int64_t by_width = (total_width + kMinEntriesPerSplit - 1) / kMinEntriesPerSplit;
   if (by_width > kManySplits) {  // monotonic in the width: 32 splits until 64-entry splits give more
     by_width = (total_width + kMinEntriesPerManySplits - 1) / kMinEntriesPerManySplits;
@@ -191,13 +183,42 @@ inline int decode_round_splits(int s, int64_t total_width, int64_t limit) {
   return s;
 }
 
-// Rows per split up to which a head tile smaller than decode_head_tile(H) is
-// taken for more than 16 heads (decode_num_splits): 16 heads while a split
-// stays within one tile step, 32 heads up to 160 rows (H200 sweeps, eighth
-// session: 32-head blocks with 80-144 rows beat 64-head blocks with half as
-// many; with ~250 rows they lose ~1 us or tie).
+// Heads per GPU block (the head tile). A block of up to 64 heads gathers and
+// dequantises each KV tile once for all of them, which pays when a call has
+// blocks enough to fill the GPU. With few blocks (small T) most processors
+// idle while each block walks a long chain, so a smaller tile is used when its
+// blocks still fit one per processor and its splits are short: 16 heads while
+// a split stays within one tile step (64 rows), 32 heads up to 160 rows. H200
+// sweeps (benchmarks/RESULTS.md, eighth session): one token, 128 heads, window
+// layer 12.0 -> 8.3 us; two 16-head blocks sharing a processor lost to one
+// 32-head block; 32-head blocks with 80-144 rows per split beat 64-head blocks
+// with half as many, with ~250 rows they lose ~1 us or tie.
 constexpr int64_t kHeadTile16MaxRows = kDecodeTileRows;
 constexpr int64_t kHeadTile32MaxRows = 160;
+
+inline bool decode_small_tile_fits(int64_t ht, int64_t num_tokens, int64_t num_heads, int64_t num_splits,
+                                   int64_t total_width, int64_t sms) {
+  if (total_width > kMaxPolicyWidth) total_width = kMaxPolicyWidth;
+  const int64_t groups = (num_heads + ht - 1) / ht;
+  const int64_t s = num_splits < 1 ? 1 : num_splits;
+  const int64_t rows = total_width > 0 ? (total_width + s - 1) / s : 0;
+  return s <= decode_one_wave_splits(sms, num_tokens, groups) &&
+         rows <= (ht <= 16 ? kHeadTile16MaxRows : kHeadTile32MaxRows);
+}
+
+// The head tile the GPU launcher uses for a call of T tokens, H heads, S
+// resolved splits and total index width W (main + extra) on num_sms processors
+// (<= 0: 128 assumed): the smallest of 16 / 32 heads that fits as above, else
+// decode_head_tile(H). Shapes and processor count only (graph-safe); neither
+// the workspace nor the results' semantics depend on it.
+inline int64_t decode_launch_head_tile(int64_t num_tokens, int64_t num_heads, int num_splits, int64_t total_width,
+                                       int num_sms) {
+  const int64_t big = decode_head_tile(num_heads);
+  const int64_t sms = num_sms > 0 ? num_sms : 128;
+  for (int64_t ht = 16; ht < big; ht *= 2)
+    if (decode_small_tile_fits(ht, num_tokens, num_heads, num_splits, total_width, sms)) return ht;
+  return big;
+}
 
 // The automatic split count for a call whose index sets have total width
 // `total_width` (main width + extra width).
@@ -206,15 +227,16 @@ constexpr int64_t kHeadTile32MaxRows = 160;
 // processor, at most the width's worth (decode_width_splits), tile-rounded.
 //
 // More heads: the 32- and 64-head kernels run one block per processor, so the
-// count targets one wave of blocks, for the head tile the GPU launcher will use
-// (decode_launch_head_tile picks the smallest tile whose blocks fit one per
-// processor). The smallest of 16 / 32 / 64 heads is taken whose one-wave split
-// count leaves each split at most kHeadTile16MaxRows / kHeadTile32MaxRows rows;
-// a small call thus spends its spare blocks on head tiles instead of on splits
-// too short to pay (H200, 128 heads, 4 tokens: C4 Flash 29.9 -> 17.7 us, V4 C128
-// 2 tokens 59 -> 41.5). Never more than decode_max_auto_splits.
+// count targets one wave of blocks. Tiles are tried from the smallest (16, 32,
+// then decode_head_tile(H)); the first whose one-wave count gives splits short
+// enough for it (decode_small_tile_fits, the launcher's own test) sets the
+// count, so a small call spends its spare blocks on head tiles instead of on
+// splits too short to pay (H200, 128 heads x 4 tokens: C4 Flash 29.4 -> 17.4
+// us; C128 128 heads x 2 tokens 58.7 -> 41.3). Never more than
+// decode_max_auto_splits.
 inline int decode_num_splits(int64_t num_tokens, int64_t num_heads, int64_t total_width,
                              int num_sms) {
+  if (total_width > kMaxPolicyWidth) total_width = kMaxPolicyWidth;
   const int64_t by_width = decode_width_splits(total_width);
   const int cap = decode_max_auto_splits(num_tokens, num_heads, num_sms);
   const int64_t big = decode_head_tile(num_heads);
@@ -223,21 +245,23 @@ inline int decode_num_splits(int64_t num_tokens, int64_t num_heads, int64_t tota
     for (int64_t ht = 16;; ht *= 2) {
       const bool last = ht >= big;
       const int64_t groups = last ? decode_head_groups(num_heads) : (num_heads + ht - 1) / ht;
-      const int64_t one_wave = sms / (num_tokens * groups);
+      const int64_t one_wave = decode_one_wave_splits(sms, num_tokens, groups);
       int64_t s = one_wave < 1 ? 1 : one_wave;
       if (s > kMaxAutoSplits) s = kMaxAutoSplits;
       if (s > by_width) s = by_width;
-      const int64_t rows = (total_width + s - 1) / s;
-      if (last || rows <= (ht == 16 ? kHeadTile16MaxRows : kHeadTile32MaxRows)) {
-        int r = decode_round_splits(int(s), total_width, one_wave < s + s / 8 ? one_wave : s + s / 8);
-        // Long rows (V4 C128) keep two splits where one wave would allow only one: the
-        // balanced map needs S > 1 to spread a straggler row (H200, 128 heads x 64 tokens,
-        // one 8192-row token: 425 us with one split, 151 with two; uniform rows +4%).
-        if (r < 2 && by_width >= 2 && total_width >= kBalanceMinWidth && num_tokens >= 2 &&
-            num_tokens <= kBalanceMaxTokens)
-          r = 2;
-        return r < cap ? r : cap;
-      }
+      if (!last && !decode_small_tile_fits(ht, num_tokens, num_heads, s, total_width, sms)) continue;
+      int r = decode_round_splits(int(s), total_width, one_wave < s + s / 8 ? one_wave : s + s / 8);
+      // Long rows keep two splits where one wave allows only one, for the V4
+      // formats' balanced map (decode_balanced: S > 1), which spreads a
+      // straggler row (H200, 128 heads x 64 tokens, one 8192-row token: 425 us
+      // with one split, 151 with two; uniform rows +4%). Only while the cap
+      // allows two (T x 64-head groups <= processors: 2..66 tokens at 128
+      // heads on an H200); bf16 and V3.2 caches this wide get the second split
+      // without the map.
+      if (r < 2 && by_width >= 2 && total_width >= kBalanceMinWidth && num_tokens >= 2 &&
+          num_tokens <= kBalanceMaxTokens)
+        r = 2;
+      return r < cap ? r : cap;
     }
   }
   int s = decode_base_splits(num_tokens, num_heads, num_sms);
