@@ -186,39 +186,39 @@ inline int decode_round_splits(int s, int64_t total_width, int64_t limit) {
 // Heads per GPU block (the head tile). A block of up to 64 heads gathers and
 // dequantises each KV tile once for all of them, which pays when a call has
 // blocks enough to fill the GPU. With few blocks (small T) most processors
-// idle while each block walks a long chain, so a smaller tile is used when its
-// blocks still fit one per processor and its splits are short: 16 heads while
-// a split stays within one tile step (64 rows), 32 heads up to 160 rows. H200
-// sweeps (benchmarks/RESULTS.md, eighth session): one token, 128 heads, window
-// layer 12.0 -> 8.3 us; two 16-head blocks sharing a processor lost to one
-// 32-head block; 32-head blocks with 80-144 rows per split beat 64-head blocks
-// with half as many, with ~250 rows they lose ~1 us or tie.
-constexpr int64_t kHeadTile16MaxRows = kDecodeTileRows;
-constexpr int64_t kHeadTile32MaxRows = 160;
-
-inline bool decode_small_tile_fits(int64_t ht, int64_t num_tokens, int64_t num_heads, int64_t num_splits,
-                                   int64_t total_width, int64_t sms) {
-  if (total_width > kMaxPolicyWidth) total_width = kMaxPolicyWidth;
+// idle while each block walks a long chain, so the GPU launcher takes the
+// smallest tile of 16 / 32 heads whose blocks still fit one per processor, for
+// the split count it is given (H200 sweeps, benchmarks/RESULTS.md, eighth
+// session: at equal split counts the smaller tile that fits was faster in
+// every case measured, e.g. C128 one token, 32 heads, 65 splits: 17.2 us in
+// 16-head blocks, 19.7 in one 32-head block; two 16-head blocks sharing a
+// processor lost to one 32-head block).
+inline bool decode_tile_fits_one_wave(int64_t ht, int64_t num_tokens, int64_t num_heads, int64_t num_splits,
+                                      int64_t sms) {
   const int64_t groups = (num_heads + ht - 1) / ht;
-  const int64_t s = num_splits < 1 ? 1 : num_splits;
-  const int64_t rows = total_width > 0 ? (total_width + s - 1) / s : 0;
-  return s <= decode_one_wave_splits(sms, num_tokens, groups) &&
-         rows <= (ht <= 16 ? kHeadTile16MaxRows : kHeadTile32MaxRows);
+  return (num_splits < 1 ? 1 : num_splits) <= decode_one_wave_splits(sms, num_tokens, groups);
 }
 
-// The head tile the GPU launcher uses for a call of T tokens, H heads, S
-// resolved splits and total index width W (main + extra) on num_sms processors
-// (<= 0: 128 assumed): the smallest of 16 / 32 heads that fits as above, else
-// decode_head_tile(H). Shapes and processor count only (graph-safe); neither
-// the workspace nor the results' semantics depend on it.
-inline int64_t decode_launch_head_tile(int64_t num_tokens, int64_t num_heads, int num_splits, int64_t total_width,
-                                       int num_sms) {
+// The head tile the GPU launcher uses for a call of T tokens, H heads and S
+// resolved splits on num_sms processors (<= 0: 128 assumed): the smallest of
+// 16 / 32 heads that fits one wave, else decode_head_tile(H). Shapes and
+// processor count only (graph-safe); neither the workspace nor the results'
+// semantics depend on it.
+inline int64_t decode_launch_head_tile(int64_t num_tokens, int64_t num_heads, int num_splits, int num_sms) {
   const int64_t big = decode_head_tile(num_heads);
   const int64_t sms = num_sms > 0 ? num_sms : 128;
   for (int64_t ht = 16; ht < big; ht *= 2)
-    if (decode_small_tile_fits(ht, num_tokens, num_heads, num_splits, total_width, sms)) return ht;
+    if (decode_tile_fits_one_wave(ht, num_tokens, num_heads, num_splits, sms)) return ht;
   return big;
 }
+
+// Rows per split up to which the automatic split count (below) gives up splits
+// to let a smaller head tile fit: 16 heads while a split stays within one tile
+// step (64 rows), 32 heads up to 160 rows (H200 sweeps, eighth session: 32-head
+// blocks with 80-144 rows per split beat 64-head blocks with half as many rows;
+// with ~250 rows they lose ~1 us or tie). Fitted to a handful of points.
+constexpr int64_t kHeadTile16MaxRows = kDecodeTileRows;
+constexpr int64_t kHeadTile32MaxRows = 160;
 
 // The automatic split count for a call whose index sets have total width
 // `total_width` (main width + extra width).
@@ -228,10 +228,11 @@ inline int64_t decode_launch_head_tile(int64_t num_tokens, int64_t num_heads, in
 //
 // More heads: the 32- and 64-head kernels run one block per processor, so the
 // count targets one wave of blocks. Tiles are tried from the smallest (16, 32,
-// then decode_head_tile(H)); the first whose one-wave count gives splits short
-// enough for it (decode_small_tile_fits, the launcher's own test) sets the
-// count, so a small call spends its spare blocks on head tiles instead of on
-// splits too short to pay (H200, 128 heads x 4 tokens: C4 Flash 29.4 -> 17.4
+// then decode_head_tile(H)); the first whose one-wave count leaves splits of at
+// most kHeadTile16MaxRows / kHeadTile32MaxRows rows sets the count (the
+// launcher then takes that tile, or a smaller one should the count let it fit
+// one wave too), so a small call spends its spare blocks on head tiles instead
+// of on splits too short to pay (H200, 128 heads x 4 tokens: C4 Flash 29.4 -> 17.4
 // us; C128 128 heads x 2 tokens 58.7 -> 41.3). Never more than
 // decode_max_auto_splits.
 inline int decode_num_splits(int64_t num_tokens, int64_t num_heads, int64_t total_width,
@@ -249,7 +250,8 @@ inline int decode_num_splits(int64_t num_tokens, int64_t num_heads, int64_t tota
       int64_t s = one_wave < 1 ? 1 : one_wave;
       if (s > kMaxAutoSplits) s = kMaxAutoSplits;
       if (s > by_width) s = by_width;
-      if (!last && !decode_small_tile_fits(ht, num_tokens, num_heads, s, total_width, sms)) continue;
+      if (!last && (s > one_wave || (total_width + s - 1) / s > (ht == 16 ? kHeadTile16MaxRows : kHeadTile32MaxRows)))
+        continue;
       int r = decode_round_splits(int(s), total_width, one_wave < s + s / 8 ? one_wave : s + s / 8);
       // Long rows keep two splits where one wave allows only one, for the V4
       // formats' balanced map (decode_balanced: S > 1), which spreads a
