@@ -250,7 +250,9 @@ inline int decode_num_splits(int64_t num_tokens, int64_t num_heads, int64_t tota
       int64_t s = one_wave < 1 ? 1 : one_wave;
       if (s > kMaxAutoSplits) s = kMaxAutoSplits;
       if (s > by_width) s = by_width;
-      if (!last && (s > one_wave || (total_width + s - 1) / s > (ht == 16 ? kHeadTile16MaxRows : kHeadTile32MaxRows)))
+      const int64_t max_rows = ht == 16 ? kHeadTile16MaxRows : kHeadTile32MaxRows;
+      if (!last && (!decode_tile_fits_one_wave(ht, num_tokens, num_heads, s, sms) ||
+                    (total_width + s - 1) / s > max_rows))
         continue;
       int r = decode_round_splits(int(s), total_width, one_wave < s + s / 8 ? one_wave : s + s / 8);
       // Long rows keep two splits where one wave allows only one, for the V4
@@ -301,6 +303,7 @@ MLA_EXT_HD int64_t effective_len(const KvSet& s, int64_t t) {
 // the call's time; slots past sum_u n_u stay idle. The map depends on the
 // lengths (content), but only inside the kernels: grid, workspace and split
 // count stay shape-only. Equal lengths give the uniform map exactly.
+// (kBalanceMaxTokens and kBalanceMinWidth are defined with the split policy.)
 // ---------------------------------------------------------------------------
 
 // Whether a call uses the balanced map: a V4 FP8 cache format (the C128 layers'
