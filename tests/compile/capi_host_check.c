@@ -116,6 +116,14 @@ int main(void) {
     EXPECT(mla_ext_sparse_mla_decode(&bad, aligned, ws, 132, NULL) == MLA_EXT_STATUS_INVALID_ARGUMENT,
            "V4 page stride below page_size * 584");
     bad = p;
+    bad.head_tile = 65;
+    EXPECT(mla_ext_sparse_mla_decode(&bad, aligned, ws, 132, NULL) == MLA_EXT_STATUS_INVALID_ARGUMENT,
+           "head_tile > 64");
+    bad = p;
+    bad.head_tile = -1;
+    EXPECT(mla_ext_sparse_mla_decode(&bad, aligned, ws, 132, NULL) == MLA_EXT_STATUS_INVALID_ARGUMENT,
+           "negative head_tile");
+    bad = p;
     bad.q = (const uint16_t*)(aligned + 2);
     EXPECT(mla_ext_sparse_mla_decode(&bad, aligned, ws, 132, NULL) == MLA_EXT_STATUS_INVALID_ARGUMENT,
            "misaligned q");

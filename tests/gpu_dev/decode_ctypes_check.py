@@ -59,6 +59,7 @@ class Params(C.Structure):
         ("lse_stride_head", C.c_int64),
         ("num_splits", C.c_int32),
         ("force_portable", C.c_bool),
+        ("head_tile", C.c_int32),
     ]
 
 
