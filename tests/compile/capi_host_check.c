@@ -36,12 +36,20 @@ int main(void) {
   EXPECT(mla_ext_sparse_mla_decode_num_splits(1, 16, 8320, 132) == 65, "C128 row, 16 heads: 65 splits");
   EXPECT(mla_ext_sparse_mla_decode_num_splits(1, 128, 8320, 132) == 65, "C128 row, 2 head groups: 130 blocks");
   EXPECT(mla_ext_sparse_mla_decode_num_splits(64, 16, 8320, 132) == 4, "64 tokens: 4 splits");
+  /* above 16 heads: one wave of blocks for the smallest head tile whose splits stay short */
+  EXPECT(mla_ext_sparse_mla_decode_num_splits(1, 128, 640, 132) == 16, "C4, 128 heads: 16 splits of 16-head blocks");
+  EXPECT(mla_ext_sparse_mla_decode_num_splits(4, 128, 640, 132) == 8, "C4, 128 heads x 4: 8 splits of 32-head blocks");
+  EXPECT(mla_ext_sparse_mla_decode_num_splits(2, 128, 8320, 132) == 33, "C128, 128 heads x 2: one wave of 64-head blocks");
+  EXPECT(mla_ext_sparse_mla_decode_num_splits(64, 128, 8320, 132) == 2, "C128, 128 heads x 64: two splits kept");
+  EXPECT(mla_ext_sparse_mla_decode_num_splits(200, 128, 8320, 132) == 1, "C128, 128 heads x 200: one split");
+  EXPECT(mla_ext_sparse_mla_decode_num_splits(1LL << 62, 64, 1024, 132) == 1, "huge num_tokens: no overflow");
+  EXPECT(mla_ext_sparse_mla_decode_num_splits(1LL << 61, 256, 1LL << 62, 132) == 1, "huge everything");
   /* the automatic split count always fits the workspace sized for automatic splits */
   {
-    static const long long heads[] = {1, 8, 16, 64, 65, 128};
+    static const long long heads[] = {1, 8, 16, 24, 32, 40, 64, 65, 128};
     int ok = 1;
     for (long long T = 1; T <= 140 && ok; ++T)
-      for (int hi = 0; hi < 6 && ok; ++hi)
+      for (int hi = 0; hi < 9 && ok; ++hi)
         for (long long W = 1; W <= 20000 && ok; W += (W < 512 ? 1 : 61)) {
           const int s = mla_ext_sparse_mla_decode_num_splits(T, heads[hi], W, 132);
           ok = s >= 1 && s <= 256 &&
