@@ -510,17 +510,25 @@ def gather_ceiling_us(inp, n_rows: int, rotations: int) -> float:
     return time_graph([lambda d=d, s=s: call(d, s) for d, s in sets])
 
 
+def build_layer_sets(layer: str, *, num_tokens: int, num_heads: int, device="cuda", seed: int = 0) -> DecodeSets:
+    """:class:`DecodeSets` for one shape of :data:`DECODE_LAYERS` (its top-k, context lengths and
+    straggler mix): on a GPU as many input sets as keep the timed calls L2-cold
+    (:func:`decode_num_sets`), on the CPU one."""
+    kind, topk, ctx = DECODE_LAYERS[layer]
+    gpu = torch.device(device).type != "cpu"
+    sets = decode_num_sets(kind, num_tokens, ctx[1], topk) if gpu else 1
+    return build_decode_sets(kind, batch=num_tokens, num_heads=num_heads, context_len=ctx, sets=sets,
+                             topk=topk, device=device, seed=seed, mixed=layer.endswith("mixed"))
+
+
 def measure_decode(layer: str, num_heads: int, num_tokens: int, *, copy_gbs: float, mm_tflops: float,
                    device="cuda", with_gather: bool = True, verify: bool = True, seed: int = 0) -> dict:
     """Build, verify (a sample of tokens vs the float64 reference) and time one decode shape
     of :data:`DECODE_LAYERS` (on a GPU over L2-cold rotations, as :func:`time_calls`)."""
     from ._decode import DecodeWorkspace
 
-    kind, topk, ctx = DECODE_LAYERS[layer]
     gpu = torch.device(device).type != "cpu"
-    sets = decode_num_sets(kind, num_tokens, ctx[1], topk) if gpu else 1
-    ds = build_decode_sets(kind, batch=num_tokens, num_heads=num_heads, context_len=ctx, sets=sets,
-                           topk=topk, device=device, seed=seed, mixed=layer.endswith("mixed"))
+    ds = build_layer_sets(layer, num_tokens=num_tokens, num_heads=num_heads, device=device, seed=seed)
     T = num_tokens
     ws = DecodeWorkspace(T, num_heads, device=device)
     row = dict(layer=layer, H=num_heads, T=T, kv_format=ds.inp.kv_format)
@@ -532,7 +540,7 @@ def measure_decode(layer: str, num_heads: int, num_tokens: int, *, copy_gbs: flo
     row.update(rows=int(ds.rows_per_call), kv_MB=ds.kv_bytes_per_call / 1e6)
     row.update(decode_metrics(us, ds.kv_bytes_per_call, ds.flops_per_call, copy_gbs, mm_tflops))
     if with_gather and gpu:
-        g_us = gather_ceiling_us(ds.inp, int(ds.rows_per_call), sets)
+        g_us = gather_ceiling_us(ds.inp, int(ds.rows_per_call), ds.sets)
         row["gather_us"] = g_us
         row["pct_gather"] = 100.0 * g_us / us
     del ds, ws

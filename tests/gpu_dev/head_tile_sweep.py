@@ -8,7 +8,7 @@ Usage: python3 tests/gpu_dev/head_tile_sweep.py
 import torch
 from tabulate import tabulate
 
-from mla_ext.bench import DECODE_LAYERS, build_decode_sets, decode_num_sets, time_graph
+from mla_ext.bench import build_layer_sets, time_graph
 
 LAYERS = ["v4_swa", "v4_c4_flash", "v4_c4_pro", "v4_c128", "v32"]
 SHAPES = ([(k, h, t) for k in LAYERS for h in (64, 128) for t in (1, 2, 4)]
@@ -17,10 +17,7 @@ TILES = [0, 16, 32, 64]
 rows = []
 ws = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
 for layer, heads, batch in SHAPES:
-    kind, topk, ctx = DECODE_LAYERS[layer]
-    ds = build_decode_sets(kind, batch=batch, num_heads=heads, context_len=ctx, topk=topk,
-                           sets=decode_num_sets(kind, batch, ctx[1], topk),
-                           device="cuda", mixed=layer.endswith("mixed"))
+    ds = build_layer_sets(layer, num_tokens=batch, num_heads=heads)
     row = [layer, heads, batch, int(ds.rows_per_call)]
     for tile in TILES:
         prev = torch.ops.mla_ext._set_head_tile(tile)

@@ -10,7 +10,7 @@ import argparse
 import torch
 from tabulate import tabulate
 
-from mla_ext.bench import DECODE_LAYERS, build_decode_sets, decode_num_sets, time_graph
+from mla_ext.bench import build_layer_sets, time_graph
 
 DEFAULT_SHAPES = ("v4_swa:8:1,v4_swa:64:1,v4_c4_flash:8:1,v4_c4_flash:64:1,v4_c128:8:1,v4_c128:64:1,"
                   "v32:16:1,v32:128:1,v4_c4_flash:8:16,v4_swa:8:16")
@@ -24,10 +24,7 @@ rows = []
 for shape in args.shapes.split(","):
     layer, heads, batch = shape.split(":")
     heads, batch = int(heads), int(batch)
-    kind, topk, ctx = DECODE_LAYERS[layer]
-    ds = build_decode_sets(kind, batch=batch, num_heads=heads, context_len=ctx, topk=topk,
-                           sets=decode_num_sets(kind, batch, ctx[1], topk), device="cuda",
-                           mixed=layer.endswith("mixed"))
+    ds = build_layer_sets(layer, num_tokens=batch, num_heads=heads)
     row = [layer, heads, batch, int(ds.rows_per_call)]
     for s in splits:
         calls = [lambda r=r: ds._op(**ds.kwargs[r], output=ds.outputs[r], workspace=ws, lse=ds.lses[r], num_splits=s)

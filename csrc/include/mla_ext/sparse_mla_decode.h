@@ -245,7 +245,7 @@ inline int decode_num_splits(int64_t num_tokens, int64_t num_heads, int64_t tota
     const int64_t sms = num_sms > 0 ? num_sms : 1;
     for (int64_t ht = 16;; ht *= 2) {
       const bool last = ht >= big;
-      const int64_t groups = last ? decode_head_groups(num_heads) : (num_heads + ht - 1) / ht;
+      const int64_t groups = (num_heads + ht - 1) / ht;  // the last ht (>= big) gives decode_head_groups
       const int64_t one_wave = decode_one_wave_splits(sms, num_tokens, groups);
       int64_t s = one_wave < 1 ? 1 : one_wave;
       if (s > kMaxAutoSplits) s = kMaxAutoSplits;
