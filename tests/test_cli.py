@@ -200,3 +200,16 @@ def test_decode_gpu(tmp_path, capsys, model):
     rc = cli.main(["decode", "--device", "cuda", "--model", model, "--batch", "4", "--context", "4096", "--steps", "2",
                    "--no-progress", "--test-perturb", f"{m.kinds[-1]}:3"])
     assert rc == 1 and f"{m.kinds[-1]}) input set 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("layer", ["v4_swa", "v4_c128_mixed"])
+def test_measure_decode_cpu(layer):
+    """benchmarks/bench_decode.py's per-shape measurement (build, verify, time) on the CPU: the
+    row it returns has the verified error and the metrics, and no gather ceiling off the GPU."""
+    from mla_ext.bench import measure_decode
+
+    row = measure_decode(layer, 8, 2, copy_gbs=10.0, mm_tflops=1.0, device="cpu")
+    assert row["layer"] == layer and row["H"] == 8 and row["T"] == 2
+    assert 0.0 <= row["max_rel_err"] < 2e-2
+    assert row["us"] > 0 and row["rows"] > 0 and row["kv_MB"] > 0
+    assert "gather_us" not in row
