@@ -1060,10 +1060,11 @@ torch.save(dict(out=out.cpu(), lse=lse.cpu(), m=m.cpu(), ml=ml.cpu()), sys.argv[
 
 @requires_gpu
 def test_gpu_pdl_switch_same_results(tmp_path):
-    """MLA_EXT_PDL=0 (ordinary launches) and the default (programmatic launches on sm_90+) give
-    bit-identical decode and merge results (each run in its own process: the switch is read once)."""
+    """MLA_EXT_PDL=0 (ordinary launches), 7 (programmatic launches, no early trigger) and the
+    default (programmatic launches on sm_90+, small grids triggering early) give bit-identical
+    decode and merge results (each run in its own process: the switch is read once)."""
     results = []
-    for pdl in ("0", None):
+    for pdl in ("0", "7", None):
         env = dict(os.environ)
         env.pop("MLA_EXT_PDL", None)
         if pdl is not None:
@@ -1073,7 +1074,51 @@ def test_gpu_pdl_switch_same_results(tmp_path):
         results.append(torch.load(path))
     for key in ("out", "lse", "m", "ml"):
         assert not torch.isnan(results[0][key]).any(), key
-        assert torch.equal(results[0][key], results[1][key]), key
+        for other in results[1:]:
+            assert torch.equal(results[0][key], other[key]), key
+
+
+@requires_gpu
+def test_gpu_pdl_chain_of_small_grids():
+    """Decode and merge calls back to back with no host sync, each reading the previous one's
+    output and overwriting what the one before it read: one-token decode grids and a
+    1 x 16 x 512 merge are small enough to trigger their dependents early (compat.h), so the
+    next kernel is already resident while they run. Every result must equal the same chain
+    with a device sync between the calls."""
+    H = 16
+    inp = builders.build_decode_inputs("v4_c4", batch=1, num_heads=H, context_len=(3000, 5000), device="cuda",
+                                       seed=41)
+    kw = inp.op_kwargs()
+    g = torch.Generator(device="cuda").manual_seed(42)
+    qs = [torch.randn(inp.q.shape, device="cuda", generator=g).to(torch.bfloat16) for _ in range(6)]
+    b = torch.randn(1, H, 512, device="cuda", generator=g).to(torch.bfloat16)
+    lb = torch.randn(1, H, device="cuda", generator=g)
+    ws = torch.empty(mla_ext.sparse_mla_decode_workspace_size(1, H, device="cuda"), dtype=torch.uint8, device="cuda")
+
+    def chain(sync):
+        out = torch.empty(1, H, 512, dtype=torch.bfloat16, device="cuda")
+        lse = torch.empty(1, H, device="cuda")
+        ms = [poison_(torch.empty(1, H, 512, dtype=torch.bfloat16, device="cuda")) for _ in qs]
+        mls = [poison_(torch.empty(1, H, device="cuda")) for _ in qs]
+        torch.cuda.synchronize()
+        for q, m, ml in zip(qs, ms, mls):
+            mla_ext.sparse_mla_decode(q, inp.kv_cache, inp.indices, output=out, workspace=ws, lse=lse, **kw)
+            if sync:
+                torch.cuda.synchronize()
+            mla_ext.merge_attn_states(m, ml, out, lse, b, lb)  # reads out; the next decode rewrites it
+            if sync:
+                torch.cuda.synchronize()
+        torch.cuda.synchronize()
+        return ms, mls
+
+    ref_m, ref_ml = chain(sync=True)
+    for _ in range(3):
+        got_m, got_ml = chain(sync=False)
+        for i in range(len(qs)):
+            assert not torch.isnan(ref_m[i]).any()
+            assert torch.equal(got_m[i], ref_m[i]), i
+            assert torch.equal(got_ml[i], ref_ml[i]), i
+    assert not torch.equal(ref_m[0], ref_m[1])  # the calls really differ
 
 
 def capture_decode_graph(q, cache, idx, kw):

@@ -131,6 +131,7 @@ struct DecodeArgs {
   float scale_log2;  // softmax_scale * log2(e)
   bool out_pairs;    // output pointer/strides allow 4-byte bf16 pair stores
   bool balanced;     // decode_balanced(p): the balanced split map
+  bool early_trigger;  // pdl_trigger_early (compat.h)
 };
 
 // ---- balanced split map (sparse_mla_decode.h), computed by a whole block ----
@@ -998,6 +999,7 @@ template <int MT, int DQK, KvFormat F, bool BAL>
 __global__ void __launch_bounds__(kThreads, (MT == 1 && F != KvFormat::kBF16) ? MLA_EXT_DECODE_MT1_MIN_BLOCKS : 1)
     decode_split_mma_kernel(const DecodeArgs a) {
   wait_for_prior_grids();
+  if (a.early_trigger) launch_dependent_grids();
 #if defined(MLA_EXT_DECODE_MMA)
   decode_body<MT, DQK, F, true, BAL>(a);
 #else
@@ -1010,6 +1012,7 @@ __global__ void __launch_bounds__(kThreads, (MT == 1 && F != KvFormat::kBF16) ? 
 template <int MT, int DQK, KvFormat F, bool BAL>
 __global__ void __launch_bounds__(kThreads) decode_split_portable_kernel(const DecodeArgs a) {
   wait_for_prior_grids();
+  if (a.early_trigger) launch_dependent_grids();
   decode_body<MT, DQK, F, false, BAL>(a);
 }
 
@@ -1020,6 +1023,7 @@ struct ReduceArgs {
   const float* ws_lse;
   bool out_vec4;  // 8-byte bf16x4 stores allowed
   bool balanced;  // decode_balanced(p): the balanced split map
+  bool early_trigger;  // pdl_trigger_early (compat.h)
 };
 
 constexpr int kReduceThreads = kDV / 4;
@@ -1049,6 +1053,7 @@ template <bool BLOCK_SCAN, int BATCH = 8, bool GROUPED = false>
 __global__ void __launch_bounds__(GROUPED ? kReduceThreads * kReduceMaxGroups : kReduceThreads)
     decode_reduce_kernel(const ReduceArgs a) {
   wait_for_prior_grids();
+  if (a.early_trigger) launch_dependent_grids();
   const SparseDecodeParams& p = a.p;
   const int64_t H = p.num_heads;
   const int64_t row = blockIdx.x;  // t * H + h
@@ -1241,9 +1246,9 @@ inline bool ensure_smem(bool (&done)[64], const void* kernel, size_t bytes) {
 
 // One reduce launch (one block per (token, head) row); programmatic where
 // allowed (compat.h), so that its launch is processed while the split kernel
-// drains instead of after it (the split kernel does not trigger early: the
-// reduce's blocks start once the split kernel's blocks have all exited, and
-// wait for its memory before reading the workspace).
+// runs (a split grid of at most half the processors' count triggers early) or
+// drains (otherwise); its blocks wait for the split kernel's memory before
+// reading the workspace.
 // GROUPED (block-wide scan only): one column group per batch of splits, up to
 // kReduceMaxGroups; the balanced map's token-slot search is written for one group.
 template <bool SCAN, int BATCH = 8, bool GROUPED = false>
@@ -1377,6 +1382,7 @@ inline Status launch_sparse_mla_decode(const SparseDecodeParams& p, void* worksp
   a.out_pairs = (reinterpret_cast<uintptr_t>(p.output) & 3u) == 0 && (p.output_stride_token & 1) == 0 &&
                 (p.output_stride_head & 1) == 0;
   a.balanced = decode_balanced(p);
+  a.early_trigger = pdl_trigger_early(blocks, num_sms);
 
   // Tensor cores on NVIDIA sm_80+ unless forced portable (the tensor-core
   // kernels' shared-memory requests exceed what older GPUs have); HIP always portable.
@@ -1396,6 +1402,7 @@ inline Status launch_sparse_mla_decode(const SparseDecodeParams& p, void* worksp
                (p.output_stride_head & 3) == 0;
   r.balanced = a.balanced;
   const uint32_t rows = uint32_t(T * H);
+  r.early_trigger = pdl_trigger_early(rows, num_sms);
   // More than two batches of splits: column groups (H200, one token: 65 splits 18.9 -> 17.7 us
   // at 16 heads; two batches in two groups gained nothing against the barrier they add). Only
   // while the rows fit one wave of these one-per-processor blocks (95 registers x up to 640
