@@ -111,7 +111,10 @@ struct Cfg {
   static constexpr size_t kOff = 0;
   static constexpr size_t qOff = kOff + size_t(BN) * KST * 2;
   static constexpr size_t sOff = qOff + (MMA ? size_t(HTp) * KST * 2 : 0);
-  static constexpr size_t pOff = sOff + size_t(HTp) * SST * 4;
+  // S partial sums: the 16-head tensor-core tile of the unscaled formats splits
+  // Q.K's dims in two halves (decode_body, kHalfK), each with its own S copy.
+  static constexpr int kSParts = (MMA && MT == 1 && !SCALED) ? 2 : 1;
+  static constexpr size_t pOff = sOff + size_t(kSParts) * HTp * SST * 4;
   static constexpr int kPCopies = SCALED ? 4 : 1;  // P copies (one per V scale group)
   static constexpr size_t aOff = pOff + (MMA ? size_t(kPCopies) * HTp * PST * 2 : 0);
   static constexpr size_t invOff = aOff + size_t(HTp) * 4;
@@ -655,7 +658,44 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
     }
 
     // ---- S = Q K^T (raw dot products) -> Ss ----
-    if (MMA) {
+    // kHalfK (16-head tile, unscaled formats): warp w multiplies key rows
+    // [16 (w % 4), +16) over half of the dims (w / 4) and writes its own S
+    // copy; the softmax adds the two. Against 8 rows over all dims per warp
+    // this halves the k-steps of each warp's dependent chain and the Q
+    // fragments every warp reloads from shared memory each tile.
+    constexpr bool kHalfK = MMA && MT == 1 && !SC;
+    if constexpr (kHalfK) {
+      const int warp = tid / 32, lane = tid % 32;
+      const int kg = warp & 3, dh = warp >> 2;
+      constexpr int KH = DQK / 32;  // k-steps per half
+      const uint32_t qa = smem_addr(Qs + (lane & 15) * KST + (lane >> 4) * 8) + uint32_t(dh * KH * 32);
+      const uint32_t kb = smem_addr(Ks + (kg * 16 + ((lane >> 4) & 1) * 8 + (lane & 7)) * KST +
+                                    ((lane >> 3) & 1) * 8) + uint32_t(dh * KH * 32);
+      const bool qk_live = !kSkipRows || kg * 16 < live;
+      if (qk_live) {
+        // One accumulator chain per n-tile (two per warp, 16 k-steps each at d_qk 512): a
+        // second chain per n-tile cost the 128-register kernels 4-44 bytes of spills.
+        float c2[2][4];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) c2[i][0] = c2[i][1] = c2[i][2] = c2[i][3] = 0.f;
+#pragma unroll 4
+        for (int kk = 0; kk < KH; ++kk) {
+          uint32_t af[4], bf[4];
+          ldsm_x4(af, qa + kk * 32);
+          ldsm_x4(bf, kb + kk * 32);
+          mma16816(c2[0], af, bf[0], bf[1]);
+          mma16816(c2[1], af, bf[2], bf[3]);
+        }
+        float* Sh = Ss + dh * (HTp * SST);
+        const int r0 = lane >> 2;
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const int col = (kg * 2 + i) * 8 + (lane & 3) * 2;
+          *reinterpret_cast<float2*>(Sh + r0 * SST + col) = make_float2(c2[i][0], c2[i][1]);
+          *reinterpret_cast<float2*>(Sh + (r0 + 8) * SST + col) = make_float2(c2[i][2], c2[i][3]);
+        }
+      }
+    } else if (MMA) {
       const int warp = tid / 32, lane = tid % 32;
       const int mt = warp % MT;
       const int nt0 = (warp / MT) * MT;
@@ -778,7 +818,8 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
 #pragma unroll
       for (int i = 0; i < CPT; ++i) {
         const int col = ssub + TPR * i;
-        const float x = Ss[srow * SST + col] * a.scale_log2;
+        const float x = (kHalfK ? Ss[srow * SST + col] + Ss[HTp * SST + srow * SST + col] : Ss[srow * SST + col]) *
+                        a.scale_log2;
         sv[i] = vrow[col] != nullptr ? x : neg_inf();
         lmax = fmaxf(lmax, sv[i]);
       }
