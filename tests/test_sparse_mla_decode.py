@@ -1081,10 +1081,10 @@ def test_gpu_pdl_switch_same_results(tmp_path):
 @requires_gpu
 def test_gpu_pdl_chain_of_small_grids():
     """Decode and merge calls back to back with no host sync, each reading the previous one's
-    output and overwriting what the one before it read: one-token decode grids and a
-    1 x 16 x 512 merge are small enough to trigger their dependents early (compat.h), so the
-    next kernel is already resident while they run. Every result must equal the same chain
-    with a device sync between the calls."""
+    output and overwriting what the one before it read: a one-token, 16-head decode's split
+    grid is small enough to trigger its reduce early (compat.h), so the reduce is resident
+    while the split kernel runs, and every kernel is launched programmatically. Every result
+    must equal the same chain with a device sync between the calls."""
     H = 16
     inp = builders.build_decode_inputs("v4_c4", batch=1, num_heads=H, context_len=(3000, 5000), device="cuda",
                                        seed=41)

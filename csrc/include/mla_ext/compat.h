@@ -133,10 +133,10 @@ __device__ __forceinline__ void wait_for_prior_grids() {
 // Lets the next kernel on the stream, when it was launched programmatically,
 // be scheduled now instead of when this grid's last block exits; it still
 // waits in wait_for_prior_grids() for this grid to complete, so this only
-// moves its launch and prologue under this grid's run. Kernels call it right
-// after their own wait_for_prior_grids() (not before: a chain of waiting grids
-// would launch one after another and sit on the processors), and only when
-// the launcher set their early-trigger flag (pdl_trigger_early below).
+// moves its launch and prologue under this grid's run. Called right after
+// wait_for_prior_grids() (not before: a chain of waiting grids would launch one
+// after another and sit on the processors), and only where the launcher set a
+// flag (pdl_trigger_early below).
 __device__ __forceinline__ void launch_dependent_grids() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
@@ -145,7 +145,7 @@ __device__ __forceinline__ void launch_dependent_grids() {
 
 // Kernels that may be launched programmatically in this process, as a bit
 // mask: 1 merge_attn_states(_n), 2 the decode split kernel, 4 the decode
-// reduce; 8 lets small grids trigger their dependents early
+// reduce; 8 lets a small split grid trigger its reduce early
 // (pdl_trigger_early). The environment variable MLA_EXT_PDL (read once, as an
 // integer: "0" none, "15" all, "7" programmatic launches without the early
 // trigger, "13" all but the split kernel) sets it; unset or empty: all.
@@ -160,13 +160,19 @@ inline int pdl_mask() {
 }
 
 // Whether a grid of `blocks` blocks on num_sms processors (<= 0: 128 assumed)
-// triggers its dependents early (launch_dependent_grids). Only grids that leave
-// at least half of the processors idle do: the next kernel's blocks then start
-// on idle processors. H200, graph replay, same build with and without the
-// trigger: a 64-block merge (1 x 128 x 512) 1.65 -> 1.29 us, one-token decode
-// calls of 4-65 split blocks -0.3..-1.0 us; grids that fill the processors lost
-// 0.1-1.1 us (128-132-block decode calls at one token) and up to 5% (large
-// merges), their dependents' blocks competing with the running ones.
+// triggers its dependent early (launch_dependent_grids). Only the decode's
+// split kernel does, toward its own reduce, and only when it leaves at least
+// half of the processors idle: the reduce's blocks then start on idle
+// processors (H200, graph replay: one-token calls of 4-65 split blocks
+// -0.3..-1.0 us; 128-132-block grids lost 0.1-1.1 us). Kernels whose next
+// kernel is the caller's do not trigger: an early-launched grid seems to use
+// only the processors free at that moment (likely because a processor running
+// another kernel's blocks cannot take blocks that need a larger shared-memory
+// carve-out until it drains; not verified), so it packs onto few of them. Measured: behind a
+// triggering reduce the next call's 64-130 split blocks ran 5-17% slower, and a
+// merge kernel holding the (unexecuted) instruction ran large merges 4-6%
+// slower; a 1 x 128 x 512 merge followed by another triggering one took 1.29
+// instead of 1.63 us, a gain only for programmatic chains of small grids.
 inline bool pdl_trigger_early(int64_t blocks, int num_sms) {
   if ((pdl_mask() & kPdlEarlyTrigger) == 0) return false;
   const int64_t sms = num_sms > 0 ? num_sms : 128;

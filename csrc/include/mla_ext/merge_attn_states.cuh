@@ -51,7 +51,6 @@ struct MergeKernelArgs {
   uint32_t chunks_per_row;
   uint32_t tile_shift;     // 0: rows in (token, head) order; s > 0: (token / 2^s, head, token % 2^s)
   uint32_t num_tokens;     // tokens in this launch (rows of padded token tiles past it do nothing)
-  uint32_t early_trigger;  // pdl_trigger_early (compat.h)
   FastDivmod div_chunks;   // by chunks_per_row
   FastDivmod div_heads;    // by num_heads
 };
@@ -120,7 +119,6 @@ __device__ __forceinline__ void merge_attn_states_chunk(const MergeKernelArgs& k
   }
   const bool merge = t < k.merge_tokens;
   wait_for_prior_grids();  // the first global memory access follows
-  if (k.early_trigger) launch_dependent_grids();
   const V b = *reinterpret_cast<const V*>(static_cast<const S*>(p.suffix_output) + int64_t(t) * p.suffix_stride_token +
                                           int64_t(h) * p.suffix_stride_head + c * VEC);
   V a{};
@@ -176,7 +174,7 @@ constexpr int kMergeLseTileShift = 3;
 
 // tile_shift: -1 picks it from the LSE strides (see kMergeLseTileShift).
 template <typename E, typename O, int VEC, int THREADS = kMergeThreads>
-Status launch_merge_vec(const MergeParams& full, gpuStream_t stream, int tile_shift = -1, int num_sms = 0) {
+Status launch_merge_vec(const MergeParams& full, gpuStream_t stream, int tile_shift = -1) {
   const int64_t cpr = full.head_size / VEC;
   // 32-bit chunk indices: each launch covers < 2^31 chunks, whole rows.
   if (full.head_size >= (int64_t(1) << 31)) return Status::kInvalidArgument;
@@ -197,7 +195,6 @@ Status launch_merge_vec(const MergeParams& full, gpuStream_t stream, int tile_sh
     k.div_chunks = FastDivmod(uint32_t(cpr));
     k.div_heads = FastDivmod(uint32_t(full.num_heads));
     const int64_t blocks = (int64_t(k.num_chunks) + THREADS - 1) / THREADS;
-    k.early_trigger = pdl_trigger_early(blocks, num_sms) ? 1u : 0u;
     return launch_kernel(pdl, merge_attn_states_kernel<E, O, VEC, THREADS>, dim3(uint32_t(blocks)), dim3(THREADS),
                          0, stream, k);
   };
@@ -242,30 +239,29 @@ Status launch_merge_vec(const MergeParams& full, gpuStream_t stream, int tile_sh
 }
 
 template <typename E, typename O>
-Status launch_merge_out(const MergeParams& p, int num_sms, gpuStream_t stream) {
+Status launch_merge_out(const MergeParams& p, gpuStream_t stream) {
   constexpr int kMaxVec = 16 / int(sizeof(typename E::storage));
   const int vec = merge_vec_elems(p);
   if constexpr (kMaxVec == 8) {
-    if (vec == 8) return launch_merge_vec<E, O, 8>(p, stream, -1, num_sms);
+    if (vec == 8) return launch_merge_vec<E, O, 8>(p, stream);
   }
-  if (vec == 4) return launch_merge_vec<E, O, 4>(p, stream, -1, num_sms);
-  if (vec == 2) return launch_merge_vec<E, O, 2>(p, stream, -1, num_sms);
-  return launch_merge_vec<E, O, 1>(p, stream, -1, num_sms);
+  if (vec == 4) return launch_merge_vec<E, O, 4>(p, stream);
+  if (vec == 2) return launch_merge_vec<E, O, 2>(p, stream);
+  return launch_merge_vec<E, O, 1>(p, stream);
 }
 
 template <typename E>
-Status launch_merge_typed(const MergeParams& p, int num_sms, gpuStream_t stream) {
+Status launch_merge_typed(const MergeParams& p, gpuStream_t stream) {
   switch (p.output_kind) {
-    case MergeOutput::kSameAsInput: return launch_merge_out<E, SameOutput<E>>(p, num_sms, stream);
-    case MergeOutput::kFp8E4M3FN: return launch_merge_out<E, Fp8Output<E, false>>(p, num_sms, stream);
-    case MergeOutput::kFp8E4M3FNUZ: return launch_merge_out<E, Fp8Output<E, true>>(p, num_sms, stream);
+    case MergeOutput::kSameAsInput: return launch_merge_out<E, SameOutput<E>>(p, stream);
+    case MergeOutput::kFp8E4M3FN: return launch_merge_out<E, Fp8Output<E, false>>(p, stream);
+    case MergeOutput::kFp8E4M3FNUZ: return launch_merge_out<E, Fp8Output<E, true>>(p, stream);
   }
   return Status::kInvalidArgument;
 }
 
-// Launch on `stream`. Allocates nothing, never synchronises. The grid covers
-// the whole call; `num_sms` (<= 0: 128 assumed) only decides whether a small
-// grid triggers the next programmatic kernel early (compat.h).
+// Launch on `stream`. Allocates nothing, never synchronises. `num_sms` is
+// kept for interface stability and unused: the grid covers the whole call.
 inline Status launch_merge_attn_states(const MergeParams& p, int num_sms, gpuStream_t stream) {
   if (p.num_tokens < 0 || p.num_heads < 0 || p.head_size < 0) return Status::kInvalidArgument;
   if (p.num_tokens == 0 || p.num_heads == 0 || p.head_size == 0) return Status::kSuccess;
@@ -273,9 +269,9 @@ inline Status launch_merge_attn_states(const MergeParams& p, int num_sms, gpuStr
   if (p.output_kind != MergeOutput::kSameAsInput && p.output_scale == nullptr) return Status::kInvalidArgument;
   if (p.has_prefill_tokens_with_context && p.prefill_tokens_with_context < 0) return Status::kInvalidArgument;
   switch (p.dtype) {
-    case DType::kFloat32: return launch_merge_typed<Float32Elem>(p, num_sms, stream);
-    case DType::kFloat16: return launch_merge_typed<Float16Elem>(p, num_sms, stream);
-    case DType::kBFloat16: return launch_merge_typed<BFloat16Elem>(p, num_sms, stream);
+    case DType::kFloat32: return launch_merge_typed<Float32Elem>(p, stream);
+    case DType::kFloat16: return launch_merge_typed<Float16Elem>(p, stream);
+    case DType::kBFloat16: return launch_merge_typed<BFloat16Elem>(p, stream);
   }
   return Status::kInvalidArgument;
 }
@@ -294,7 +290,6 @@ struct MergeNKernelArgs {
   MergeNParams p;
   uint32_t total_chunks;  // num_tokens * num_heads * chunks_per_row (<= 2^31)
   uint32_t chunks_per_row;
-  uint32_t early_trigger;  // pdl_trigger_early (compat.h)
   FastDivmod div_chunks;
   FastDivmod div_heads;
 };
@@ -307,7 +302,6 @@ __global__ void __launch_bounds__(256) merge_attn_states_n_kernel(MergeNKernelAr
   const MergeNParams& p = k.p;
   const int64_t num_states = p.num_states;
   wait_for_prior_grids();
-  if (k.early_trigger) launch_dependent_grids();
   for (uint32_t idx = blockIdx.x * blockDim.x + threadIdx.x; idx < k.total_chunks; idx += gridDim.x * blockDim.x) {
     const uint32_t row = k.div_chunks.div(idx);
     const uint32_t chunk = idx - row * k.chunks_per_row;
@@ -417,7 +411,6 @@ Status launch_merge_n_vec(const MergeNParams& full, int num_sms, gpuStream_t str
     k.div_heads = FastDivmod(uint32_t(full.num_heads));
     int64_t blocks = (int64_t(k.total_chunks) + threads - 1) / threads;
     if (blocks > max_blocks) blocks = max_blocks;
-    k.early_trigger = pdl_trigger_early(blocks, num_sms) ? 1u : 0u;
     Status s = launch_kernel(pdl, merge_attn_states_n_kernel<E, VEC>, dim3(uint32_t(blocks)), dim3(threads), 0, stream, k);
     if (s != Status::kSuccess) return s;
   }

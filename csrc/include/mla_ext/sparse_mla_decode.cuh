@@ -1064,7 +1064,6 @@ struct ReduceArgs {
   const float* ws_lse;
   bool out_vec4;  // 8-byte bf16x4 stores allowed
   bool balanced;  // decode_balanced(p): the balanced split map
-  bool early_trigger;  // pdl_trigger_early (compat.h)
 };
 
 constexpr int kReduceThreads = kDV / 4;
@@ -1094,7 +1093,6 @@ template <bool BLOCK_SCAN, int BATCH = 8, bool GROUPED = false>
 __global__ void __launch_bounds__(GROUPED ? kReduceThreads * kReduceMaxGroups : kReduceThreads)
     decode_reduce_kernel(const ReduceArgs a) {
   wait_for_prior_grids();
-  if (a.early_trigger) launch_dependent_grids();
   const SparseDecodeParams& p = a.p;
   const int64_t H = p.num_heads;
   const int64_t row = blockIdx.x;  // t * H + h
@@ -1289,7 +1287,8 @@ inline bool ensure_smem(bool (&done)[64], const void* kernel, size_t bytes) {
 // allowed (compat.h), so that its launch is processed while the split kernel
 // runs (a split grid of at most half the processors' count triggers early) or
 // drains (otherwise); its blocks wait for the split kernel's memory before
-// reading the workspace.
+// reading the workspace. The reduce itself never triggers early: the kernel
+// after it is the caller's (compat.h).
 // GROUPED (block-wide scan only): one column group per batch of splits, up to
 // kReduceMaxGroups; the balanced map's token-slot search is written for one group.
 template <bool SCAN, int BATCH = 8, bool GROUPED = false>
@@ -1423,7 +1422,8 @@ inline Status launch_sparse_mla_decode(const SparseDecodeParams& p, void* worksp
   a.out_pairs = (reinterpret_cast<uintptr_t>(p.output) & 3u) == 0 && (p.output_stride_token & 1) == 0 &&
                 (p.output_stride_head & 1) == 0;
   a.balanced = decode_balanced(p);
-  a.early_trigger = pdl_trigger_early(blocks, num_sms);
+  // Early trigger only toward the reduce (the kernel after it is the caller's: compat.h).
+  a.early_trigger = S > 1 && pdl_trigger_early(blocks, num_sms);
 
   // Tensor cores on NVIDIA sm_80+ unless forced portable (the tensor-core
   // kernels' shared-memory requests exceed what older GPUs have); HIP always portable.
@@ -1443,7 +1443,6 @@ inline Status launch_sparse_mla_decode(const SparseDecodeParams& p, void* worksp
                (p.output_stride_head & 3) == 0;
   r.balanced = a.balanced;
   const uint32_t rows = uint32_t(T * H);
-  r.early_trigger = pdl_trigger_early(rows, num_sms);
   // More than two batches of splits: column groups (H200, one token: 65 splits 18.9 -> 17.7 us
   // at 16 heads; two batches in two groups gained nothing against the barrier they add). Only
   // while the rows fit one wave of these one-per-processor blocks (95 registers x up to 640
