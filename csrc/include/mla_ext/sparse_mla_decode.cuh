@@ -818,8 +818,9 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
 #pragma unroll
       for (int i = 0; i < CPT; ++i) {
         const int col = ssub + TPR * i;
-        const float x = (kHalfK ? Ss[srow * SST + col] + Ss[HTp * SST + srow * SST + col] : Ss[srow * SST + col]) *
-                        a.scale_log2;
+        float x = Ss[srow * SST + col];
+        if constexpr (kHalfK) x += Ss[HTp * SST + srow * SST + col];  // the second half's S copy
+        x *= a.scale_log2;
         sv[i] = vrow[col] != nullptr ? x : neg_inf();
         lmax = fmaxf(lmax, sv[i]);
       }
