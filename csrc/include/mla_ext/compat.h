@@ -163,16 +163,17 @@ inline int pdl_mask() {
 // triggers its dependent early (launch_dependent_grids). Only the decode's
 // split kernel does, toward its own reduce, and only when it leaves at least
 // half of the processors idle: the reduce's blocks then start on idle
-// processors (H200, graph replay: one-token calls of 4-65 split blocks
-// -0.3..-1.0 us; 128-132-block grids lost 0.1-1.1 us). Kernels whose next
-// kernel is the caller's do not trigger: an early-launched grid seems to use
-// only the processors free at that moment (likely because a processor running
-// another kernel's blocks cannot take blocks that need a larger shared-memory
-// carve-out until it drains; not verified), so it packs onto few of them. Measured: behind a
-// triggering reduce the next call's 64-130 split blocks ran 5-17% slower, and a
-// merge kernel holding the (unexecuted) instruction ran large merges 4-6%
-// slower; a 1 x 128 x 512 merge followed by another triggering one took 1.29
-// instead of 1.63 us, a gain only for programmatic chains of small grids.
+// processors (H200, graph replay: one-token calls at 8-32 heads -0.1..-0.5 us,
+// no shape slower). Kernels whose next kernel is the caller's do not trigger:
+// an early-launched grid seems to use only the processors free at that moment
+// (likely because a processor running another kernel's blocks cannot take
+// blocks that need a larger shared-memory carve-out until it drains; not
+// verified), so it packs onto few of them. Measured: behind a triggering
+// reduce the next call's 64-130 split blocks ran 5-17% slower; split grids of
+// 128-132 blocks triggering their reduce lost 0.1-1.1 us; and a merge kernel
+// holding the (unexecuted) instruction ran large merges 4-6% slower, while a
+// 1 x 128 x 512 merge followed by another triggering one took 1.29 instead of
+// 1.63 us, a gain only for programmatic chains of small grids.
 inline bool pdl_trigger_early(int64_t blocks, int num_sms) {
   if ((pdl_mask() & kPdlEarlyTrigger) == 0) return false;
   const int64_t sms = num_sms > 0 ? num_sms : 128;
