@@ -20,14 +20,18 @@ from conftest import HAS_GPU, assert_close_rel, e4m3_reference_table, poison_, r
 
 
 @contextlib.contextmanager
-def gpu_path(portable=None, head_tile=None):
-    """Set the process-global GPU path switches (portable kernels, forced head tile) for the
-    block; the previous settings come back afterwards, also on failure."""
+def gpu_path(portable=None, head_tile=None, mma_sync=None):
+    """Set the process-global GPU path switches (portable kernels, forced head tile, mma.sync
+    instead of warpgroup MMAs on Hopper) for the block; the previous settings come back
+    afterwards, also on failure."""
     prev_p = None if portable is None else torch.ops.mla_ext._set_force_portable(portable)
     prev_t = None if head_tile is None else torch.ops.mla_ext._set_head_tile(head_tile)
+    prev_m = None if mma_sync is None else torch.ops.mla_ext._set_force_mma_sync(mma_sync)
     try:
         yield
     finally:
+        if prev_m is not None:
+            torch.ops.mla_ext._set_force_mma_sync(prev_m)
         if prev_t is not None:
             torch.ops.mla_ext._set_head_tile(prev_t)
         if prev_p is not None:
@@ -912,6 +916,29 @@ def test_gpu_forced_head_tiles(fmt, d_qk, portable):
                 for S in (1, 5):
                     run_check(q, cache, idx, fmt=fmt, scale=d_qk ** -0.5, device="cuda", num_splits=S,
                               lengths=lengths, sink=sink)
+
+
+@requires_gpu
+@pytest.mark.parametrize("fmt,d_qk", [("bf16", 576), ("bf16", 512), ("fp8_ds_mla_v4", 512),
+                                      ("fp8_ds_mla_v4_fnuz", 512), ("fp8_ds_mla", 576)])
+@pytest.mark.parametrize("mma_sync", [False, True])
+def test_gpu_64_head_tile_mma_kinds(fmt, d_qk, mma_sync):
+    """The 64-head tile on both tensor-core kernels (on Hopper: warpgroup MMAs for the unscaled
+    formats, or mma.sync when forced; elsewhere mma.sync either way): partial head tiles (72,
+    100 heads), splits ending inside a tile (lengths), invalid rows and a sink. The balanced
+    map's 64-head kernels run in test_gpu_balanced_split_map_head_tiles (default path)."""
+    g = torch.Generator().manual_seed(211 + len(fmt) + d_qk)
+    T, W = 4, 700
+    idx, lengths = make_indices(g, T, W, 30 * 64, "scattered", "random")
+    lengths[0] = W
+    cache = make_cache(g, fmt, d_qk, 30, 64, idx, "cuda")
+    for H in (64, 72, 100):
+        q = torch.randn(T, H, d_qk, generator=g).to(torch.bfloat16)
+        sink = make_sink(g, H, "finite")
+        with gpu_path(head_tile=64, mma_sync=mma_sync):
+            for S in (0, 1, 3):
+                run_check(q, cache, idx, fmt=fmt, scale=d_qk ** -0.5, device="cuda", num_splits=S,
+                          lengths=lengths, sink=sink)
 
 
 def test_set_head_tile_range():

@@ -26,6 +26,14 @@ inline std::atomic<bool>& force_portable_flag() {
   return flag;
 }
 
+// Process-global switch: on Hopper the 64-head blocks use mma.sync instead of
+// warpgroup MMAs while set (torch.ops.mla_ext._set_force_mma_sync; used by tests
+// and A/B runs).
+inline std::atomic<bool>& force_mma_sync_flag() {
+  static std::atomic<bool> flag{false};
+  return flag;
+}
+
 // Process-global GPU head tile (SparseDecodeParams::head_tile): 0 = automatic,
 // 1..64 forces one (torch.ops.mla_ext._set_head_tile; used by tests and sweeps).
 inline std::atomic<int>& head_tile_setting() {
@@ -303,6 +311,7 @@ inline mla_ext::SparseDecodeParams make_decode_params(
   }
   p.num_splits = S;
   p.force_portable = force_portable_flag().load();
+  p.force_mma_sync = force_mma_sync_flag().load();
   p.head_tile = head_tile_setting().load();
   return p;
 }

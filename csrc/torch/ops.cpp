@@ -184,6 +184,8 @@ int64_t sparse_mla_decode_workspace_size(int64_t num_tokens, int64_t num_heads, 
 
 bool set_force_portable(bool enable) { return force_portable_flag().exchange(enable); }
 
+bool set_force_mma_sync(bool enable) { return force_mma_sync_flag().exchange(enable); }
+
 int64_t set_head_tile(int64_t head_tile) {
   MLA_CHECK(head_tile >= 0 && head_tile <= 64, "_set_head_tile",
             "expected head_tile 0 (automatic) or 1..64, got ", head_tile);
@@ -211,6 +213,7 @@ STABLE_TORCH_LIBRARY(mla_ext, m) {
       "sparse_mla_decode_workspace_size(int num_tokens, int num_heads, int num_splits, "
       "int device_index) -> int");
   m.def("_set_force_portable(bool enable) -> bool");
+  m.def("_set_force_mma_sync(bool enable) -> bool");
   m.def("_set_head_tile(int head_tile) -> int");
   m.def("_test_late_fill(Tensor(a!) out, float value, int delay_ns) -> ()");
 }
@@ -226,6 +229,7 @@ STABLE_TORCH_LIBRARY_IMPL(mla_ext, CompositeExplicitAutograd, m) {
   m.impl("sparse_mla_decode_workspace_size",
          TORCH_BOX(&mla_ext_torch::sparse_mla_decode_workspace_size));
   m.impl("_set_force_portable", TORCH_BOX(&mla_ext_torch::set_force_portable));
+  m.impl("_set_force_mma_sync", TORCH_BOX(&mla_ext_torch::set_force_mma_sync));
   m.impl("_set_head_tile", TORCH_BOX(&mla_ext_torch::set_head_tile));
 }
 

@@ -57,6 +57,12 @@
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 800)
 #define MLA_EXT_DECODE_MMA 1
 #endif
+// Warpgroup MMA (wgmma.mma_async): Hopper's arch-specific sm_90a target only
+// (TORCH_CUDA_ARCH_LIST 9.0a). Other targets compile the same kernels' mma.sync
+// body (decode_split_mma_kernel).
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define MLA_EXT_DECODE_WGMMA 1
+#endif
 // Packed e4m3x2 -> f16x2 conversion (PTX 7.8, sm_89+).
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 890)
 #define MLA_EXT_DECODE_CVT_FP8 1
@@ -101,29 +107,46 @@ struct Fmt<KvFormat::kFP8DsMlaV4, 512> {
 // SCALED (fp8_ds_mla): the K tile holds the raw e4m3 values (exact in bf16) and
 // the fp32 scales sit in their own array; the scales multiply the per-group
 // QK^T partial sums and a per-group copy of P (4 copies, one per 128 V dims).
-template <int MT, int DQK, bool MMA, bool SCALED = false>
+// WG (64-head tile, sm_90a, unscaled formats): K, Q and P in the 128-byte
+// swizzled layout of the warpgroup MMAs (swz_chunk), 1024-byte aligned (the
+// kernel aligns its shared-memory base at run time: kAlignPad spare bytes).
+template <int MT, int DQK, bool MMA, bool SCALED = false, bool WG = false>
 struct Cfg {
+  static_assert(!WG || (MMA && MT == 4 && !SCALED), "the warpgroup layout is for the unscaled 64-head tile");
   static constexpr int HTp = 16 * MT;         // padded head rows
   static constexpr int BN = MMA ? 64 : 32;    // KV rows per tile
-  static constexpr int KST = DQK + 8;         // K / Q row stride (elements): odd multiple of 16 B
+  static constexpr int KST = WG ? DQK : DQK + 8;  // K / Q row stride (elements): odd multiple of 16 B
   static constexpr int SST = BN + 4;          // S row stride (floats)
-  static constexpr int PST = BN + 8;          // P row stride (bf16)
+  static constexpr int PST = WG ? BN : BN + 8;  // P row stride (bf16)
+  static constexpr size_t kAlignPad = WG ? 1024 : 0;
   static constexpr size_t kOff = 0;
   static constexpr size_t qOff = kOff + size_t(BN) * KST * 2;
   static constexpr size_t sOff = qOff + (MMA ? size_t(HTp) * KST * 2 : 0);
-  // S partial sums: the 16-head tensor-core tile of the unscaled formats splits
-  // Q.K's dims in two halves (decode_body, kHalfK), each with its own S copy.
-  static constexpr int kSParts = (MMA && MT == 1 && !SCALED) ? 2 : 1;
+  // S partial sums: the 16-head tensor-core tile of the unscaled formats and
+  // the warpgroup tile split Q.K's dims in two halves (decode_body), each with
+  // its own S copy.
+  static constexpr int kSParts = ((MMA && MT == 1 && !SCALED) || WG) ? 2 : 1;
   static constexpr size_t pOff = sOff + size_t(kSParts) * HTp * SST * 4;
+  static_assert(!WG || (qOff % 1024 == 0 && sOff % 1024 == 0 && pOff % 1024 == 0), "swizzle atoms");
   static constexpr int kPCopies = SCALED ? 4 : 1;  // P copies (one per V scale group)
   static constexpr size_t aOff = pOff + (MMA ? size_t(kPCopies) * HTp * PST * 2 : 0);
   static constexpr size_t invOff = aOff + size_t(HTp) * 4;
   static constexpr size_t metaOff = invOff + size_t(HTp) * 4;
   static constexpr size_t scOff = metaOff + size_t(4) * BN * sizeof(void*);  // float [4][BN]
-  static constexpr size_t bytes = scOff + (SCALED ? size_t(4) * BN * 4 : 0);
+  static constexpr size_t bytes = scOff + (SCALED ? size_t(4) * BN * 4 : 0) + kAlignPad;
   static constexpr int TPR = kThreads / HTp;  // softmax threads per head row
   static constexpr int CPT = BN / TPR;        // softmax columns per thread
 };
+
+// 16-byte chunk ch (elements 8 ch .. 8 ch + 7) of row r of a bf16 matrix with
+// `rows` rows: SW, the 128-byte swizzled layout (64-column blocks of rows x 128
+// bytes, chunk ch % 8 of a row at ch % 8 ^ r % 8); otherwise rows of `stride`
+// elements.
+template <bool SW, int ROWS>
+__device__ __forceinline__ uint16_t* swz_chunk(uint16_t* base, int stride, int r, int ch) {
+  if (SW) return base + (ch >> 3) * (ROWS * 64) + r * 64 + (((ch & 7) ^ (r & 7)) << 3);
+  return base + r * stride + ch * 8;
+}
 
 struct DecodeArgs {
   SparseDecodeParams p;
@@ -375,6 +398,99 @@ __device__ __forceinline__ void copy_async_wait_all() {
 #endif
 }
 
+// ---- warpgroup MMA primitives (sm_90a) ----
+// Operands in shared memory in the 128-byte swizzled layout: rows of 64 bf16
+// (128 bytes), 16-byte chunk j of row r stored at chunk j ^ (r % 8), in
+// 1024-byte atoms of 8 rows (the address bits 4-6 XOR bits 7-9, so every
+// region starts 1024-byte aligned). A matrix wider than 64 elements is a
+// sequence of such 64-column blocks (swz_chunk).
+// Descriptor (PTX ISA, "matrix descriptor"): start address, leading and stride
+// byte offsets (all >> 4) and the swizzle mode (1 = 128 bytes, bits 62-63).
+// K-major operands: stride offset 1024 (next 8 rows), leading offset unused.
+// MN-major operands: leading offset = the next 64-column block along MN, stride
+// offset 1024 (the next 8 rows along K).
+__device__ __forceinline__ uint64_t wg_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+  return uint64_t((addr & 0x3ffffu) >> 4) | (uint64_t((lbo & 0x3ffffu) >> 4) << 16) |
+         (uint64_t((sbo & 0x3ffffu) >> 4) << 32) | (uint64_t(1) << 62);
+}
+// Orders this thread's earlier shared-memory stores (generic proxy) before
+// later wgmma reads (async proxy); a barrier then publishes them to the block.
+__device__ __forceinline__ void fence_proxy_async() {
+#if defined(MLA_EXT_DECODE_WGMMA)
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+// Before a warpgroup's first wgmma, and whenever other instructions wrote its
+// accumulators since the last one.
+__device__ __forceinline__ void wg_fence() {
+#if defined(MLA_EXT_DECODE_WGMMA)
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+// Commits the warpgroup's issued wgmmas and waits for all of them.
+__device__ __forceinline__ void wg_commit_wait() {
+#if defined(MLA_EXT_DECODE_WGMMA)
+  asm volatile("wgmma.commit_group.sync.aligned;\nwgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+#endif
+}
+// D[64 x 64] += A[64 x 16] B[16 x 64]: A and B K-major (B given as N rows of K).
+__device__ __forceinline__ void wgmma_m64n64k16(float (&d)[32], uint64_t da, uint64_t db) {
+#if defined(MLA_EXT_DECODE_WGMMA)
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+      "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+      :
+        "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(da), "l"(db), "r"(1));
+#else
+  (void)d; (void)da; (void)db;
+#endif
+}
+
+// D[64 x 256] += A[64 x 16] B[16 x 256]: A K-major, B MN-major (K rows of N, transposed).
+__device__ __forceinline__ void wgmma_m64n256k16_bt(float (&d)[128], uint64_t da, uint64_t db) {
+#if defined(MLA_EXT_DECODE_WGMMA)
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+      "}, %128, %129, p, 1, 1, 0, 1;\n}\n"
+      :
+        "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+        "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+        "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+        "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+        "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+        "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+        "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+      : "l"(da), "l"(db), "r"(1));
+#else
+  (void)d; (void)da; (void)db;
+#endif
+}
+
 // ---- gather: raw 16-byte chunks of one tile, held in registers ----
 // FP8 formats split a row's chunks into two unit sets, the FP8 chunks and the
 // bf16 RoPE chunks, each numbered row-major and dealt round-robin to the
@@ -448,29 +564,30 @@ struct Gather {
   // Rows at or past `live` (a tile's positions past its split's end) are not
   // read by the products: rows up to the next multiple of 16 get zeros (their
   // 16-row MMA block is still multiplied), later rows are not written at all.
-  template <bool SKIP>
+  // SW: K in the swizzled layout of the warpgroup MMAs (swz_chunk), else rows
+  // of kst; the warpgroup MMAs multiply every row, so all rows past `live` get zeros.
+  template <bool SKIP, bool SW = false>
   __device__ __forceinline__ void store(uint16_t* K, int kst, float* ksc, int tid, int live) const {
-    const int zero_end = (live + 15) & ~15;
+    const int zero_end = SW ? BN : (live + 15) & ~15;
     const uint4 z = make_uint4(0u, 0u, 0u, 0u);
+    auto chunk = [&](int row, int ch) { return reinterpret_cast<uint4*>(swz_chunk<SW, BN>(K, kst, row, ch)); };
 #pragma unroll
     for (int k = 0; k < kUF; ++k) {
       int row, c;
       if (!unit<kUnitsF, kNF>(tid, k, row, c)) continue;
       if (SKIP && row >= zero_end) continue;
-      uint16_t* krow = K + size_t(row) * kst;
       if (!kFp8) {
-        *reinterpret_cast<uint4*>(krow + 8 * c) = (SKIP && row >= live) ? z : raw[k];
+        *chunk(row, c) = (SKIP && row >= live) ? z : raw[k];
         continue;
       }
       if (!SPLIT && c >= FT::kFp8Chunks) {
-        *reinterpret_cast<uint4*>(krow + FT::kRopeDim + 8 * (c - FT::kFp8Chunks)) =
-            (SKIP && row >= live) ? z : raw[k];
+        *chunk(row, FT::kRopeDim / 8 + (c - FT::kFp8Chunks)) = (SKIP && row >= live) ? z : raw[k];
         continue;
       }
       if (SKIP && row >= live) {
         if (kScaled && (c & 7) == 0) ksc[(c >> 3) * BN + row] = 0.f;
-        *reinterpret_cast<uint4*>(krow + 16 * c) = z;
-        *reinterpret_cast<uint4*>(krow + 16 * c + 8) = z;
+        *chunk(row, 2 * c) = z;
+        *chunk(row, 2 * c + 1) = z;
         continue;
       }
       // invalid rows: raw bytes and scale bits are 0 -> +0 * 2^-127 = 0
@@ -488,16 +605,15 @@ struct Gather {
       dequant4<kFnuz>(raw[k].y, sc, lo.z, lo.w);
       dequant4<kFnuz>(raw[k].z, sc, hi.x, hi.y);
       dequant4<kFnuz>(raw[k].w, sc, hi.z, hi.w);
-      *reinterpret_cast<uint4*>(krow + 16 * c) = lo;
-      *reinterpret_cast<uint4*>(krow + 16 * c + 8) = hi;
+      *chunk(row, 2 * c) = lo;
+      *chunk(row, 2 * c + 1) = hi;
     }
 #pragma unroll
     for (int k = 0; k < kUR; ++k) {
       int row, c;
       if (!unit<kUnitsR, kNRd>(tid, k, row, c)) continue;
       if (SKIP && row >= zero_end) continue;
-      *reinterpret_cast<uint4*>(K + size_t(row) * kst + FT::kRopeDim + 8 * c) =
-          (SKIP && row >= live) ? z : raw[kUF + k];
+      *chunk(row, FT::kRopeDim / 8 + c) = (SKIP && row >= live) ? z : raw[kUF + k];
     }
   }
 };
@@ -532,15 +648,20 @@ __device__ __forceinline__ void row_address(const SparseDecodeParams& p, int64_t
 
 
 // ---- the split kernel body ----
-template <int MT, int DQK, KvFormat F, bool MMA, bool BAL>
+// WG (sm_90a, 64-head tile, unscaled formats): Q.K and P.V as warpgroup MMAs
+// straight from shared memory (decode_split_mma_kernel).
+template <int MT, int DQK, KvFormat F, bool MMA, bool BAL, bool WG = false>
 __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
   constexpr bool SC = kv_layout(F) == KvFormat::kFP8DsMla;  // scales applied after the products
-  using C = Cfg<MT, DQK, MMA, SC>;
+  using C = Cfg<MT, DQK, MMA, SC, WG>;
   using G = Gather<F, DQK, C::BN, !(SC && MT == 4)>;
   constexpr int HTp = C::HTp, BN = C::BN, KST = C::KST, SST = C::SST, PST = C::PST;
   constexpr int TPR = C::TPR, CPT = C::CPT;
   static_assert(!SC || MT > 2 || TPR % 2 == 0, "SC P-pair writes need an even number of threads per softmax row");
-  extern __shared__ __align__(16) uint8_t smem[];
+  extern __shared__ __align__(16) uint8_t smem_base[];
+  // The swizzled layout needs 1024-byte aligned regions: round the base up
+  // (kAlignPad spare bytes are allocated for this).
+  uint8_t* const smem = smem_base + (WG ? ((1024u - (smem_addr(smem_base) & 1023u)) & 1023u) : 0u);
   uint16_t* Ks = reinterpret_cast<uint16_t*>(smem + C::kOff);
   uint16_t* Qs = reinterpret_cast<uint16_t*>(smem + C::qOff);
   float* Ss = reinterpret_cast<float*>(smem + C::sOff);
@@ -602,10 +723,11 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
 #pragma unroll 4
     for (int u = tid; u < HTp * QCH; u += kThreads) {
       const int r = u / QCH, c = u - (u / QCH) * QCH;
+      uint16_t* dst = swz_chunk<WG, HTp>(Qs, KST, r, c);
       if (r < nh) {
-        copy16_async(Qs + r * KST + 8 * c, qt + int64_t(r) * p.q_stride_head + 8 * c);
+        copy16_async(dst, qt + int64_t(r) * p.q_stride_head + 8 * c);
       } else {
-        *reinterpret_cast<uint4*>(Qs + r * KST + 8 * c) = make_uint4(0u, 0u, 0u, 0u);
+        *reinterpret_cast<uint4*>(dst) = make_uint4(0u, 0u, 0u, 0u);
       }
     }
   }
@@ -646,7 +768,10 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
     const int live = !kSkipRows ? BN
                      : BAL      ? (j == ntiles - 1 ? last_rows : BN)
                                 : int((p_hi - p_lo - int64_t(j) * BN) < BN ? (p_hi - p_lo - int64_t(j) * BN) : BN);
-    g.template store<kSkipRows>(Ks, KST, ksc, tid, live);
+    g.template store<kSkipRows, WG>(Ks, KST, ksc, tid, live);
+    // WG: the K tile (and, before the first tile, the Q tile: its copies were
+    // waited for above) is read by the async proxy.
+    if (WG) fence_proxy_async();
     if (tid < BN) {
       row_address<F>(p, p_lo + int64_t(j + 1) * BN + tid, em, idx_next, meta_d[nxt * BN + tid],
                      meta_s[nxt * BN + tid]);
@@ -664,7 +789,36 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
     // this halves the k-steps of each warp's dependent chain and the Q
     // fragments every warp reloads from shared memory each tile.
     constexpr bool kHalfK = MMA && MT == 1 && !SC;
-    if constexpr (kHalfK) {
+    if constexpr (WG) {
+      // Warpgroup g (threads 128 g ..) multiplies all 64 heads x 64 keys over
+      // half of the dims (DQK / 32 k-steps of 16) and writes its own S copy; the
+      // softmax adds the two. Operands straight from the swizzled tiles: Q
+      // (A, K-major) and K (B, K-major: key rows of dims). Rows past the
+      // split's end are zeros; the softmax masks their S columns.
+      const int warp = tid / 32, lane = tid % 32, wg = warp >> 2;
+      constexpr int KH = DQK / 32;
+      const uint32_t q0 = smem_addr(Qs), k0 = smem_addr(Ks);
+      float s2[32];
+#pragma unroll
+      for (int i = 0; i < 32; ++i) s2[i] = 0.f;
+      wg_fence();
+#pragma unroll
+      for (int i = 0; i < KH; ++i) {
+        const int kk = wg * KH + i;  // global k-step: 64-column block kk / 4, 32 bytes per step inside it
+        const uint32_t off = uint32_t((kk & 3) * 32);
+        wgmma_m64n64k16(s2, wg_desc(q0 + uint32_t((kk >> 2) * HTp * 128) + off, 16, 1024),
+                        wg_desc(k0 + uint32_t((kk >> 2) * BN * 128) + off, 16, 1024));
+      }
+      wg_commit_wait();
+      float* Sh = Ss + wg * (HTp * SST);
+      const int r0 = (warp & 3) * 16 + (lane >> 2);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const int col = i * 8 + (lane & 3) * 2;
+        *reinterpret_cast<float2*>(Sh + r0 * SST + col) = make_float2(s2[4 * i], s2[4 * i + 1]);
+        *reinterpret_cast<float2*>(Sh + (r0 + 8) * SST + col) = make_float2(s2[4 * i + 2], s2[4 * i + 3]);
+      }
+    } else if constexpr (kHalfK) {
       const int warp = tid / 32, lane = tid % 32;
       const int kg = warp & 3, dh = warp >> 2;
       constexpr int KH = DQK / 32;  // k-steps per half
@@ -819,7 +973,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
       for (int i = 0; i < CPT; ++i) {
         const int col = ssub + TPR * i;
         float x = Ss[srow * SST + col];
-        if constexpr (kHalfK) x += Ss[HTp * SST + srow * SST + col];  // the second half's S copy
+        if constexpr (kHalfK || WG) x += Ss[HTp * SST + srow * SST + col];  // the second half's S copy
         x *= a.scale_log2;
         sv[i] = vrow[col] != nullptr ? x : neg_inf();
         lmax = fmaxf(lmax, sv[i]);
@@ -858,7 +1012,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
             Ps[g4 * HTp * PST + srow * PST + col] = uint16_t(pack_bf16x2(pv * ksc[g4 * BN + col], 0.f) & 0xffffu);
         } else if (MMA) {
           const uint16_t pb = uint16_t(pack_bf16x2(pv, 0.f) & 0xffffu);
-          Ps[srow * PST + col] = pb;
+          *(swz_chunk<WG, HTp>(Ps, PST, srow, col >> 3) + (col & 7)) = pb;
           pv = bf16_to_float(pb);
         } else {
           Ss[srow * SST + col] = pv;
@@ -874,11 +1028,34 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
       row_le = row_le * alpha + lsum_exact;
       row_m = m_new;
       if (ssub == 0) alpha_s[srow] = alpha;
+      if (WG) fence_proxy_async();  // P is read by the async proxy
     }
     __syncthreads();  // P, alpha visible
 
     // ---- O = O * alpha + P V ----
-    if (MMA) {
+    if constexpr (WG) {
+      // Warpgroup g: all 64 heads x value dims [256 g, +256) (its 4 warps hold
+      // 16 heads each); P (A, K-major) and V = K's first 512 columns read as an
+      // MN-major B (key rows of dims; the next 64-dim block is BN rows on).
+      const int warp = tid / 32, lane = tid % 32, wg = warp >> 2;
+      const float a0 = alpha_s[(warp & 3) * 16 + (lane >> 2)];
+      const float a1 = alpha_s[(warp & 3) * 16 + (lane >> 2) + 8];
+#pragma unroll
+      for (int n = 0; n < 32; ++n) {
+        acc[4 * n] *= a0; acc[4 * n + 1] *= a0; acc[4 * n + 2] *= a1; acc[4 * n + 3] *= a1;
+      }
+      // All four 16-key steps: rows past the split's end are zeros (Gather::store),
+      // and a data-dependent step count here made ptxas serialise the wgmmas
+      // of the balanced-map kernels (C7520).
+      const uint32_t pb0 = smem_addr(Ps), vb0 = smem_addr(Ks) + uint32_t(wg * 4 * BN * 128);
+      wg_fence();
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk) {
+        wgmma_m64n256k16_bt(*reinterpret_cast<float(*)[128]>(acc), wg_desc(pb0 + uint32_t(kk * 32), 16, 1024),
+                            wg_desc(vb0 + uint32_t(kk * 16 * 128), uint32_t(BN * 128), 1024));
+      }
+      wg_commit_wait();
+    } else if (MMA) {
       const int warp = tid / 32, lane = tid % 32;
 #pragma unroll
       for (int m = 0; m < MT; ++m) {
@@ -993,28 +1170,31 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
     // row's pointer, scale and the block-uniform output choice are resolved once
     // per row, not per pair (at one token this epilogue was ~25% of a warp's
     // instructions).
+    // WG: one m-tile of 16 heads per warp (16 (warp % 4) ..), 32 column pairs
+    // 8 apart from 256 (warp / 4) on.
     const int warp = tid / 32, lane = tid % 32;
-    const int col0 = warp * 64 + (lane & 3) * 2;
+    constexpr int EM = WG ? 1 : MT, EN = WG ? 32 : 8;
+    const int col0 = (WG ? (warp >> 2) * 256 : warp * 64) + (lane & 3) * 2;
 #pragma unroll
-    for (int m = 0; m < MT; ++m) {
+    for (int m = 0; m < EM; ++m) {
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
-        const int row = m * 16 + (lane >> 2) + 8 * hf;
+        const int row = (WG ? (warp & 3) * 16 : m * 16) + (lane >> 2) + 8 * hf;
         if (row >= nh) continue;
         const int64_t h = h0 + row;
         const float inv = inv_s[row];
         if (!final_out) {
           float* o = a.ws_out + (h * NQ + slot) * kDV + col0;
 #pragma unroll
-          for (int n = 0; n < 8; ++n) {
-            const float* c = acc + (m * 8 + n) * 4 + 2 * hf;
+          for (int n = 0; n < EN; ++n) {
+            const float* c = acc + (m * EN + n) * 4 + 2 * hf;
             *reinterpret_cast<float2*>(o + 8 * n) = make_float2(c[0] * inv, c[1] * inv);
           }
         } else {
           uint16_t* o = p.output + t * p.output_stride_token + h * p.output_stride_head + col0;
 #pragma unroll
-          for (int n = 0; n < 8; ++n) {
-            const float* c = acc + (m * 8 + n) * 4 + 2 * hf;
+          for (int n = 0; n < EN; ++n) {
+            const float* c = acc + (m * EN + n) * 4 + 2 * hf;
             const uint32_t pk = pack_bf16x2(c[0] * inv, c[1] * inv);
             if (a.out_pairs) {
               *reinterpret_cast<uint32_t*>(o + 8 * n) = pk;
@@ -1037,12 +1217,16 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
   }
 }
 
-template <int MT, int DQK, KvFormat F, bool BAL>
+// WG: the warpgroup-MMA body where the code is compiled for sm_90a, the
+// mma.sync body elsewhere (its shared memory fits the same allocation: launch_split).
+template <int MT, int DQK, KvFormat F, bool BAL, bool WG = false>
 __global__ void __launch_bounds__(kThreads, (MT == 1 && F != KvFormat::kBF16) ? MLA_EXT_DECODE_MT1_MIN_BLOCKS : 1)
     decode_split_mma_kernel(const DecodeArgs a) {
   wait_for_prior_grids();
   if (a.early_trigger) launch_dependent_grids();
-#if defined(MLA_EXT_DECODE_MMA)
+#if defined(MLA_EXT_DECODE_WGMMA)
+  decode_body<MT, DQK, F, true, BAL, WG>(a);
+#elif defined(MLA_EXT_DECODE_MMA)
   decode_body<MT, DQK, F, true, BAL>(a);
 #else
   // NVIDIA below sm_80 (or a host/HIP pass): the portable body fits in this
@@ -1305,47 +1489,56 @@ inline Status launch_reduce(const ReduceArgs& r, uint32_t rows, gpuStream_t stre
   return launch_kernel(pdl, kernel, dim3(rows), dim3(kReduceThreads * groups), 0, stream, r);
 }
 
-template <int MT, int DQK, KvFormat F, bool MMA, bool BAL>
+template <int MT, int DQK, KvFormat F, bool MMA, bool BAL, bool WG = false>
 inline Status launch_split(const DecodeArgs& a, uint32_t blocks, gpuStream_t stream) {
-  using C = Cfg<MT, DQK, MMA, kv_layout(F) == KvFormat::kFP8DsMla>;
+  constexpr bool kSc = kv_layout(F) == KvFormat::kFP8DsMla;
+  // WG: room for either body of the kernel (decode_split_mma_kernel).
+  constexpr size_t kBytes = WG && Cfg<MT, DQK, MMA, kSc, WG>::bytes > Cfg<MT, DQK, MMA, kSc>::bytes
+                                ? Cfg<MT, DQK, MMA, kSc, WG>::bytes
+                                : Cfg<MT, DQK, MMA, kSc>::bytes;
   static bool done[64] = {};
   static signed char pdl_cache[64] = {};
   void (*kernel)(DecodeArgs);
   if constexpr (MMA)
-    kernel = decode_split_mma_kernel<MT, DQK, F, BAL>;
+    kernel = decode_split_mma_kernel<MT, DQK, F, BAL, WG>;
   else
     kernel = decode_split_portable_kernel<MT, DQK, F, BAL>;
-  if (!ensure_smem(done, reinterpret_cast<const void*>(kernel), C::bytes)) return Status::kLaunchFailed;
+  if (!ensure_smem(done, reinterpret_cast<const void*>(kernel), kBytes)) return Status::kLaunchFailed;
   const bool pdl = use_pdl(kPdlDecodeSplit, pdl_cache, kernel);
-  return launch_kernel(pdl, kernel, dim3(blocks), dim3(kThreads), C::bytes, stream, a);
+  return launch_kernel(pdl, kernel, dim3(blocks), dim3(kThreads), kBytes, stream, a);
 }
 
+// wg: the 64-head tile of the unscaled formats as warpgroup MMAs (Hopper).
 template <int DQK, KvFormat F, bool MMA, bool BAL = false>
-inline Status launch_split_mt(int mt, const DecodeArgs& a, uint32_t blocks, gpuStream_t stream) {
+inline Status launch_split_mt(int mt, bool wg, const DecodeArgs& a, uint32_t blocks, gpuStream_t stream) {
   switch (mt) {
     case 1: return launch_split<1, DQK, F, MMA, BAL>(a, blocks, stream);
     case 2: return launch_split<2, DQK, F, MMA, BAL>(a, blocks, stream);
-    default: return launch_split<4, DQK, F, MMA, BAL>(a, blocks, stream);
+    default:
+      if constexpr (MMA && kv_layout(F) != KvFormat::kFP8DsMla) {
+        if (wg) return launch_split<4, DQK, F, MMA, BAL, true>(a, blocks, stream);
+      }
+      return launch_split<4, DQK, F, MMA, BAL>(a, blocks, stream);
   }
 }
 
 template <bool MMA>
-inline Status launch_split_fmt(int mt, const DecodeArgs& a, uint32_t blocks, gpuStream_t stream) {
+inline Status launch_split_fmt(int mt, bool wg, const DecodeArgs& a, uint32_t blocks, gpuStream_t stream) {
   const SparseDecodeParams& p = a.p;
   switch (p.kv_format) {
     case KvFormat::kBF16:
-      return p.d_qk == 576 ? launch_split_mt<576, KvFormat::kBF16, MMA>(mt, a, blocks, stream)
-                           : launch_split_mt<512, KvFormat::kBF16, MMA>(mt, a, blocks, stream);
+      return p.d_qk == 576 ? launch_split_mt<576, KvFormat::kBF16, MMA>(mt, wg, a, blocks, stream)
+                           : launch_split_mt<512, KvFormat::kBF16, MMA>(mt, wg, a, blocks, stream);
     case KvFormat::kFP8DsMla:
-      return launch_split_mt<576, KvFormat::kFP8DsMla, MMA>(mt, a, blocks, stream);
+      return launch_split_mt<576, KvFormat::kFP8DsMla, MMA>(mt, wg, a, blocks, stream);
     case KvFormat::kFP8DsMlaV4:  // V4 formats: the balanced map has its own instantiation
-      return a.balanced ? launch_split_mt<512, KvFormat::kFP8DsMlaV4, MMA, true>(mt, a, blocks, stream)
-                        : launch_split_mt<512, KvFormat::kFP8DsMlaV4, MMA>(mt, a, blocks, stream);
+      return a.balanced ? launch_split_mt<512, KvFormat::kFP8DsMlaV4, MMA, true>(mt, wg, a, blocks, stream)
+                        : launch_split_mt<512, KvFormat::kFP8DsMlaV4, MMA>(mt, wg, a, blocks, stream);
     case KvFormat::kFP8DsMlaFnuz:
-      return launch_split_mt<576, KvFormat::kFP8DsMlaFnuz, MMA>(mt, a, blocks, stream);
+      return launch_split_mt<576, KvFormat::kFP8DsMlaFnuz, MMA>(mt, wg, a, blocks, stream);
     case KvFormat::kFP8DsMlaV4Fnuz:
-      return a.balanced ? launch_split_mt<512, KvFormat::kFP8DsMlaV4Fnuz, MMA, true>(mt, a, blocks, stream)
-                        : launch_split_mt<512, KvFormat::kFP8DsMlaV4Fnuz, MMA>(mt, a, blocks, stream);
+      return a.balanced ? launch_split_mt<512, KvFormat::kFP8DsMlaV4Fnuz, MMA, true>(mt, wg, a, blocks, stream)
+                        : launch_split_mt<512, KvFormat::kFP8DsMlaV4Fnuz, MMA>(mt, wg, a, blocks, stream);
   }
   return Status::kInvalidArgument;
 }
@@ -1428,11 +1621,15 @@ inline Status launch_sparse_mla_decode(const SparseDecodeParams& p, void* worksp
 
   // Tensor cores on NVIDIA sm_80+ unless forced portable (the tensor-core
   // kernels' shared-memory requests exceed what older GPUs have); HIP always portable.
+  // On Hopper (compute capability 9) the 64-head tile of the unscaled formats
+  // uses the warpgroup-MMA kernel unless p.force_mma_sync.
   Status st;
-  if (kWarpSize == 32 && !p.force_portable && current_device_cc_major() >= 8) {
-    st = launch_split_fmt<kWarpSize == 32>(mt, a, uint32_t(blocks), stream);  // never the MMA kernel on HIP
+  const int cc = current_device_cc_major();
+  if (kWarpSize == 32 && !p.force_portable && cc >= 8) {
+    const bool wg = cc == 9 && !p.force_mma_sync;
+    st = launch_split_fmt<kWarpSize == 32>(mt, wg, a, uint32_t(blocks), stream);  // never the MMA kernel on HIP
   } else {
-    st = launch_split_fmt<false>(mt, a, uint32_t(blocks), stream);
+    st = launch_split_fmt<false>(mt, false, a, uint32_t(blocks), stream);
   }
   if (st != Status::kSuccess || S == 1) return st;
 

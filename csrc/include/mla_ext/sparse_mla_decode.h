@@ -85,6 +85,8 @@ struct SparseDecodeParams {
 
   int num_splits = 1;               // resolved split count, 1..kMaxSplits
   bool force_portable = false;      // GPU: use the portable (no tensor-core) path
+  bool force_mma_sync = false;      // GPU, Hopper: 64-head blocks on mma.sync instead of
+                                    // warpgroup MMAs (tests and A/B runs); results agree up to rounding
   int head_tile = 0;                // GPU heads per block: 0 = automatic (decode_launch_head_tile),
                                     // 1..64 forces one (tests and sweeps); results agree up to rounding
 };
