@@ -382,6 +382,18 @@ __device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], 
 #endif
 }
 
+// One 16-byte shared-memory store as a single instruction (NVVM split the
+// swizzled tile's dequantised stores into four 4-byte ones: 5x the wavefronts).
+__device__ __forceinline__ void st_shared16(void* smem_dst, const uint4& v) {
+#if defined(MLA_EXT_DECODE_MMA)
+  asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(smem_addr(smem_dst)), "r"(v.x), "r"(v.y),
+               "r"(v.z), "r"(v.w)
+               : "memory");
+#else
+  *reinterpret_cast<uint4*>(smem_dst) = v;
+#endif
+}
+
 // 16-byte global -> shared copy that does not wait (sm_80+ cp.async; plain
 // load + store elsewhere), and the wait for all of this thread's copies.
 __device__ __forceinline__ void copy16_async(void* smem_dst, const void* gmem_src) {
@@ -498,7 +510,12 @@ __device__ __forceinline__ void wgmma_m64n256k16_bt(float (&d)[128], uint64_t da
 // byte offset and scale rule are fixed per loop instead of tested per unit.
 // SPLIT = false keeps one set of all chunks, the kind tested per unit (the V3.2
 // 64-head tile: the two loops cost it 56 bytes of spills at 255 registers).
-template <KvFormat F, int DQK, int BN, bool SPLIT = true>
+// PAIRED (the swizzled K tile of the warpgroup kernels): the FP8 set is dealt
+// in runs of 4 chunks alternating between the two rows of a row pair, so the 8
+// lanes of a 16-byte store phase write 8 different 16-byte slots of the
+// swizzled rows (row-major dealing put them on 4: 5x the shared wavefronts
+// with the stores NVVM split, 2x with whole ones).
+template <KvFormat F, int DQK, int BN, bool SPLIT = true, bool PAIRED = false>
 struct Gather {
   static constexpr KvFormat kLayout = kv_layout(F);  // fnuz formats: their e4m3fn twin's bytes
   using FT = Fmt<kLayout, DQK>;
@@ -514,14 +531,23 @@ struct Gather {
 
   // This thread's unit k of a set of UNITS units, PER_ROW chunks per row: its row
   // and chunk, or false past the end of the set.
-  template <int UNITS, int PER_ROW>
+  // RUNS: u = ((row pair * PER_ROW / 4 + c / 4) * 2 + row % 2) * 4 + c % 4.
+  template <int UNITS, int PER_ROW, bool RUNS = false>
   static __device__ __forceinline__ bool unit(int tid, int k, int& row, int& c) {
     const int u = tid + k * kThreads;
     if ((UNITS % kThreads) != 0 && u >= UNITS) return false;
-    row = u / PER_ROW;
-    c = u - row * PER_ROW;
+    if constexpr (RUNS) {
+      static_assert(PER_ROW % 4 == 0 && BN % 2 == 0, "runs of 4 chunks over row pairs");
+      const int q = u >> 3, rp = q / (PER_ROW / 4);
+      row = 2 * rp + ((u >> 2) & 1);
+      c = 4 * (q - rp * (PER_ROW / 4)) + (u & 3);
+    } else {
+      row = u / PER_ROW;
+      c = u - row * PER_ROW;
+    }
     return true;
   }
+  static constexpr bool kRuns = PAIRED && kFp8 && SPLIT;
 
   // Only loads here: nothing consumes a loaded value before store(), so every
   // load of the tile is in flight at once (no per-load latency chain).
@@ -531,7 +557,7 @@ struct Gather {
       raw[k] = make_uint4(0u, 0u, 0u, 0u);
       if (kFp8) sraw[kFp8 ? k : 0] = 0u;
       int row, c;
-      if (!unit<kUnitsF, kNF>(tid, k, row, c)) continue;
+      if (!unit<kUnitsF, kNF, kRuns>(tid, k, row, c)) continue;
       const uint8_t* d = data[row];
       if (d == nullptr) continue;
       if (!SPLIT && kFp8 && c >= FT::kFp8Chunks) {
@@ -566,28 +592,35 @@ struct Gather {
   // 16-row MMA block is still multiplied), later rows are not written at all.
   // SW: K in the swizzled layout of the warpgroup MMAs (swz_chunk), else rows
   // of kst; the warpgroup MMAs multiply every row, so all rows past `live` get zeros.
-  template <bool SKIP, bool SW = false>
+  // WHOLE: every 16-byte chunk stored by one instruction (st_shared16).
+  template <bool SKIP, bool SW = false, bool WHOLE = false>
   __device__ __forceinline__ void store(uint16_t* K, int kst, float* ksc, int tid, int live) const {
     const int zero_end = SW ? BN : (live + 15) & ~15;
     const uint4 z = make_uint4(0u, 0u, 0u, 0u);
-    auto chunk = [&](int row, int ch) { return reinterpret_cast<uint4*>(swz_chunk<SW, BN>(K, kst, row, ch)); };
+    auto put = [&](int row, int ch, const uint4& v) {
+      if (WHOLE) {
+        st_shared16(swz_chunk<SW, BN>(K, kst, row, ch), v);
+      } else {
+        *reinterpret_cast<uint4*>(swz_chunk<SW, BN>(K, kst, row, ch)) = v;
+      }
+    };
 #pragma unroll
     for (int k = 0; k < kUF; ++k) {
       int row, c;
-      if (!unit<kUnitsF, kNF>(tid, k, row, c)) continue;
+      if (!unit<kUnitsF, kNF, kRuns>(tid, k, row, c)) continue;
       if (SKIP && row >= zero_end) continue;
       if (!kFp8) {
-        *chunk(row, c) = (SKIP && row >= live) ? z : raw[k];
+        put(row, c, (SKIP && row >= live) ? z : raw[k]);
         continue;
       }
       if (!SPLIT && c >= FT::kFp8Chunks) {
-        *chunk(row, FT::kRopeDim / 8 + (c - FT::kFp8Chunks)) = (SKIP && row >= live) ? z : raw[k];
+        put(row, FT::kRopeDim / 8 + (c - FT::kFp8Chunks), (SKIP && row >= live) ? z : raw[k]);
         continue;
       }
       if (SKIP && row >= live) {
         if (kScaled && (c & 7) == 0) ksc[(c >> 3) * BN + row] = 0.f;
-        *chunk(row, 2 * c) = z;
-        *chunk(row, 2 * c + 1) = z;
+        put(row, 2 * c, z);
+        put(row, 2 * c + 1, z);
         continue;
       }
       // invalid rows: raw bytes and scale bits are 0 -> +0 * 2^-127 = 0
@@ -605,15 +638,15 @@ struct Gather {
       dequant4<kFnuz>(raw[k].y, sc, lo.z, lo.w);
       dequant4<kFnuz>(raw[k].z, sc, hi.x, hi.y);
       dequant4<kFnuz>(raw[k].w, sc, hi.z, hi.w);
-      *chunk(row, 2 * c) = lo;
-      *chunk(row, 2 * c + 1) = hi;
+      put(row, 2 * c, lo);
+      put(row, 2 * c + 1, hi);
     }
 #pragma unroll
     for (int k = 0; k < kUR; ++k) {
       int row, c;
       if (!unit<kUnitsR, kNRd>(tid, k, row, c)) continue;
       if (SKIP && row >= zero_end) continue;
-      *chunk(row, FT::kRopeDim / 8 + c) = (SKIP && row >= live) ? z : raw[kUF + k];
+      put(row, FT::kRopeDim / 8 + c, (SKIP && row >= live) ? z : raw[kUF + k]);
     }
   }
 };
@@ -654,7 +687,13 @@ template <int MT, int DQK, KvFormat F, bool MMA, bool BAL, bool WG = false>
 __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
   constexpr bool SC = kv_layout(F) == KvFormat::kFP8DsMla;  // scales applied after the products
   using C = Cfg<MT, DQK, MMA, SC, WG>;
-  using G = Gather<F, DQK, C::BN, !(SC && MT == 4)>;
+  // Whole, conflict-free 16-byte K stores (st_shared16, Gather's PAIRED runs) in
+  // the warpgroup kernels of the uniform split map: H200, 64-128 heads x 512
+  // tokens -3..-7%. Not in the balanced map's (252 registers): there they cost
+  // +2..4% (C128 at 16-64 tokens), likely from the 4-register groups the whole
+  // stores need (not verified).
+  constexpr bool kWholeK = WG && !BAL;
+  using G = Gather<F, DQK, C::BN, !(SC && MT == 4), kWholeK>;
   constexpr int HTp = C::HTp, BN = C::BN, KST = C::KST, SST = C::SST, PST = C::PST;
   constexpr int TPR = C::TPR, CPT = C::CPT;
   static_assert(!SC || MT > 2 || TPR % 2 == 0, "SC P-pair writes need an even number of threads per softmax row");
@@ -768,7 +807,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
     const int live = !kSkipRows ? BN
                      : BAL      ? (j == ntiles - 1 ? last_rows : BN)
                                 : int((p_hi - p_lo - int64_t(j) * BN) < BN ? (p_hi - p_lo - int64_t(j) * BN) : BN);
-    g.template store<kSkipRows, WG>(Ks, KST, ksc, tid, live);
+    g.template store<kSkipRows, WG, kWholeK>(Ks, KST, ksc, tid, live);
     // WG: the K tile (and, before the first tile, the Q tile: its copies were
     // waited for above) is read by the async proxy.
     if (WG) fence_proxy_async();
