@@ -1,7 +1,8 @@
 """Small GPU cases for compute-sanitizer (memcheck / racecheck / synccheck).
 
 Runs merge_attn_states (vector and narrow paths, FP8 output), merge_attn_states_n and sparse_mla_decode (every layer kind, the
-mma.sync and the portable paths, one and several splits, sink and lse) once each on tiny shapes,
+tensor-core paths (64-head blocks: warpgroup MMAs on Hopper, and mma.sync forced), the portable path, one and several
+splits, sink and lse) once each on tiny shapes,
 then checks each result against the float64 reference so a sanitizer run also proves the values.
 Usage: compute-sanitizer --tool memcheck python3 tests/gpu_dev/sanitize_case.py
 Environment: MLA_EXT_SANITIZE_KINDS (comma list of decode layer kinds, default all four) and
@@ -67,7 +68,10 @@ for kind in kinds:
         inp = build_decode_inputs(kind, batch=2, num_heads=heads, context_len=(300, 700), mtp=1,
                                   topk=128 if kind in ("v4_c4", "v32") else None, device=dev, seed=3)
         ref_o, ref_l = inp.reference()
-        for portable in (False, True):
+        # (portable, mma_sync): at 64 heads also the forced mma.sync kernel; the head tile is forced
+        # to 64 there, so the 64-head block runs (small calls pick smaller tiles on their own)
+        paths = [(False, False), (True, False)] + ([(False, True)] if heads == 64 else [])
+        for portable, mma_sync in paths:
             # 20 splits: the block-wide split reduction (from 16 splits on)
             for splits in (1, 3) + ((20,) if not portable and heads == 16 else ()):
                 T, H = inp.num_tokens, inp.num_heads
@@ -76,19 +80,23 @@ for kind in kinds:
                 ws = torch.empty(mla_ext.sparse_mla_decode_workspace_size(T, H, num_splits=splits, device=dev),
                                  dtype=torch.uint8, device=dev).fill_(0xFF)
                 prev = torch.ops.mla_ext._set_force_portable(portable)
+                prev_m = torch.ops.mla_ext._set_force_mma_sync(mma_sync)
+                prev_t = torch.ops.mla_ext._set_head_tile(64 if heads == 64 else 0)
                 try:
                     mla_ext.sparse_mla_decode(inp.q, inp.kv_cache, inp.indices, output=out, workspace=ws,
                                               lse=lse, num_splits=splits, **inp.op_kwargs())
                     if dev == "cuda":
                         torch.cuda.synchronize()
                 finally:
+                    torch.ops.mla_ext._set_head_tile(prev_t)
+                    torch.ops.mla_ext._set_force_mma_sync(prev_m)
                     torch.ops.mla_ext._set_force_portable(prev)
                 eo = ((out.double() - ref_o.to(dev)).abs().max() / ref_o.abs().max()).item()  # relative to max |ref|
                 el = (lse.double() - ref_l.to(dev)).abs().max().item()
                 tol_o, tol_l = 1.6e-2, 1e-2
                 ok = eo < tol_o and el < tol_l
                 bad += not ok
-                print(f"decode {kind:8s} H={heads:3d} portable={portable!s:5s} splits={splits}: "
+                print(f"decode {kind:8s} H={heads:3d} portable={portable!s:5s} mma_sync={mma_sync!s:5s} splits={splits}: "
                       f"out err {eo:.3g} lse err {el:.3g} {'ok' if ok else 'FAIL'}")
 # the balanced split map (V4, index width >= 4096, lengths very different), auto and explicit splits
 if "v4_c128" in kinds:
