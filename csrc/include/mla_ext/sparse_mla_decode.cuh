@@ -145,7 +145,7 @@ struct Cfg {
 template <bool SW, int ROWS>
 __device__ __forceinline__ uint16_t* swz_chunk(uint16_t* base, int stride, int r, int ch) {
   if (SW) return base + (ch >> 3) * (ROWS * 64) + r * 64 + (((ch & 7) ^ (r & 7)) << 3);
-  return base + r * stride + ch * 8;
+  return base + size_t(r) * stride + ch * 8;
 }
 
 struct DecodeArgs {
@@ -590,54 +590,75 @@ struct Gather {
   // Rows at or past `live` (a tile's positions past its split's end) are not
   // read by the products: rows up to the next multiple of 16 get zeros (their
   // 16-row MMA block is still multiplied), later rows are not written at all.
-  // SW: K in the swizzled layout of the warpgroup MMAs (swz_chunk), else rows
-  // of kst; the warpgroup MMAs multiply every row, so all rows past `live` get zeros.
-  // WHOLE: every 16-byte chunk stored by one instruction (st_shared16).
-  template <bool SKIP, bool SW = false, bool WHOLE = false>
+  template <bool SKIP>
   __device__ __forceinline__ void store(uint16_t* K, int kst, float* ksc, int tid, int live) const {
-    const int zero_end = SW ? BN : (live + 15) & ~15;
+    const int zero_end = (live + 15) & ~15;
     const uint4 z = make_uint4(0u, 0u, 0u, 0u);
-    auto put = [&](int row, int ch, const uint4& v) {
-      if (WHOLE) {
-        st_shared16(swz_chunk<SW, BN>(K, kst, row, ch), v);
-      } else {
-        *reinterpret_cast<uint4*>(swz_chunk<SW, BN>(K, kst, row, ch)) = v;
-      }
-    };
 #pragma unroll
     for (int k = 0; k < kUF; ++k) {
       int row, c;
-      if (!unit<kUnitsF, kNF, kRuns>(tid, k, row, c)) continue;
+      if (!unit<kUnitsF, kNF>(tid, k, row, c)) continue;
       if (SKIP && row >= zero_end) continue;
+      uint16_t* krow = K + size_t(row) * kst;
       if (!kFp8) {
-        put(row, c, (SKIP && row >= live) ? z : raw[k]);
+        *reinterpret_cast<uint4*>(krow + 8 * c) = (SKIP && row >= live) ? z : raw[k];
         continue;
       }
       if (!SPLIT && c >= FT::kFp8Chunks) {
-        put(row, FT::kRopeDim / 8 + (c - FT::kFp8Chunks), (SKIP && row >= live) ? z : raw[k]);
+        *reinterpret_cast<uint4*>(krow + FT::kRopeDim + 8 * (c - FT::kFp8Chunks)) =
+            (SKIP && row >= live) ? z : raw[k];
         continue;
       }
       if (SKIP && row >= live) {
         if (kScaled && (c & 7) == 0) ksc[(c >> 3) * BN + row] = 0.f;
-        put(row, 2 * c, z);
-        put(row, 2 * c + 1, z);
+        *reinterpret_cast<uint4*>(krow + 16 * c) = z;
+        *reinterpret_cast<uint4*>(krow + 16 * c + 8) = z;
         continue;
       }
-      // invalid rows: raw bytes and scale bits are 0 -> +0 * 2^-127 = 0
-      const uint32_t sb = sraw[kFp8 ? k : 0];
-      float sc;
-      if (kLayout == KvFormat::kFP8DsMlaV4) {
-        sc = ue8m0_to_float(uint8_t(sb));
-      } else {
-        if ((c & 7) == 0) ksc[(c >> 3) * BN + row] = bits_to_float(sb);
-        sc = 1.f;
-      }
       uint4 lo, hi;
-      constexpr bool kFnuz = kv_is_fnuz(F);
-      dequant4<kFnuz>(raw[k].x, sc, lo.x, lo.y);
-      dequant4<kFnuz>(raw[k].y, sc, lo.z, lo.w);
-      dequant4<kFnuz>(raw[k].z, sc, hi.x, hi.y);
-      dequant4<kFnuz>(raw[k].w, sc, hi.z, hi.w);
+      dequant_unit(k, c, row, ksc, lo, hi);
+      *reinterpret_cast<uint4*>(krow + 16 * c) = lo;
+      *reinterpret_cast<uint4*>(krow + 16 * c + 8) = hi;
+    }
+#pragma unroll
+    for (int k = 0; k < kUR; ++k) {
+      int row, c;
+      if (!unit<kUnitsR, kNRd>(tid, k, row, c)) continue;
+      if (SKIP && row >= zero_end) continue;
+      *reinterpret_cast<uint4*>(K + size_t(row) * kst + FT::kRopeDim + 8 * c) =
+          (SKIP && row >= live) ? z : raw[kUF + k];
+    }
+  }
+
+  // The same into the swizzled K tile of the warpgroup kernels (swz_chunk),
+  // where every row past `live` gets zeros (their products multiply every row).
+  // WHOLE: each 16-byte chunk stored by one instruction (st_shared16).
+  template <bool WHOLE>
+  __device__ __forceinline__ void store_swizzled(uint16_t* K, int tid, int live) const {
+    static_assert(!kScaled, "the warpgroup kernels take the unscaled formats");
+    auto put = [&](int row, int ch, const uint4& v) {
+      uint16_t* dst = swz_chunk<true, BN>(K, 0, row, ch);
+      if (WHOLE) {
+        st_shared16(dst, v);
+      } else {
+        *reinterpret_cast<uint4*>(dst) = v;
+      }
+    };
+    const uint4 z = make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+    for (int k = 0; k < kUF; ++k) {
+      int row, c;
+      if (!unit<kUnitsF, kNF, kRuns>(tid, k, row, c)) continue;
+      if (!kFp8) {
+        put(row, c, row >= live ? z : raw[k]);
+        continue;
+      }
+      if (!SPLIT && c >= FT::kFp8Chunks) {
+        put(row, FT::kRopeDim / 8 + (c - FT::kFp8Chunks), row >= live ? z : raw[k]);
+        continue;
+      }
+      uint4 lo = z, hi = z;
+      if (row < live) dequant_unit(k, c, row, nullptr, lo, hi);
       put(row, 2 * c, lo);
       put(row, 2 * c + 1, hi);
     }
@@ -645,10 +666,30 @@ struct Gather {
     for (int k = 0; k < kUR; ++k) {
       int row, c;
       if (!unit<kUnitsR, kNRd>(tid, k, row, c)) continue;
-      if (SKIP && row >= zero_end) continue;
-      put(row, FT::kRopeDim / 8 + c, (SKIP && row >= live) ? z : raw[kUF + k]);
+      put(row, FT::kRopeDim / 8 + c, row >= live ? z : raw[kUF + k]);
     }
   }
+
+  // FP8 unit k (chunk c of row `row`) dequantised into two 16-byte bf16 chunks;
+  // kScaled: its fp32 scale goes to ksc instead (the raw values are exact in bf16).
+  // Invalid rows: raw bytes and scale bits are 0 -> +0 * 2^-127 = 0.
+  __device__ __forceinline__ void dequant_unit(int k, int c, int row, float* ksc, uint4& lo, uint4& hi) const {
+    const uint32_t sb = sraw[kFp8 ? k : 0];
+    float sc;
+    if (kLayout == KvFormat::kFP8DsMlaV4) {
+      sc = ue8m0_to_float(uint8_t(sb));
+    } else {
+      if ((c & 7) == 0) ksc[(c >> 3) * BN + row] = bits_to_float(sb);
+      sc = 1.f;
+    }
+    constexpr bool kFnuz = kv_is_fnuz(F);
+    dequant4<kFnuz>(raw[k].x, sc, lo.x, lo.y);
+    dequant4<kFnuz>(raw[k].y, sc, lo.z, lo.w);
+    dequant4<kFnuz>(raw[k].z, sc, hi.x, hi.y);
+    dequant4<kFnuz>(raw[k].w, sc, hi.z, hi.w);
+  }
+
+
 };
 
 // Index of effective position k (in [p_lo, p_hi)) of token t: main set for
@@ -762,11 +803,17 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
 #pragma unroll 4
     for (int u = tid; u < HTp * QCH; u += kThreads) {
       const int r = u / QCH, c = u - (u / QCH) * QCH;
-      uint16_t* dst = swz_chunk<WG, HTp>(Qs, KST, r, c);
-      if (r < nh) {
-        copy16_async(dst, qt + int64_t(r) * p.q_stride_head + 8 * c);
+      if constexpr (WG) {
+        uint16_t* dst = swz_chunk<true, HTp>(Qs, KST, r, c);
+        if (r < nh) {
+          copy16_async(dst, qt + int64_t(r) * p.q_stride_head + 8 * c);
+        } else {
+          *reinterpret_cast<uint4*>(dst) = make_uint4(0u, 0u, 0u, 0u);
+        }
+      } else if (r < nh) {
+        copy16_async(Qs + r * KST + 8 * c, qt + int64_t(r) * p.q_stride_head + 8 * c);
       } else {
-        *reinterpret_cast<uint4*>(dst) = make_uint4(0u, 0u, 0u, 0u);
+        *reinterpret_cast<uint4*>(Qs + r * KST + 8 * c) = make_uint4(0u, 0u, 0u, 0u);
       }
     }
   }
@@ -807,7 +854,11 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
     const int live = !kSkipRows ? BN
                      : BAL      ? (j == ntiles - 1 ? last_rows : BN)
                                 : int((p_hi - p_lo - int64_t(j) * BN) < BN ? (p_hi - p_lo - int64_t(j) * BN) : BN);
-    g.template store<kSkipRows, WG, kWholeK>(Ks, KST, ksc, tid, live);
+    if constexpr (WG) {
+      g.template store_swizzled<kWholeK>(Ks, tid, live);
+    } else {
+      g.template store<kSkipRows>(Ks, KST, ksc, tid, live);
+    }
     // WG: the K tile (and, before the first tile, the Q tile: its copies were
     // waited for above) is read by the async proxy.
     if (WG) fence_proxy_async();
@@ -1051,7 +1102,11 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
             Ps[g4 * HTp * PST + srow * PST + col] = uint16_t(pack_bf16x2(pv * ksc[g4 * BN + col], 0.f) & 0xffffu);
         } else if (MMA) {
           const uint16_t pb = uint16_t(pack_bf16x2(pv, 0.f) & 0xffffu);
-          *(swz_chunk<WG, HTp>(Ps, PST, srow, col >> 3) + (col & 7)) = pb;
+          if (WG) {
+            *(swz_chunk<true, HTp>(Ps, PST, srow, col >> 3) + (col & 7)) = pb;
+          } else {
+            Ps[srow * PST + col] = pb;
+          }
           pv = bf16_to_float(pb);
         } else {
           Ss[srow * SST + col] = pv;
