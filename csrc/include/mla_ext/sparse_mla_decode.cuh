@@ -28,9 +28,12 @@
 //   4. S = Q K^T into shared fp32, masked online softmax (exp2 domain), P;
 //   5. O = O*alpha + P V with V = the first 512 columns of the same tile.
 // Tensor-core path (NVIDIA sm_80+): BN = 64, Q staged in shared memory, S and
-// P.V with mma.sync.m16n8k16 bf16 -> fp32 fed by ldmatrix. Portable path (HIP,
-// force_portable, or NVIDIA builds below sm_80): BN = 32, CUDA-core FMAs, Q read
-// through the cache, no warp-size assumption (<= 64 KB of shared memory).
+// P.V with mma.sync.m16n8k16 bf16 -> fp32 fed by ldmatrix. On sm_90a the
+// 64-head tile of the unscaled formats uses warpgroup MMAs instead (wgmma,
+// operands read from 128-byte swizzled shared tiles: decode_body's WG).
+// Portable path (HIP, force_portable, or NVIDIA builds below sm_80): BN = 32,
+// CUDA-core FMAs, Q read through the cache, no warp-size assumption (<= 64 KB of
+// shared memory).
 //
 // End of a split: with one split the block writes the final bf16 output and
 // lse (sink folded in); otherwise it writes the split's normalised partial
@@ -115,7 +118,9 @@ struct Cfg {
   static_assert(!WG || (MMA && MT == 4 && !SCALED), "the warpgroup layout is for the unscaled 64-head tile");
   static constexpr int HTp = 16 * MT;         // padded head rows
   static constexpr int BN = MMA ? 64 : 32;    // KV rows per tile
-  static constexpr int KST = WG ? DQK : DQK + 8;  // K / Q row stride (elements): odd multiple of 16 B
+  // K / Q row stride (elements): an odd multiple of 16 B (ldmatrix without bank
+  // conflicts); WG: unpadded, the swizzle spreads the banks.
+  static constexpr int KST = WG ? DQK : DQK + 8;
   static constexpr int SST = BN + 4;          // S row stride (floats)
   static constexpr int PST = WG ? BN : BN + 8;  // P row stride (bf16)
   static constexpr size_t kAlignPad = WG ? 1024 : 0;
