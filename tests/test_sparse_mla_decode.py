@@ -6,6 +6,7 @@ being written, or a read of an unselected row shows up as NaN.
 """
 import contextlib
 import os
+import re
 import subprocess
 import sys
 import time
@@ -918,15 +919,39 @@ def test_gpu_forced_head_tiles(fmt, d_qk, portable):
                               lengths=lengths, sink=sink)
 
 
+def _wgmma_kernel_expected():
+    """Whether this GPU and build run the warpgroup-MMA kernel: compute capability 9.0 and a build
+    for the arch-specific sm_90a target (elsewhere its launches run the mma.sync body)."""
+    from mla_ext._build_info import BUILD_INFO
+    return (torch.cuda.get_device_capability() == (9, 0)
+            and "9.0a" in (BUILD_INFO.get("gpu_arch_list") or ""))
+
+
+def _split_kernel_names(fn):
+    """Names of the decode split kernels `fn` launches, as the profiler reports them (demangled);
+    empty when the profiler records no GPU kernels on this machine."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [e.key for e in prof.key_averages() if "decode_split" in e.key]
+
+
+# The unscaled formats (the warpgroup kernel's) on both kernels, V3.2 (mma.sync either way) once.
+MMA_KIND_CASES = ([(f, d, m) for f, d in (("bf16", 576), ("bf16", 512), ("fp8_ds_mla_v4", 512),
+                                          ("fp8_ds_mla_v4_fnuz", 512)) for m in (False, True)]
+                  + [("fp8_ds_mla", 576, True)])
+
+
 @requires_gpu
-@pytest.mark.parametrize("fmt,d_qk", [("bf16", 576), ("bf16", 512), ("fp8_ds_mla_v4", 512),
-                                      ("fp8_ds_mla_v4_fnuz", 512), ("fp8_ds_mla", 576)])
-@pytest.mark.parametrize("mma_sync", [False, True])
+@pytest.mark.parametrize("fmt,d_qk,mma_sync", MMA_KIND_CASES)
 def test_gpu_64_head_tile_mma_kinds(fmt, d_qk, mma_sync):
-    """The 64-head tile on both tensor-core kernels (on Hopper: warpgroup MMAs for the unscaled
-    formats, or mma.sync when forced; elsewhere mma.sync either way): partial head tiles (72,
-    100 heads), splits ending inside a tile (lengths), invalid rows and a sink. The balanced
-    map's 64-head kernels run in test_gpu_balanced_split_map_head_tiles (default path)."""
+    """The 64-head tile on both tensor-core kernels (on Hopper with an sm_90a build: warpgroup MMAs
+    for the unscaled formats, or mma.sync when forced; elsewhere mma.sync either way): partial
+    head tiles (72, 100 heads), splits ending inside a tile (lengths), invalid rows and a sink.
+    Where the warpgroup kernel is expected, the profiler's kernel names show which one ran (the
+    last template argument of decode_split_mma_kernel). The balanced map's 64-head kernels run in
+    test_gpu_balanced_split_map_head_tiles (default path)."""
     g = torch.Generator().manual_seed(211 + len(fmt) + d_qk)
     T, W = 4, 700
     idx, lengths = make_indices(g, T, W, 30 * 64, "scattered", "random")
@@ -939,6 +964,12 @@ def test_gpu_64_head_tile_mma_kinds(fmt, d_qk, mma_sync):
             for S in (0, 1, 3):
                 run_check(q, cache, idx, fmt=fmt, scale=d_qk ** -0.5, device="cuda", num_splits=S,
                           lengths=lengths, sink=sink)
+            if _wgmma_kernel_expected():
+                names = _split_kernel_names(lambda: run_check(q, cache, idx, fmt=fmt, scale=d_qk ** -0.5,
+                                                              device="cuda", num_splits=1, check=False))
+                if names:
+                    wg = [n for n in names if re.search(r"decode_split_mma_kernel<4,.*\btrue>\(", n)]
+                    assert bool(wg) == (not mma_sync), names
 
 
 def test_set_head_tile_range():

@@ -444,6 +444,19 @@ __device__ __forceinline__ void wg_fence() {
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #endif
 }
+// Pins ordinary reads and writes of wgmma accumulators on their side of
+// wg_fence / wg_commit_wait (an empty asm per register, no instruction: the PTX
+// rules want the fence between such writes and the wgmma that reads them, and
+// nothing else stops the compiler from moving them across).
+template <int N>
+__device__ __forceinline__ void wg_fence_operands(float (&r)[N]) {
+#if defined(MLA_EXT_DECODE_WGMMA)
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+#else
+  (void)r;
+#endif
+}
 // Commits the warpgroup's issued wgmmas and waits for all of them.
 __device__ __forceinline__ void wg_commit_wait() {
 #if defined(MLA_EXT_DECODE_WGMMA)
@@ -892,19 +905,21 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
       // split's end are zeros; the softmax masks their S columns.
       const int warp = tid / 32, lane = tid % 32, wg = warp >> 2;
       constexpr int KH = DQK / 32;
-      const uint32_t q0 = smem_addr(Qs), k0 = smem_addr(Ks);
+      const uint32_t qs0 = smem_addr(Qs), ks0 = smem_addr(Ks);
       float s2[32];
 #pragma unroll
       for (int i = 0; i < 32; ++i) s2[i] = 0.f;
+      wg_fence_operands(s2);
       wg_fence();
 #pragma unroll
       for (int i = 0; i < KH; ++i) {
         const int kk = wg * KH + i;  // global k-step: 64-column block kk / 4, 32 bytes per step inside it
         const uint32_t off = uint32_t((kk & 3) * 32);
-        wgmma_m64n64k16(s2, wg_desc(q0 + uint32_t((kk >> 2) * HTp * 128) + off, 16, 1024),
-                        wg_desc(k0 + uint32_t((kk >> 2) * BN * 128) + off, 16, 1024));
+        wgmma_m64n64k16(s2, wg_desc(qs0 + uint32_t((kk >> 2) * HTp * 128) + off, 16, 1024),
+                        wg_desc(ks0 + uint32_t((kk >> 2) * BN * 128) + off, 16, 1024));
       }
       wg_commit_wait();
+      wg_fence_operands(s2);
       float* Sh = Ss + wg * (HTp * SST);
       const int r0 = (warp & 3) * 16 + (lane >> 2);
 #pragma unroll
@@ -1147,6 +1162,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
       // and a data-dependent step count here made ptxas serialise the wgmmas
       // of the balanced-map kernels (C7520).
       const uint32_t pb0 = smem_addr(Ps), vb0 = smem_addr(Ks) + uint32_t(wg * 4 * BN * 128);
+      wg_fence_operands(*reinterpret_cast<float(*)[128]>(acc));
       wg_fence();
 #pragma unroll
       for (int kk = 0; kk < BN / 16; ++kk) {
@@ -1154,6 +1170,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
                             wg_desc(vb0 + uint32_t(kk * 16 * 128), uint32_t(BN * 128), 1024));
       }
       wg_commit_wait();
+      wg_fence_operands(*reinterpret_cast<float(*)[128]>(acc));
     } else if (MMA) {
       const int warp = tid / 32, lane = tid % 32;
 #pragma unroll
