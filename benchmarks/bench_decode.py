@@ -10,7 +10,11 @@ Layers (DESIGN.md §4): v4_swa (sliding window 128, page 256), v4_c4_flash / v4_
 top-k 512 / 1024 of 4:1 rows, page 64, sink), v4_c128 (window + 8192 128:1 rows, page 2),
 v4_c128_mixed (one token 8192 rows, the others ~500), v32 (top-k 2048, page 64, fp8_ds_mla).
 
-Usage: python benchmarks/bench_decode.py [--quick] [--json FILE]
+Usage: python benchmarks/bench_decode.py [--quick] [--json FILE] [--ab-mma-sync]
+
+--ab-mma-sync times every shape a second time with the 64-head blocks forced onto the mma.sync
+kernel (torch.ops.mla_ext._set_force_mma_sync; Hopper runs them on warpgroup MMAs otherwise) and
+reports the ratio, an A/B of the two kernels in one build and one process.
 """
 import argparse
 import json
@@ -31,6 +35,8 @@ def main():
     ap.add_argument("--heads", help="comma list, overrides the grid's heads")
     ap.add_argument("--tokens", help="comma list, overrides the grid's num_tokens")
     ap.add_argument("--json")
+    ap.add_argument("--ab-mma-sync", action="store_true",
+                    help="also time each shape on the forced mma.sync kernel (columns us_mma_sync, ratio)")
     args = ap.parse_args()
     grid = dict(QUICK if args.quick else FULL)
     if args.heads:
@@ -44,13 +50,22 @@ def main():
         for h in grid["heads"]:
             for t in grid["tokens"]:
                 try:
-                    rows.append(measure_decode(layer, h, t, copy_gbs=bw, mm_tflops=mm))
+                    row = measure_decode(layer, h, t, copy_gbs=bw, mm_tflops=mm)
+                    if args.ab_mma_sync:
+                        prev = torch.ops.mla_ext._set_force_mma_sync(True)
+                        try:
+                            alt = measure_decode(layer, h, t, copy_gbs=bw, mm_tflops=mm, with_gather=False)
+                        finally:
+                            torch.ops.mla_ext._set_force_mma_sync(prev)
+                        row["us_mma_sync"] = alt["us"]
+                        row["ratio"] = row["us"] / alt["us"]
+                    rows.append(row)
                 except torch.OutOfMemoryError:
                     rows.append(dict(layer=layer, H=h, T=t, us=float("nan")))
                     torch.cuda.empty_cache()
                 print(rows[-1], flush=True)
     cols = ["layer", "H", "T", "rows", "us", "GBps", "TFLOPs", "pct_roofline", "gather_us", "pct_gather",
-            "max_rel_err"]
+            "max_rel_err"] + (["us_mma_sync", "ratio"] if args.ab_mma_sync else [])
     print(f"\nsparse_mla_decode, {torch.cuda.get_device_name()}: copy {bw:.0f} GB/s, bf16 matmul {mm:.0f} TFLOP/s")
     print(tabulate([[r.get(c, "") for c in cols] for r in rows], headers=cols, floatfmt=".5g"))
     if args.json:

@@ -568,7 +568,7 @@ def _write_raw_rows(cache, fmt, slots, latent, scales, rope):
         sc[page, off, 7] = 0
 
 
-def check_every_byte_value(device, fmt, d_qk, num_splits):
+def check_every_byte_value(device, fmt, d_qk, num_splits, num_heads=16):
     """The op on a cache whose FP8 bytes take all 256 values. Each query token selects exactly one
     row (amid invalid entries), so its output is that row's first 512 dims, decoded and rounded to
     bf16, for every head: compared exactly with a table built from the bit fields. Rows holding the
@@ -587,7 +587,7 @@ def check_every_byte_value(device, fmt, d_qk, num_splits):
     nlat = latent.shape[1]
     K = torch.cat([table[latent.long()] * scale_f, rope.double()], dim=1)  # [n, d_qk] float64
     assert torch.equal(torch.isnan(K[:, :nlat]).any(dim=1), nan_row)
-    T, H = n, 16
+    T, H = n, num_heads
     bad = num_pages * ps
     idx = torch.tensor([[-1, int(s), bad + 3] if t % 2 else [int(s), -5, -1] for t, s in enumerate(slots)],
                        dtype=torch.int32)
@@ -937,17 +937,17 @@ def _split_kernel_names(fn):
     return [e.key for e in prof.key_averages() if "decode_split" in e.key]
 
 
-# The unscaled formats (the warpgroup kernel's) on both kernels, V3.2 (mma.sync either way) once.
-MMA_KIND_CASES = ([(f, d, m) for f, d in (("bf16", 576), ("bf16", 512), ("fp8_ds_mla_v4", 512),
-                                          ("fp8_ds_mla_v4_fnuz", 512)) for m in (False, True)]
-                  + [("fp8_ds_mla", 576, True)])
+# Every format on both kernels (V3.2's fp32 scales are applied after the products on both).
+MMA_KIND_CASES = [(f, d, m) for f, d in (("bf16", 576), ("bf16", 512), ("fp8_ds_mla", 576), ("fp8_ds_mla_fnuz", 576),
+                                         ("fp8_ds_mla_v4", 512), ("fp8_ds_mla_v4_fnuz", 512))
+                  for m in (False, True)]
 
 
 @requires_gpu
 @pytest.mark.parametrize("fmt,d_qk,mma_sync", MMA_KIND_CASES)
 def test_gpu_64_head_tile_mma_kinds(fmt, d_qk, mma_sync):
     """The 64-head tile on both tensor-core kernels (on Hopper with an sm_90a build: warpgroup MMAs
-    for the unscaled formats, or mma.sync when forced; elsewhere mma.sync either way): partial
+    for every format, or mma.sync when forced; elsewhere mma.sync either way): partial
     head tiles (72, 100 heads), splits ending inside a tile (lengths), invalid rows and a sink.
     Where the warpgroup kernel is expected, the profiler's kernel names show which one ran (the
     last template argument of decode_split_mma_kernel). The balanced map's 64-head kernels run in
@@ -978,6 +978,40 @@ def test_set_head_tile_range():
     with pytest.raises(RuntimeError, match="got -1"):
         torch.ops.mla_ext._set_head_tile(-1)
     assert torch.ops.mla_ext._set_head_tile(0) == 0
+
+
+@requires_gpu
+@pytest.mark.parametrize("mma_sync", [False, True])
+@pytest.mark.parametrize("fmt,d_qk", FP8_GEOMS)
+def test_gpu_fp8_every_byte_value_64_head_tile(fmt, d_qk, mma_sync):
+    """test_fp8_every_byte_value through the 64-head tile on both tensor-core kernels (on Hopper
+    with an sm_90a build the default one multiplies with warpgroup MMAs; for V3.2 both apply the
+    fp32 scales to per-group partial products and per-group P copies, keys entering exactly)."""
+    with gpu_path(head_tile=64, mma_sync=mma_sync):
+        for S in (1, 2):
+            check_every_byte_value("cuda", fmt, d_qk, S, num_heads=64)
+
+
+@requires_gpu
+@pytest.mark.parametrize("mma_sync", [False, True])
+def test_gpu_v32_keys_enter_exactly(mma_sync):
+    """V3.2 (fp32 scales, 64 heads, both tensor-core kernels) on the benchmark's DeepSeek-like
+    inputs, whose scores span ~60 (softmax_scale 0.135): keys must enter the products exactly
+    (e4m3 value, scale applied after). Rounding value x scale to bf16 instead gives lse errors
+    ~0.1 and output errors ~0.02 of max |ref| on these inputs (float64 emulation), so the lse
+    bound below (the CPU's 1e-3) fails for a kernel that rounds keys."""
+    inp = builders.build_decode_inputs("v32", batch=2, num_heads=64, context_len=(3000, 5000), device="cuda",
+                                       seed=41)
+    T, H = inp.num_tokens, 64
+    ref_o, ref_l = inp.reference(dtype=torch.float64)
+    with gpu_path(head_tile=64, mma_sync=mma_sync):
+        for S in (1, 3):
+            out, lse, ws = poisoned_buffers(T, H, S, "cuda")
+            mla_ext.sparse_mla_decode(inp.q, inp.kv_cache, inp.indices, output=out, workspace=ws, lse=lse,
+                                      num_splits=S, **inp.op_kwargs())
+            check_out(out, ref_o, inp.kv_format)
+            err = (lse.double().cpu() - ref_l.cpu()).abs().max().item()
+            assert err <= 1e-3, f"lse error {err:.3g} (splits {S})"
 
 
 @requires_gpu

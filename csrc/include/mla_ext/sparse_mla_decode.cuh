@@ -29,8 +29,9 @@
 //   5. O = O*alpha + P V with V = the first 512 columns of the same tile.
 // Tensor-core path (NVIDIA sm_80+): BN = 64, Q staged in shared memory, S and
 // P.V with mma.sync.m16n8k16 bf16 -> fp32 fed by ldmatrix. On sm_90a the
-// 64-head tile of the unscaled formats uses warpgroup MMAs instead (wgmma,
-// operands read from 128-byte swizzled shared tiles: decode_body's WG).
+// 64-head tile uses warpgroup MMAs instead (wgmma, operands read from 128-byte
+// swizzled shared tiles: decode_body's WG), for every format (fp8_ds_mla
+// with the same exact-key rule: per-group Q.K products, per-group P copies).
 // Portable path (HIP, force_portable, or NVIDIA builds below sm_80): BN = 32,
 // CUDA-core FMAs, Q read through the cache, no warp-size assumption (<= 64 KB of
 // shared memory).
@@ -56,6 +57,8 @@
 
 #include "mla_ext/compat.h"
 #include "mla_ext/sparse_mla_decode.h"
+
+#include <type_traits>
 
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 800)
 #define MLA_EXT_DECODE_MMA 1
@@ -110,12 +113,12 @@ struct Fmt<KvFormat::kFP8DsMlaV4, 512> {
 // SCALED (fp8_ds_mla): the K tile holds the raw e4m3 values (exact in bf16) and
 // the fp32 scales sit in their own array; the scales multiply the per-group
 // QK^T partial sums and a per-group copy of P (4 copies, one per 128 V dims).
-// WG (64-head tile, sm_90a, unscaled formats): K, Q and P in the 128-byte
+// WG (64-head tile, sm_90a): K, Q and P (SCALED: its 4 copies) in the 128-byte
 // swizzled layout of the warpgroup MMAs (swz_chunk), 1024-byte aligned (the
 // kernel aligns its shared-memory base at run time: kAlignPad spare bytes).
 template <int MT, int DQK, bool MMA, bool SCALED = false, bool WG = false>
 struct Cfg {
-  static_assert(!WG || (MMA && MT == 4 && !SCALED), "the warpgroup layout is for the unscaled 64-head tile");
+  static_assert(!WG || (MMA && MT == 4), "the warpgroup layout is for the 64-head tile");
   static constexpr int HTp = 16 * MT;         // padded head rows
   static constexpr int BN = MMA ? 64 : 32;    // KV rows per tile
   // K / Q row stride (elements): an odd multiple of 16 B (ldmatrix without bank
@@ -521,6 +524,33 @@ __device__ __forceinline__ void wgmma_m64n256k16_bt(float (&d)[128], uint64_t da
 #endif
 }
 
+// D[64 x 128] += A[64 x 16] B[16 x 128]: as wgmma_m64n256k16_bt, half as wide
+// (fp8_ds_mla: one 128-dim V scale group per product, each with its P copy).
+__device__ __forceinline__ void wgmma_m64n128k16_bt(float (&d)[64], uint64_t da, uint64_t db) {
+#if defined(MLA_EXT_DECODE_WGMMA)
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+      "}, %64, %65, p, 1, 1, 0, 1;\n}\n"
+      :
+        "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(da), "l"(db), "r"(1));
+#else
+  (void)d; (void)da; (void)db;
+#endif
+}
+
 // ---- gather: raw 16-byte chunks of one tile, held in registers ----
 // FP8 formats split a row's chunks into two unit sets, the FP8 chunks and the
 // bf16 RoPE chunks, each numbered row-major and dealt round-robin to the
@@ -649,11 +679,12 @@ struct Gather {
   }
 
   // The same into the swizzled K tile of the warpgroup kernels (swz_chunk),
-  // where every row past `live` gets zeros (their products multiply every row).
+  // where every row past `live` gets zeros, and kScaled zero scales (their
+  // products multiply every row: a stale or unwritten scale times a zero
+  // probability could be NaN).
   // WHOLE: each 16-byte chunk stored by one instruction (st_shared16).
   template <bool WHOLE>
-  __device__ __forceinline__ void store_swizzled(uint16_t* K, int tid, int live) const {
-    static_assert(!kScaled, "the warpgroup kernels take the unscaled formats");
+  __device__ __forceinline__ void store_swizzled(uint16_t* K, float* ksc, int tid, int live) const {
     auto put = [&](int row, int ch, const uint4& v) {
       uint16_t* dst = swz_chunk<true, BN>(K, 0, row, ch);
       if (WHOLE) {
@@ -676,7 +707,11 @@ struct Gather {
         continue;
       }
       uint4 lo = z, hi = z;
-      if (row < live) dequant_unit(k, c, row, nullptr, lo, hi);
+      if (row < live) {
+        dequant_unit(k, c, row, ksc, lo, hi);
+      } else if (kScaled && (c & 7) == 0) {
+        ksc[(c >> 3) * BN + row] = 0.f;
+      }
       put(row, 2 * c, lo);
       put(row, 2 * c + 1, hi);
     }
@@ -740,7 +775,7 @@ __device__ __forceinline__ void row_address(const SparseDecodeParams& p, int64_t
 
 
 // ---- the split kernel body ----
-// WG (sm_90a, 64-head tile, unscaled formats): Q.K and P.V as warpgroup MMAs
+// WG (sm_90a, 64-head tile, every format): Q.K and P.V as warpgroup MMAs
 // straight from shared memory (decode_split_mma_kernel).
 template <int MT, int DQK, KvFormat F, bool MMA, bool BAL, bool WG = false>
 __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
@@ -752,7 +787,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
   // +2..4% (C128 at 16-64 tokens), likely from the 4-register groups the whole
   // stores need (not verified).
   constexpr bool kWholeK = WG && !BAL;
-  using G = Gather<F, DQK, C::BN, !(SC && MT == 4), kWholeK>;
+  using G = Gather<F, DQK, C::BN, !(SC && MT == 4 && !WG), kWholeK>;
   constexpr int HTp = C::HTp, BN = C::BN, KST = C::KST, SST = C::SST, PST = C::PST;
   constexpr int TPR = C::TPR, CPT = C::CPT;
   static_assert(!SC || MT > 2 || TPR % 2 == 0, "SC P-pair writes need an even number of threads per softmax row");
@@ -868,12 +903,12 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
     // Rows of this tile inside the split (>= 1): the rest are skipped by the
     // dequantisation and the products (MMA path), not just masked. Not for the
     // V3.2 64-head tile, where the extra live state costs 116-208 bytes of spills.
-    constexpr bool kSkipRows = MMA && !(SC && MT == 4);
+    constexpr bool kSkipRows = MMA && !(SC && MT == 4 && !WG);
     const int live = !kSkipRows ? BN
                      : BAL      ? (j == ntiles - 1 ? last_rows : BN)
                                 : int((p_hi - p_lo - int64_t(j) * BN) < BN ? (p_hi - p_lo - int64_t(j) * BN) : BN);
     if constexpr (WG) {
-      g.template store_swizzled<kWholeK>(Ks, tid, live);
+      g.template store_swizzled<kWholeK>(Ks, ksc, tid, live);
     } else {
       g.template store<kSkipRows>(Ks, KST, ksc, tid, live);
     }
@@ -904,29 +939,66 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
       // (A, K-major) and K (B, K-major: key rows of dims). Rows past the
       // split's end are zeros; the softmax masks their S columns.
       const int warp = tid / 32, lane = tid % 32, wg = warp >> 2;
-      constexpr int KH = DQK / 32;
       const uint32_t qs0 = smem_addr(Qs), ks0 = smem_addr(Ks);
-      float s2[32];
-#pragma unroll
-      for (int i = 0; i < 32; ++i) s2[i] = 0.f;
-      wg_fence_operands(s2);
-      wg_fence();
-#pragma unroll
-      for (int i = 0; i < KH; ++i) {
-        const int kk = wg * KH + i;  // global k-step: 64-column block kk / 4, 32 bytes per step inside it
-        const uint32_t off = uint32_t((kk & 3) * 32);
-        wgmma_m64n64k16(s2, wg_desc(qs0 + uint32_t((kk >> 2) * HTp * 128) + off, 16, 1024),
-                        wg_desc(ks0 + uint32_t((kk >> 2) * BN * 128) + off, 16, 1024));
-      }
-      wg_commit_wait();
-      wg_fence_operands(s2);
       float* Sh = Ss + wg * (HTp * SST);
       const int r0 = (warp & 3) * 16 + (lane >> 2);
+      // Product of k-steps [k0, k0 + NK) into s2 (global k-step kk: 64-column
+      // block kk / 4, 32 bytes per step inside it).
+      float s2[32];
+      auto qk_steps = [&](int k0, auto nk) {
 #pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const int col = i * 8 + (lane & 3) * 2;
-        *reinterpret_cast<float2*>(Sh + r0 * SST + col) = make_float2(s2[4 * i], s2[4 * i + 1]);
-        *reinterpret_cast<float2*>(Sh + (r0 + 8) * SST + col) = make_float2(s2[4 * i + 2], s2[4 * i + 3]);
+        for (int i = 0; i < 32; ++i) s2[i] = 0.f;
+        wg_fence_operands(s2);
+        wg_fence();
+#pragma unroll
+        for (int i = 0; i < decltype(nk)::value; ++i) {
+          const int kk = k0 + i;
+          const uint32_t off = uint32_t((kk & 3) * 32);
+          wgmma_m64n64k16(s2, wg_desc(qs0 + uint32_t((kk >> 2) * HTp * 128) + off, 16, 1024),
+                          wg_desc(ks0 + uint32_t((kk >> 2) * BN * 128) + off, 16, 1024));
+        }
+        wg_commit_wait();
+        wg_fence_operands(s2);
+      };
+      if constexpr (SC) {
+        // fp8_ds_mla (raw e4m3 keys, exact in bf16): warpgroup g takes scale
+        // groups 2g and 2g + 1 (8 k-steps each) and half of the RoPE dims
+        // (2 k-steps), one product per part, and adds each into its S copy
+        // times the key row's scale of that group (RoPE: 1), as the mma.sync
+        // kernel does; three waits per tile instead of one.
+#pragma unroll
+        for (int part = 0; part < 3; ++part) {
+          if (part < 2) {
+            qk_steps(wg * 16 + part * 8, std::integral_constant<int, 8>());
+          } else {
+            qk_steps(32 + wg * 2, std::integral_constant<int, 2>());
+          }
+#pragma unroll
+          for (int i = 0; i < 8; ++i) {
+            const int col = i * 8 + (lane & 3) * 2;
+            const float2 ks = part < 2 ? *reinterpret_cast<const float2*>(ksc + (2 * wg + part) * BN + col)
+                                       : make_float2(1.f, 1.f);
+            float2* d0 = reinterpret_cast<float2*>(Sh + r0 * SST + col);
+            float2* d1 = reinterpret_cast<float2*>(Sh + (r0 + 8) * SST + col);
+            if (part == 0) {
+              *d0 = make_float2(s2[4 * i] * ks.x, s2[4 * i + 1] * ks.y);
+              *d1 = make_float2(s2[4 * i + 2] * ks.x, s2[4 * i + 3] * ks.y);
+            } else {
+              const float2 o0 = *d0, o1 = *d1;
+              *d0 = make_float2(fmaf(s2[4 * i], ks.x, o0.x), fmaf(s2[4 * i + 1], ks.y, o0.y));
+              *d1 = make_float2(fmaf(s2[4 * i + 2], ks.x, o1.x), fmaf(s2[4 * i + 3], ks.y, o1.y));
+            }
+          }
+        }
+      } else {
+        // Warpgroup g: half of the dims (DQK / 32 k-steps of 16).
+        qk_steps(wg * (DQK / 32), std::integral_constant<int, DQK / 32>());
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const int col = i * 8 + (lane & 3) * 2;
+          *reinterpret_cast<float2*>(Sh + r0 * SST + col) = make_float2(s2[4 * i], s2[4 * i + 1]);
+          *reinterpret_cast<float2*>(Sh + (r0 + 8) * SST + col) = make_float2(s2[4 * i + 2], s2[4 * i + 3]);
+        }
       }
     } else if constexpr (kHalfK) {
       const int warp = tid / 32, lane = tid % 32;
@@ -1116,10 +1188,16 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
             *reinterpret_cast<uint32_t*>(Ps + g4 * HTp * PST + srow * PST + c0) = pack_bf16x2(p0 * ks.x, p1 * ks.y);
           }
         } else if (MMA && SC) {
-          // as above, one bf16 store per copy (no spills at MT = 4)
+          // as above, one bf16 store per copy (no spills at MT = 4); WG: swizzled copies
 #pragma unroll
-          for (int g4 = 0; g4 < 4; ++g4)
-            Ps[g4 * HTp * PST + srow * PST + col] = uint16_t(pack_bf16x2(pv * ksc[g4 * BN + col], 0.f) & 0xffffu);
+          for (int g4 = 0; g4 < 4; ++g4) {
+            const uint16_t pb = uint16_t(pack_bf16x2(pv * ksc[g4 * BN + col], 0.f) & 0xffffu);
+            if (WG) {
+              *(swz_chunk<true, HTp>(Ps + g4 * HTp * PST, PST, srow, col >> 3) + (col & 7)) = pb;
+            } else {
+              Ps[g4 * HTp * PST + srow * PST + col] = pb;
+            }
+          }
         } else if (MMA) {
           const uint16_t pb = uint16_t(pack_bf16x2(pv, 0.f) & 0xffffu);
           if (WG) {
@@ -1166,8 +1244,21 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
       wg_fence();
 #pragma unroll
       for (int kk = 0; kk < BN / 16; ++kk) {
-        wgmma_m64n256k16_bt(*reinterpret_cast<float(*)[128]>(acc), wg_desc(pb0 + uint32_t(kk * 32), 16, 1024),
-                            wg_desc(vb0 + uint32_t(kk * 16 * 128), uint32_t(BN * 128), 1024));
+        if constexpr (SC) {
+          // fp8_ds_mla: value dims [256 g, +128) and [256 g + 128, +128) are
+          // scale groups 2g and 2g + 1, each multiplied with its P copy (P x
+          // the key rows' scales of that group). The two halves of the
+          // accumulator have the m64n256 fragment layout of their columns.
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            wgmma_m64n128k16_bt(*reinterpret_cast<float(*)[64]>(acc + 64 * h),
+                                wg_desc(pb0 + uint32_t((2 * wg + h) * HTp * PST * 2 + kk * 32), 16, 1024),
+                                wg_desc(vb0 + uint32_t(h * 2 * BN * 128 + kk * 16 * 128), uint32_t(BN * 128), 1024));
+          }
+        } else {
+          wgmma_m64n256k16_bt(*reinterpret_cast<float(*)[128]>(acc), wg_desc(pb0 + uint32_t(kk * 32), 16, 1024),
+                              wg_desc(vb0 + uint32_t(kk * 16 * 128), uint32_t(BN * 128), 1024));
+        }
       }
       wg_commit_wait();
       wg_fence_operands(*reinterpret_cast<float(*)[128]>(acc));
@@ -1624,14 +1715,14 @@ inline Status launch_split(const DecodeArgs& a, uint32_t blocks, gpuStream_t str
   return launch_kernel(pdl, kernel, dim3(blocks), dim3(kThreads), kBytes, stream, a);
 }
 
-// wg: the 64-head tile of the unscaled formats as warpgroup MMAs (Hopper).
+// wg: the 64-head tile as warpgroup MMAs (Hopper), every format.
 template <int DQK, KvFormat F, bool MMA, bool BAL = false>
 inline Status launch_split_mt(int mt, bool wg, const DecodeArgs& a, uint32_t blocks, gpuStream_t stream) {
   switch (mt) {
     case 1: return launch_split<1, DQK, F, MMA, BAL>(a, blocks, stream);
     case 2: return launch_split<2, DQK, F, MMA, BAL>(a, blocks, stream);
     default:
-      if constexpr (MMA && kv_layout(F) != KvFormat::kFP8DsMla) {
+      if constexpr (MMA) {
         if (wg) return launch_split<4, DQK, F, MMA, BAL, true>(a, blocks, stream);
       }
       return launch_split<4, DQK, F, MMA, BAL>(a, blocks, stream);
@@ -1737,8 +1828,8 @@ inline Status launch_sparse_mla_decode(const SparseDecodeParams& p, void* worksp
 
   // Tensor cores on NVIDIA sm_80+ unless forced portable (the tensor-core
   // kernels' shared-memory requests exceed what older GPUs have); HIP always portable.
-  // On Hopper (compute capability 9) the 64-head tile of the unscaled formats
-  // uses the warpgroup-MMA kernel unless p.force_mma_sync.
+  // On Hopper (compute capability 9) the 64-head tile uses the warpgroup-MMA
+  // kernel unless p.force_mma_sync.
   Status st;
   const int cc = current_device_cc_major();
   if (kWarpSize == 32 && !p.force_portable && cc >= 8) {
