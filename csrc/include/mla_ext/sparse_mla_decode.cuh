@@ -273,7 +273,8 @@ __device__ __forceinline__ float e4m3_bits_to_float(uint32_t b) {
 
 // Four e4m3 bytes of w times s -> two bf16x2 words (element order = byte order),
 // the same values as e4m3_bits_to_float<FNUZ>(byte) * s rounded to bf16.
-template <bool FNUZ>
+// MUL = false: the raw values (s unused; exact in bf16).
+template <bool FNUZ, bool MUL = true>
 __device__ __forceinline__ void dequant4(uint32_t w, float s, uint32_t& lo, uint32_t& hi) {
 #if defined(MLA_EXT_DECODE_CVT_FP8)
   uint32_t x0, x1;  // the four values as two f16x2 words, exact
@@ -309,6 +310,24 @@ __device__ __forceinline__ void dequant4(uint32_t w, float s, uint32_t& lo, uint
   }
   // f16 -> f32 exact, one fp32 multiply by s, one rounding to bf16: the same
   // values as e4m3_bits_to_float<FNUZ>(byte) * s rounded to bf16.
+  if constexpr (!MUL) {
+    asm("{\n"
+        ".reg .b16 l0, h0, l1, h1;\n"
+        ".reg .f32 f0, f1, f2, f3;\n"
+        "mov.b32 {l0, h0}, %2;\n"
+        "mov.b32 {l1, h1}, %3;\n"
+        "cvt.f32.f16 f0, l0;\n"
+        "cvt.f32.f16 f1, h0;\n"
+        "cvt.f32.f16 f2, l1;\n"
+        "cvt.f32.f16 f3, h1;\n"
+        "cvt.rn.bf16x2.f32 %0, f1, f0;\n"
+        "cvt.rn.bf16x2.f32 %1, f3, f2;\n"
+        "}\n"
+        : "=r"(lo), "=r"(hi)
+        : "r"(x0), "r"(x1));
+    (void)s;
+    return;
+  }
   asm("{\n"
       ".reg .b16 l0, h0, l1, h1;\n"
       ".reg .f32 f0, f1, f2, f3;\n"
@@ -328,6 +347,7 @@ __device__ __forceinline__ void dequant4(uint32_t w, float s, uint32_t& lo, uint
       : "=r"(lo), "=r"(hi)
       : "r"(x0), "r"(x1), "f"(s));
 #else
+  if (!MUL) s = 1.f;
   lo = pack_bf16x2(e4m3_bits_to_float<FNUZ>(w) * s, e4m3_bits_to_float<FNUZ>(w >> 8) * s);
   hi = pack_bf16x2(e4m3_bits_to_float<FNUZ>(w >> 16) * s, e4m3_bits_to_float<FNUZ>(w >> 24) * s);
 #endif
@@ -574,8 +594,12 @@ struct Gather {
   static constexpr int kUnitsF = BN * kNF, kUnitsR = BN * kNR;
   static constexpr int kUF = (kUnitsF + kThreads - 1) / kThreads;
   static constexpr int kUR = (kUnitsR + kThreads - 1) / kThreads;
+  // kRowScales (fp8_ds_mla in the warpgroup kernel): thread t loads scale t % 4
+  // of row t / 4 once (kThreads = 4 BN) instead of one scale per FP8 unit.
+  static constexpr bool kRowScales = PAIRED && kv_layout(F) == KvFormat::kFP8DsMla;
+  static_assert(!kRowScales || kThreads == 4 * BN, "one V3.2 scale per thread");
   uint4 raw[kUF + kUR];
-  uint32_t sraw[kFp8 ? kUF : 1];  // raw scale bits (UE8M0 byte / fp32 bits), decoded at store
+  uint32_t sraw[(kFp8 && !kRowScales) ? kUF : 1];  // raw scale bits (UE8M0 byte / fp32 bits), decoded at store
 
   // This thread's unit k of a set of UNITS units, PER_ROW chunks per row: its row
   // and chunk, or false past the end of the set.
@@ -603,7 +627,7 @@ struct Gather {
 #pragma unroll
     for (int k = 0; k < kUF; ++k) {
       raw[k] = make_uint4(0u, 0u, 0u, 0u);
-      if (kFp8) sraw[kFp8 ? k : 0] = 0u;
+      if (kFp8 && !kRowScales) sraw[kFp8 ? k : 0] = 0u;
       int row, c;
       if (!unit<kUnitsF, kNF, kRuns>(tid, k, row, c)) continue;
       const uint8_t* d = data[row];
@@ -613,7 +637,7 @@ struct Gather {
         continue;
       }
       raw[k] = *reinterpret_cast<const uint4*>(d + 16 * c);
-      if (kFp8) {
+      if (kFp8 && !kRowScales) {
         if (kLayout == KvFormat::kFP8DsMlaV4) {
           sraw[kFp8 ? k : 0] = scale[row][c >> 2];
         } else {
@@ -629,6 +653,10 @@ struct Gather {
       const uint8_t* d = data[row];
       if (d == nullptr) continue;
       raw[kUF + k] = *reinterpret_cast<const uint4*>(d + FT::kRopeByte + 16 * c);
+    }
+    if constexpr (kRowScales) {
+      const uint8_t* d = data[tid >> 2];
+      sraw[0] = d != nullptr ? *reinterpret_cast<const uint32_t*>(d + 512 + 4 * (tid & 3)) : 0u;
     }
   }
 
@@ -694,6 +722,10 @@ struct Gather {
       }
     };
     const uint4 z = make_uint4(0u, 0u, 0u, 0u);
+    if constexpr (kScaled) {
+      static_assert(kRowScales, "the warpgroup kernels load V3.2 scales by row");
+      ksc[(tid & 3) * BN + (tid >> 2)] = (tid >> 2) < live ? bits_to_float(sraw[0]) : 0.f;
+    }
 #pragma unroll
     for (int k = 0; k < kUF; ++k) {
       int row, c;
@@ -707,11 +739,7 @@ struct Gather {
         continue;
       }
       uint4 lo = z, hi = z;
-      if (row < live) {
-        dequant_unit(k, c, row, ksc, lo, hi);
-      } else if (kScaled && (c & 7) == 0) {
-        ksc[(c >> 3) * BN + row] = 0.f;
-      }
+      if (row < live) dequant_unit(k, c, row, ksc, lo, hi);
       put(row, 2 * c, lo);
       put(row, 2 * c + 1, hi);
     }
@@ -727,19 +755,19 @@ struct Gather {
   // kScaled: its fp32 scale goes to ksc instead (the raw values are exact in bf16).
   // Invalid rows: raw bytes and scale bits are 0 -> +0 * 2^-127 = 0.
   __device__ __forceinline__ void dequant_unit(int k, int c, int row, float* ksc, uint4& lo, uint4& hi) const {
-    const uint32_t sb = sraw[kFp8 ? k : 0];
+    const uint32_t sb = sraw[(kFp8 && !kRowScales) ? k : 0];
     float sc;
     if (kLayout == KvFormat::kFP8DsMlaV4) {
       sc = ue8m0_to_float(uint8_t(sb));
     } else {
-      if ((c & 7) == 0) ksc[(c >> 3) * BN + row] = bits_to_float(sb);
+      if (!kRowScales && (c & 7) == 0) ksc[(c >> 3) * BN + row] = bits_to_float(sb);
       sc = 1.f;
     }
     constexpr bool kFnuz = kv_is_fnuz(F);
-    dequant4<kFnuz>(raw[k].x, sc, lo.x, lo.y);
-    dequant4<kFnuz>(raw[k].y, sc, lo.z, lo.w);
-    dequant4<kFnuz>(raw[k].z, sc, hi.x, hi.y);
-    dequant4<kFnuz>(raw[k].w, sc, hi.z, hi.w);
+    dequant4<kFnuz, !kScaled>(raw[k].x, sc, lo.x, lo.y);
+    dequant4<kFnuz, !kScaled>(raw[k].y, sc, lo.z, lo.w);
+    dequant4<kFnuz, !kScaled>(raw[k].z, sc, hi.x, hi.y);
+    dequant4<kFnuz, !kScaled>(raw[k].w, sc, hi.z, hi.w);
   }
 
 
@@ -1151,9 +1179,12 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
       const uint8_t* const* vrow = meta_d + cur * BN;
       float sv[CPT];
       float lmax = neg_inf();
+      // Column of element i: TPR apart; WG: pairs 8 (i / 2) + 2 ssub + {0, 1}
+      // (4-byte P stores; the 4 threads of a row fill one 16-byte chunk).
+      static_assert(!WG || (TPR == 4 && CPT == 16 && BN == 64), "WG softmax: column pairs of one 64-column block");
 #pragma unroll
       for (int i = 0; i < CPT; ++i) {
-        const int col = ssub + TPR * i;
+        const int col = WG ? 8 * (i >> 1) + 2 * ssub + (i & 1) : ssub + TPR * i;
         float x = Ss[srow * SST + col];
         if constexpr (kHalfK || WG) x += Ss[HTp * SST + srow * SST + col];  // the second half's S copy
         x *= a.scale_log2;
@@ -1166,50 +1197,71 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
       const float m_use = m_new == neg_inf() ? 0.f : m_new;
       const float alpha = exp2f(row_m - m_use);
       float lsum = 0.f, lsum_exact = 0.f;
+      if constexpr (WG) {
+        // P (SC: its 4 copies, each column times its key row's scale of that
+        // V group) into the swizzled tile, one bf16 pair per store: pair pi is
+        // in 16-byte chunk pi of the row's first 64 columns (swz_chunk), at
+        // chunk slot pi ^ (row % 8).
+        uint16_t* const prow = Ps + srow * 64 + 2 * ssub;
+        const int r7 = srow & 7;
 #pragma unroll
-      for (int i = 0; i < CPT; ++i) {
-        const int col = ssub + TPR * i;
-        float pv = exp2f(sv[i] - m_use);
-        lsum_exact += pv;
-        if (MMA && SC && MT <= 2) {
-          // One P copy per 128-dim V group g4: P[row][col] x scale[g4][col]. TPR is even,
-          // so lanes ssub and ssub ^ 1 hold the adjacent columns col & ~1 and col | 1:
-          // the even lane writes copies 0-1, the odd lane copies 2-3, as bf16 pairs.
-          // The normaliser sums the unrounded probabilities. (At MT = 4 the pairs cost
-          // 212 bytes of register spills: 305 -> 460 us at 128 heads x 64 tokens.)
-          const float pn = MLA_EXT_SHFL_XOR(pv, 1);
-          const bool odd = (ssub & 1) != 0;
-          const float p0 = odd ? pn : pv, p1 = odd ? pv : pn;
-          const int c0 = col & ~1;
+        for (int pi = 0; pi < CPT / 2; ++pi) {
+          const int c0 = 8 * pi + 2 * ssub;
+          uint16_t* const pdst = prow + ((pi ^ r7) << 3);
+          const float p0 = exp2f(sv[2 * pi] - m_use), p1 = exp2f(sv[2 * pi + 1] - m_use);
+          lsum_exact += p0;
+          lsum_exact += p1;
+          if constexpr (SC) {
 #pragma unroll
-          for (int gg = 0; gg < 2; ++gg) {
-            const int g4 = (odd ? 2 : 0) + gg;
-            const float2 ks = *reinterpret_cast<const float2*>(ksc + g4 * BN + c0);
-            *reinterpret_cast<uint32_t*>(Ps + g4 * HTp * PST + srow * PST + c0) = pack_bf16x2(p0 * ks.x, p1 * ks.y);
-          }
-        } else if (MMA && SC) {
-          // as above, one bf16 store per copy (no spills at MT = 4); WG: swizzled copies
-#pragma unroll
-          for (int g4 = 0; g4 < 4; ++g4) {
-            const uint16_t pb = uint16_t(pack_bf16x2(pv * ksc[g4 * BN + col], 0.f) & 0xffffu);
-            if (WG) {
-              *(swz_chunk<true, HTp>(Ps + g4 * HTp * PST, PST, srow, col >> 3) + (col & 7)) = pb;
-            } else {
-              Ps[g4 * HTp * PST + srow * PST + col] = pb;
+            for (int g4 = 0; g4 < 4; ++g4) {
+              const float2 ks = *reinterpret_cast<const float2*>(ksc + g4 * BN + c0);
+              *reinterpret_cast<uint32_t*>(pdst + g4 * HTp * PST) = pack_bf16x2(p0 * ks.x, p1 * ks.y);
             }
-          }
-        } else if (MMA) {
-          const uint16_t pb = uint16_t(pack_bf16x2(pv, 0.f) & 0xffffu);
-          if (WG) {
-            *(swz_chunk<true, HTp>(Ps, PST, srow, col >> 3) + (col & 7)) = pb;
+            lsum += p0;
+            lsum += p1;
           } else {
-            Ps[srow * PST + col] = pb;
+            const uint32_t pk = pack_bf16x2(p0, p1);
+            *reinterpret_cast<uint32_t*>(pdst) = pk;
+            lsum += bf16_to_float(uint16_t(pk & 0xffffu));
+            lsum += bf16_to_float(uint16_t(pk >> 16));
           }
-          pv = bf16_to_float(pb);
-        } else {
-          Ss[srow * SST + col] = pv;
         }
-        lsum += pv;
+      } else {
+#pragma unroll
+        for (int i = 0; i < CPT; ++i) {
+          const int col = ssub + TPR * i;
+          float pv = exp2f(sv[i] - m_use);
+          lsum_exact += pv;
+          if (MMA && SC && MT <= 2) {
+            // One P copy per 128-dim V group g4: P[row][col] x scale[g4][col]. TPR is even,
+            // so lanes ssub and ssub ^ 1 hold the adjacent columns col & ~1 and col | 1:
+            // the even lane writes copies 0-1, the odd lane copies 2-3, as bf16 pairs.
+            // The normaliser sums the unrounded probabilities. (At MT = 4 the pairs cost
+            // 212 bytes of register spills: 305 -> 460 us at 128 heads x 64 tokens.)
+            const float pn = MLA_EXT_SHFL_XOR(pv, 1);
+            const bool odd = (ssub & 1) != 0;
+            const float p0 = odd ? pn : pv, p1 = odd ? pv : pn;
+            const int c0 = col & ~1;
+#pragma unroll
+            for (int gg = 0; gg < 2; ++gg) {
+              const int g4 = (odd ? 2 : 0) + gg;
+              const float2 ks = *reinterpret_cast<const float2*>(ksc + g4 * BN + c0);
+              *reinterpret_cast<uint32_t*>(Ps + g4 * HTp * PST + srow * PST + c0) = pack_bf16x2(p0 * ks.x, p1 * ks.y);
+            }
+          } else if (MMA && SC) {
+            // as above, one bf16 store per copy (no spills at MT = 4)
+#pragma unroll
+            for (int g4 = 0; g4 < 4; ++g4)
+              Ps[g4 * HTp * PST + srow * PST + col] = uint16_t(pack_bf16x2(pv * ksc[g4 * BN + col], 0.f) & 0xffffu);
+          } else if (MMA) {
+            const uint16_t pb = uint16_t(pack_bf16x2(pv, 0.f) & 0xffffu);
+            Ps[srow * PST + col] = pb;
+            pv = bf16_to_float(pb);
+          } else {
+            Ss[srow * SST + col] = pv;
+          }
+          lsum += pv;
+        }
       }
 #pragma unroll
       for (int o = TPR / 2; o > 0; o >>= 1) {
