@@ -1179,12 +1179,17 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
       const uint8_t* const* vrow = meta_d + cur * BN;
       float sv[CPT];
       float lmax = neg_inf();
-      // Column of element i: TPR apart; WG: pairs 8 (i / 2) + 2 ssub + {0, 1}
+      // Column of element i: TPR apart; kPairs: pairs 8 (i / 2) + 2 ssub + {0, 1}
       // (4-byte P stores; the 4 threads of a row fill one 16-byte chunk).
-      static_assert(!WG || (TPR == 4 && CPT == 16 && BN == 64), "WG softmax: column pairs of one 64-column block");
+      // kPairs: the warpgroup kernels of the uniform map (H200: -1..3% there;
+      // +1..3% in the balanced-map kernel, C128 at 16-128 tokens, which keeps
+      // one column per store) and always for V3.2 (its 4 swizzled P copies).
+      constexpr bool kPairs = WG && !BAL;
+      static_assert(!kPairs || (TPR == 4 && CPT == 16 && BN == 64), "column pairs of one 64-column block");
+      static_assert(!(WG && SC) || kPairs, "V3.2's swizzled P copies are written in pairs");
 #pragma unroll
       for (int i = 0; i < CPT; ++i) {
-        const int col = WG ? 8 * (i >> 1) + 2 * ssub + (i & 1) : ssub + TPR * i;
+        const int col = kPairs ? 8 * (i >> 1) + 2 * ssub + (i & 1) : ssub + TPR * i;
         float x = Ss[srow * SST + col];
         if constexpr (kHalfK || WG) x += Ss[HTp * SST + srow * SST + col];  // the second half's S copy
         x *= a.scale_log2;
@@ -1197,7 +1202,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
       const float m_use = m_new == neg_inf() ? 0.f : m_new;
       const float alpha = exp2f(row_m - m_use);
       float lsum = 0.f, lsum_exact = 0.f;
-      if constexpr (WG) {
+      if constexpr (kPairs) {
         // P (SC: its 4 copies, each column times its key row's scale of that
         // V group) into the swizzled tile, one bf16 pair per store: pair pi is
         // in 16-byte chunk pi of the row's first 64 columns (swz_chunk), at
@@ -1255,7 +1260,11 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
               Ps[g4 * HTp * PST + srow * PST + col] = uint16_t(pack_bf16x2(pv * ksc[g4 * BN + col], 0.f) & 0xffffu);
           } else if (MMA) {
             const uint16_t pb = uint16_t(pack_bf16x2(pv, 0.f) & 0xffffu);
-            Ps[srow * PST + col] = pb;
+            if (WG) {
+              *(swz_chunk<true, HTp>(Ps, PST, srow, col >> 3) + (col & 7)) = pb;
+            } else {
+              Ps[srow * PST + col] = pb;
+            }
             pv = bf16_to_float(pb);
           } else {
             Ss[srow * SST + col] = pv;
