@@ -21,16 +21,19 @@ from conftest import HAS_GPU, assert_close_rel, e4m3_reference_table, poison_, r
 
 
 @contextlib.contextmanager
-def gpu_path(portable=None, head_tile=None, mma_sync=None):
+def gpu_path(portable=None, head_tile=None, mma_sync=None, smem_limit=None):
     """Set the process-global GPU path switches (portable kernels, forced head tile, mma.sync
-    instead of warpgroup MMAs on Hopper) for the block; the previous settings come back
-    afterwards, also on failure."""
+    instead of warpgroup MMAs on Hopper, a smaller shared-memory limit per block) for the block;
+    the previous settings come back afterwards, also on failure."""
     prev_p = None if portable is None else torch.ops.mla_ext._set_force_portable(portable)
     prev_t = None if head_tile is None else torch.ops.mla_ext._set_head_tile(head_tile)
     prev_m = None if mma_sync is None else torch.ops.mla_ext._set_force_mma_sync(mma_sync)
+    prev_s = None if smem_limit is None else torch.ops.mla_ext._set_smem_limit(smem_limit)
     try:
         yield
     finally:
+        if prev_s is not None:
+            torch.ops.mla_ext._set_smem_limit(prev_s)
         if prev_m is not None:
             torch.ops.mla_ext._set_force_mma_sync(prev_m)
         if prev_t is not None:
@@ -970,6 +973,50 @@ def test_gpu_64_head_tile_mma_kinds(fmt, d_qk, mma_sync):
                 if names:
                     wg = [n for n in names if re.search(r"decode_split_mma_kernel<4,.*\btrue>\(", n)]
                     assert bool(wg) == (not mma_sync), names
+
+
+# GPUs with less shared memory per block than the 64-head kernels take (Cfg in
+# sparse_mla_decode.cuh: mma.sync kernels, bytes): 64 heads 162304 (V4) / 178688 (bf16 576) /
+# 207360 (V3.2); 32 heads 115456 / 127744 / 142592; 16 heads 96384 / 106624 / 110208; the
+# portable kernels <= 48640. Emulated on any GPU with _set_smem_limit plus mma.sync (A100 and
+# sm_86 / sm_89 have no warpgroup MMAs): (limit, format) -> the split kernel expected.
+SMEM_FALLBACK_CASES = [
+    (166912, "fp8_ds_mla_v4", 512, "mma 4"),  # A100: 163 KB
+    (166912, "bf16", 576, "mma 2"),
+    (166912, "fp8_ds_mla", 576, "mma 2"),
+    (101376, "fp8_ds_mla_v4", 512, "mma 1"),  # sm_86 / sm_89: 99 KB
+    (101376, "bf16", 576, "portable"),
+    (101376, "fp8_ds_mla", 576, "portable"),
+]
+
+
+@requires_gpu
+@pytest.mark.parametrize("limit,fmt,d_qk,expect", SMEM_FALLBACK_CASES)
+def test_gpu_smem_limit_falls_back_to_smaller_tiles(limit, fmt, d_qk, expect):
+    """A device whose blocks cannot have a head tile's shared memory gets smaller head tiles, then
+    the portable kernels, instead of a failed launch: correct results at 64 and 128 heads with 1
+    and 3 splits, and (where the profiler names kernels) the expected split kernel ran."""
+    g = torch.Generator().manual_seed(311 + limit % 97 + d_qk)
+    T, W = 3, 300
+    idx, lengths = make_indices(g, T, W, 12 * 64, "scattered", "random")
+    cache = make_cache(g, fmt, d_qk, 12, 64, idx, "cuda")
+    for H in (64, 128):
+        q = torch.randn(T, H, d_qk, generator=g).to(torch.bfloat16)
+        with gpu_path(head_tile=64, mma_sync=True, smem_limit=limit):
+            for S in (1, 3):
+                run_check(q, cache, idx, fmt=fmt, scale=d_qk ** -0.5, device="cuda", num_splits=S, lengths=lengths)
+            names = _split_kernel_names(lambda: run_check(q, cache, idx, fmt=fmt, scale=d_qk ** -0.5, device="cuda",
+                                                          num_splits=1, check=False))
+        if names and torch.cuda.get_device_capability()[0] >= 8:
+            kinds = {("portable" if "portable" in n else "mma " + re.search(r"decode_split_mma_kernel<(\d+),", n).group(1))
+                     for n in names}
+            assert kinds == {expect}, names
+
+
+def test_set_smem_limit_range():
+    with pytest.raises(RuntimeError, match="expected bytes 0 \\(the device's limit\\) or > 0, got -1"):
+        torch.ops.mla_ext._set_smem_limit(-1)
+    assert torch.ops.mla_ext._set_smem_limit(0) == 0
 
 
 def test_set_head_tile_range():

@@ -34,6 +34,14 @@ inline std::atomic<bool>& force_mma_sync_flag() {
   return flag;
 }
 
+// Process-global GPU shared-memory limit per block (SparseDecodeParams::smem_limit):
+// 0 = the device's; a smaller value makes the launcher fall back as on a GPU with
+// less (torch.ops.mla_ext._set_smem_limit; used by tests).
+inline std::atomic<int64_t>& smem_limit_setting() {
+  static std::atomic<int64_t> bytes{0};
+  return bytes;
+}
+
 // Process-global GPU head tile (SparseDecodeParams::head_tile): 0 = automatic,
 // 1..64 forces one (torch.ops.mla_ext._set_head_tile; used by tests and sweeps).
 inline std::atomic<int>& head_tile_setting() {
@@ -312,6 +320,7 @@ inline mla_ext::SparseDecodeParams make_decode_params(
   p.num_splits = S;
   p.force_portable = force_portable_flag().load();
   p.force_mma_sync = force_mma_sync_flag().load();
+  p.smem_limit = smem_limit_setting().load();
   p.head_tile = head_tile_setting().load();
   return p;
 }

@@ -186,6 +186,11 @@ bool set_force_portable(bool enable) { return force_portable_flag().exchange(ena
 
 bool set_force_mma_sync(bool enable) { return force_mma_sync_flag().exchange(enable); }
 
+int64_t set_smem_limit(int64_t bytes) {
+  MLA_CHECK(bytes >= 0, "_set_smem_limit", "expected bytes 0 (the device's limit) or > 0, got ", bytes);
+  return smem_limit_setting().exchange(bytes);
+}
+
 int64_t set_head_tile(int64_t head_tile) {
   MLA_CHECK(head_tile >= 0 && head_tile <= 64, "_set_head_tile",
             "expected head_tile 0 (automatic) or 1..64, got ", head_tile);
@@ -215,6 +220,7 @@ STABLE_TORCH_LIBRARY(mla_ext, m) {
   m.def("_set_force_portable(bool enable) -> bool");
   m.def("_set_force_mma_sync(bool enable) -> bool");
   m.def("_set_head_tile(int head_tile) -> int");
+  m.def("_set_smem_limit(int bytes) -> int");
   m.def("_test_late_fill(Tensor(a!) out, float value, int delay_ns) -> ()");
 }
 
@@ -231,6 +237,7 @@ STABLE_TORCH_LIBRARY_IMPL(mla_ext, CompositeExplicitAutograd, m) {
   m.impl("_set_force_portable", TORCH_BOX(&mla_ext_torch::set_force_portable));
   m.impl("_set_force_mma_sync", TORCH_BOX(&mla_ext_torch::set_force_mma_sync));
   m.impl("_set_head_tile", TORCH_BOX(&mla_ext_torch::set_head_tile));
+  m.impl("_set_smem_limit", TORCH_BOX(&mla_ext_torch::set_smem_limit));
 }
 
 #if defined(MLA_EXT_WITH_GPU)

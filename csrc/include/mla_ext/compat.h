@@ -38,6 +38,7 @@ using gpuError_t = hipError_t;
 #define mlaDeviceGetAttribute hipDeviceGetAttribute
 #define mlaDevAttrMultiProcessorCount hipDeviceAttributeMultiprocessorCount
 #define mlaDevAttrComputeCapabilityMajor hipDeviceAttributeComputeCapabilityMajor
+#define mlaDevAttrMaxSharedMemoryPerBlockOptin hipDeviceAttributeSharedMemPerBlockOptin
 #define mlaGetDevice hipGetDevice
 #else
 using gpuStream_t = cudaStream_t;
@@ -50,6 +51,7 @@ using gpuError_t = cudaError_t;
 #define mlaDeviceGetAttribute cudaDeviceGetAttribute
 #define mlaDevAttrMultiProcessorCount cudaDevAttrMultiProcessorCount
 #define mlaDevAttrComputeCapabilityMajor cudaDevAttrComputeCapabilityMajor
+#define mlaDevAttrMaxSharedMemoryPerBlockOptin cudaDevAttrMaxSharedMemoryPerBlockOptin
 #define mlaGetDevice cudaGetDevice
 #endif
 
@@ -101,6 +103,23 @@ inline int current_device_cc_major() {
   if (mlaDeviceGetAttribute(&n, mlaDevAttrComputeCapabilityMajor, dev) != MLA_EXT_GPU_SUCCESS) return 0;
   if (dev >= 0 && dev < 64) cache[dev] = n;
   return n;
+}
+
+// Largest dynamic shared memory one block of the current device may opt in to
+// (bytes: A100 163 KB, H100 / H200 227 KB, sm_86 / sm_89 99 KB), 0 when the
+// runtime does not say. Read once per device.
+inline size_t current_device_smem_optin() {
+  static int cache[64] = {};
+  int dev = 0;
+  if (mlaGetDevice(&dev) != MLA_EXT_GPU_SUCCESS) return 0;
+  if (dev >= 0 && dev < 64 && cache[dev] != 0) return size_t(cache[dev] > 0 ? cache[dev] : 0);
+  int n = 0;
+  if (mlaDeviceGetAttribute(&n, mlaDevAttrMaxSharedMemoryPerBlockOptin, dev) != MLA_EXT_GPU_SUCCESS) {
+    (void)mlaGetLastError();
+    n = 0;
+  }
+  if (dev >= 0 && dev < 64) cache[dev] = n > 0 ? n : -1;
+  return size_t(n > 0 ? n : 0);
 }
 
 // blockIdx.x read afresh: the compiler cannot reuse an earlier read (and so

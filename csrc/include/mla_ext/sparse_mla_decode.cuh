@@ -158,6 +158,7 @@ __device__ __forceinline__ uint16_t* swz_chunk(uint16_t* base, int stride, int r
 
 struct DecodeArgs {
   SparseDecodeParams p;
+  size_t smem_limit;  // bytes a block may use (launch_split); 0 = no limit known
   float* ws_out;     // [H, T * S, 512] (S > 1; by split slot, sparse_mla_decode.h)
   float* ws_lse;     // [H, T * S]
   int head_tile;     // HT
@@ -1764,6 +1765,10 @@ inline Status launch_split(const DecodeArgs& a, uint32_t blocks, gpuStream_t str
   constexpr size_t kBytes = WG && Cfg<MT, DQK, MMA, kSc, WG>::bytes > Cfg<MT, DQK, MMA, kSc>::bytes
                                 ? Cfg<MT, DQK, MMA, kSc, WG>::bytes
                                 : Cfg<MT, DQK, MMA, kSc>::bytes;
+  // More than the device lets a block have (A100: the 64-head kernels of d_qk
+  // 576; sm_86 / sm_89: every tensor-core kernel above 16 heads): nothing is
+  // launched, and the caller takes a smaller head tile.
+  if (a.smem_limit != 0 && kBytes > a.smem_limit) return Status::kUnsupported;
   static bool done[64] = {};
   static signed char pdl_cache[64] = {};
   void (*kernel)(DecodeArgs);
@@ -1859,12 +1864,12 @@ inline Status launch_sparse_mla_decode(const SparseDecodeParams& p, void* worksp
   constexpr int64_t kMax31 = int64_t(1) << 31;
   if (T >= kMax31 || H >= kMax31 || T * H >= kMax31) return Status::kInvalidArgument;
   if (p.head_tile < 0 || p.head_tile > 64) return Status::kInvalidArgument;
-  const int64_t HT = p.head_tile > 0 ? (p.head_tile < H ? p.head_tile : H)
-                                     : decode_launch_head_tile(T, H, S, num_sms);
-  const int64_t HG = (H + HT - 1) / HT;
-  const int mt = HT <= 16 ? 1 : (HT <= 32 ? 2 : 4);
-  const int64_t blocks = HG * S * T;
+  int64_t HT = p.head_tile > 0 ? (p.head_tile < H ? p.head_tile : H) : decode_launch_head_tile(T, H, S, num_sms);
+  int64_t HG = (H + HT - 1) / HT;
+  int mt = HT <= 16 ? 1 : (HT <= 32 ? 2 : 4);
+  int64_t blocks = HG * S * T;
   if (blocks >= kMax31) return Status::kInvalidArgument;
+  if (blocks * ((HT + 15) / 16) >= kMax31) return Status::kInvalidArgument;  // room for 16-head tiles (below)
 
   DecodeArgs a;
   a.p = p;
@@ -1886,6 +1891,18 @@ inline Status launch_sparse_mla_decode(const SparseDecodeParams& p, void* worksp
   a.balanced = decode_balanced(p);
   // Early trigger only toward the reduce (the kernel after it is the caller's: compat.h).
   a.early_trigger = S > 1 && pdl_trigger_early(blocks, num_sms);
+  a.smem_limit = p.smem_limit > 0 ? size_t(p.smem_limit) : current_device_smem_optin();
+  // Half the head tile (at most 16 * m heads), for a device whose blocks cannot
+  // have the shared memory of the current tile's kernel.
+  auto halve_tile = [&]() {
+    mt /= 2;
+    if (HT > 16 * mt) HT = 16 * mt;
+    HG = (H + HT - 1) / HT;
+    blocks = HG * S * T;
+    a.head_tile = int(HT);
+    a.head_groups = int(HG);
+    a.early_trigger = S > 1 && pdl_trigger_early(blocks, num_sms);
+  };
 
   // Tensor cores on NVIDIA sm_80+ unless forced portable (the tensor-core
   // kernels' shared-memory requests exceed what older GPUs have); HIP always portable.
@@ -1896,6 +1913,16 @@ inline Status launch_sparse_mla_decode(const SparseDecodeParams& p, void* worksp
   if (kWarpSize == 32 && !p.force_portable && cc >= 8) {
     const bool wg = cc == 9 && !p.force_mma_sync;
     st = launch_split_fmt<kWarpSize == 32>(mt, wg, a, uint32_t(blocks), stream);  // never the MMA kernel on HIP
+    // The tensor-core kernels need 96-215 KB of shared memory per block
+    // (Cfg): more than A100s give the 64-head kernels of d_qk 576, or sm_86 /
+    // sm_89 GPUs (99 KB) any kernel above 16 heads (launch_split returns
+    // kUnsupported, launching nothing). Smaller head tiles, then the portable
+    // kernels (<= 48 KB) take the call; the workspace does not depend on either.
+    while (st == Status::kUnsupported && mt > 1) {
+      halve_tile();
+      st = launch_split_fmt<kWarpSize == 32>(mt, wg, a, uint32_t(blocks), stream);
+    }
+    if (st == Status::kUnsupported) st = launch_split_fmt<false>(mt, false, a, uint32_t(blocks), stream);
   } else {
     st = launch_split_fmt<false>(mt, false, a, uint32_t(blocks), stream);
   }

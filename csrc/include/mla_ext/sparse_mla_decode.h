@@ -89,6 +89,10 @@ struct SparseDecodeParams {
                                     // warpgroup MMAs (tests and A/B runs); results agree up to rounding
   int head_tile = 0;                // GPU heads per block: 0 = automatic (decode_launch_head_tile),
                                     // 1..64 forces one (tests and sweeps); results agree up to rounding
+  int64_t smem_limit = 0;           // GPU: shared memory one block may use, bytes; 0 = the device's
+                                    // opt-in limit. Smaller values test the fallback to smaller head
+                                    // tiles and the portable kernels that GPUs with less than the
+                                    // 64-head kernels' 159-215 KB take (A100, sm_86 / sm_89)
 };
 
 // ---------------------------------------------------------------------------
