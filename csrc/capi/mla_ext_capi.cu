@@ -155,6 +155,7 @@ int mla_ext_sparse_mla_decode(const mla_ext_sparse_decode_params* c, void* works
   p.lse_stride_head = c->lse_stride_head;
   p.force_portable = c->force_portable != 0;
   p.head_tile = c->head_tile;
+  p.smem_limit = c->smem_limit;
   const int sms = resolve_sms(num_sms);
   p.num_splits = c->num_splits;
   if (p.num_splits == 0) {

@@ -132,6 +132,10 @@ int main(void) {
     EXPECT(mla_ext_sparse_mla_decode(&bad, aligned, ws, 132, NULL) == MLA_EXT_STATUS_INVALID_ARGUMENT,
            "negative head_tile");
     bad = p;
+    bad.smem_limit = -1;
+    EXPECT(mla_ext_sparse_mla_decode(&bad, aligned, ws, 132, NULL) == MLA_EXT_STATUS_INVALID_ARGUMENT,
+           "negative smem_limit");
+    bad = p;
     bad.q = (const uint16_t*)(aligned + 2);
     EXPECT(mla_ext_sparse_mla_decode(&bad, aligned, ws, 132, NULL) == MLA_EXT_STATUS_INVALID_ARGUMENT,
            "misaligned q");

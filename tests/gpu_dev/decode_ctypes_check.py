@@ -60,6 +60,7 @@ class Params(C.Structure):
         ("num_splits", C.c_int32),
         ("force_portable", C.c_bool),
         ("head_tile", C.c_int32),
+        ("smem_limit", C.c_int64),
     ]
 
 

@@ -1864,6 +1864,7 @@ inline Status launch_sparse_mla_decode(const SparseDecodeParams& p, void* worksp
   constexpr int64_t kMax31 = int64_t(1) << 31;
   if (T >= kMax31 || H >= kMax31 || T * H >= kMax31) return Status::kInvalidArgument;
   if (p.head_tile < 0 || p.head_tile > 64) return Status::kInvalidArgument;
+  if (p.smem_limit < 0) return Status::kInvalidArgument;
   int64_t HT = p.head_tile > 0 ? (p.head_tile < H ? p.head_tile : H) : decode_launch_head_tile(T, H, S, num_sms);
   int64_t HG = (H + HT - 1) / HT;
   int mt = HT <= 16 ? 1 : (HT <= 32 ? 2 : 4);
