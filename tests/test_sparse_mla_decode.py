@@ -940,6 +940,18 @@ def _split_kernel_names(fn):
     return [e.key for e in prof.key_averages() if "decode_split" in e.key]
 
 
+def _check_64_head_kernel_kind(fn, mma_sync):
+    """Where this GPU and build run the warpgroup kernel (_wgmma_kernel_expected) and the profiler
+    names kernels: the 64-head split kernel `fn` launches is the warpgroup one (last template
+    argument of decode_split_mma_kernel) exactly when mma_sync is False."""
+    if not _wgmma_kernel_expected():
+        return
+    names = _split_kernel_names(fn)
+    if names:
+        wg = [n for n in names if re.search(r"decode_split_mma_kernel<4,.*\btrue>\(", n)]
+        assert bool(wg) == (not mma_sync), names
+
+
 # Every format on both kernels (V3.2's fp32 scales are applied after the products on both).
 MMA_KIND_CASES = [(f, d, m) for f, d in (("bf16", 576), ("bf16", 512), ("fp8_ds_mla", 576), ("fp8_ds_mla_fnuz", 576),
                                          ("fp8_ds_mla_v4", 512), ("fp8_ds_mla_v4_fnuz", 512))
@@ -967,12 +979,8 @@ def test_gpu_64_head_tile_mma_kinds(fmt, d_qk, mma_sync):
             for S in (0, 1, 3):
                 run_check(q, cache, idx, fmt=fmt, scale=d_qk ** -0.5, device="cuda", num_splits=S,
                           lengths=lengths, sink=sink)
-            if _wgmma_kernel_expected():
-                names = _split_kernel_names(lambda: run_check(q, cache, idx, fmt=fmt, scale=d_qk ** -0.5,
-                                                              device="cuda", num_splits=1, check=False))
-                if names:
-                    wg = [n for n in names if re.search(r"decode_split_mma_kernel<4,.*\btrue>\(", n)]
-                    assert bool(wg) == (not mma_sync), names
+            _check_64_head_kernel_kind(lambda: run_check(q, cache, idx, fmt=fmt, scale=d_qk ** -0.5, device="cuda",
+                                                         num_splits=1, check=False), mma_sync)
 
 
 # GPUs with less shared memory per block than the 64-head kernels take (Cfg in
@@ -1033,10 +1041,12 @@ def test_set_head_tile_range():
 def test_gpu_fp8_every_byte_value_64_head_tile(fmt, d_qk, mma_sync):
     """test_fp8_every_byte_value through the 64-head tile on both tensor-core kernels (on Hopper
     with an sm_90a build the default one multiplies with warpgroup MMAs; for V3.2 both apply the
-    fp32 scales to per-group partial products and per-group P copies, keys entering exactly)."""
+    fp32 scales to per-group partial products and per-group P copies, keys entering exactly).
+    Where the warpgroup kernel is expected, the profiler's kernel names show which one ran."""
     with gpu_path(head_tile=64, mma_sync=mma_sync):
         for S in (1, 2):
             check_every_byte_value("cuda", fmt, d_qk, S, num_heads=64)
+        _check_64_head_kernel_kind(lambda: check_every_byte_value("cuda", fmt, d_qk, 1, num_heads=64), mma_sync)
 
 
 @requires_gpu
@@ -1046,7 +1056,8 @@ def test_gpu_v32_keys_enter_exactly(mma_sync):
     inputs, whose scores span ~60 (softmax_scale 0.135): keys must enter the products exactly
     (e4m3 value, scale applied after). Rounding value x scale to bf16 instead gives lse errors
     ~0.1 and output errors ~0.02 of max |ref| on these inputs (float64 emulation), so the lse
-    bound below (the CPU's 1e-3) fails for a kernel that rounds keys."""
+    bound below (the CPU's 1e-3) fails for a kernel that rounds keys. Where the warpgroup kernel is
+    expected, the profiler's kernel names show which one ran."""
     inp = builders.build_decode_inputs("v32", batch=2, num_heads=64, context_len=(3000, 5000), device="cuda",
                                        seed=41)
     T, H = inp.num_tokens, 64
@@ -1059,6 +1070,9 @@ def test_gpu_v32_keys_enter_exactly(mma_sync):
             check_out(out, ref_o, inp.kv_format)
             err = (lse.double().cpu() - ref_l.cpu()).abs().max().item()
             assert err <= 1e-3, f"lse error {err:.3g} (splits {S})"
+        _check_64_head_kernel_kind(lambda: mla_ext.sparse_mla_decode(
+            inp.q, inp.kv_cache, inp.indices, output=out, workspace=ws, lse=lse, num_splits=1, **inp.op_kwargs()),
+            mma_sync)
 
 
 @requires_gpu
