@@ -91,35 +91,36 @@ inline int current_device_sm_count() {
   return n;
 }
 
-// Compute-capability major of the current device (NVIDIA: 8 = Ampere, 9 =
-// Hopper; HIP reports its own numbering), 0 on failure. Read once per device:
-// launchers call it on every launch.
-inline int current_device_cc_major() {
-  static int cache[64] = {};
+// Attribute `attr` of the current device, read once per device (launchers ask
+// on every launch); 0 when the runtime does not say (its error is cleared).
+template <typename Attr>
+inline int current_device_attribute_cached(int (&cache)[64], Attr attr) {
   int dev = 0;
   if (mlaGetDevice(&dev) != MLA_EXT_GPU_SUCCESS) return 0;
-  if (dev >= 0 && dev < 64 && cache[dev] != 0) return cache[dev];
+  const bool slot = dev >= 0 && dev < 64;
+  if (slot && cache[dev] != 0) return cache[dev] > 0 ? cache[dev] : 0;
   int n = 0;
-  if (mlaDeviceGetAttribute(&n, mlaDevAttrComputeCapabilityMajor, dev) != MLA_EXT_GPU_SUCCESS) return 0;
-  if (dev >= 0 && dev < 64) cache[dev] = n;
-  return n;
+  if (mlaDeviceGetAttribute(&n, attr, dev) != MLA_EXT_GPU_SUCCESS) {
+    (void)mlaGetLastError();
+    n = 0;
+  }
+  if (slot) cache[dev] = n > 0 ? n : -1;
+  return n > 0 ? n : 0;
+}
+
+// Compute-capability major of the current device (NVIDIA: 8 = Ampere, 9 =
+// Hopper; HIP reports its own numbering), 0 on failure.
+inline int current_device_cc_major() {
+  static int cache[64] = {};
+  return current_device_attribute_cached(cache, mlaDevAttrComputeCapabilityMajor);
 }
 
 // Largest dynamic shared memory one block of the current device may opt in to
 // (bytes: A100 163 KB, H100 / H200 227 KB, sm_86 / sm_89 99 KB), 0 when the
-// runtime does not say. Read once per device.
+// runtime does not say.
 inline size_t current_device_smem_optin() {
   static int cache[64] = {};
-  int dev = 0;
-  if (mlaGetDevice(&dev) != MLA_EXT_GPU_SUCCESS) return 0;
-  if (dev >= 0 && dev < 64 && cache[dev] != 0) return size_t(cache[dev] > 0 ? cache[dev] : 0);
-  int n = 0;
-  if (mlaDeviceGetAttribute(&n, mlaDevAttrMaxSharedMemoryPerBlockOptin, dev) != MLA_EXT_GPU_SUCCESS) {
-    (void)mlaGetLastError();
-    n = 0;
-  }
-  if (dev >= 0 && dev < 64) cache[dev] = n > 0 ? n : -1;
-  return size_t(n > 0 ? n : 0);
+  return size_t(current_device_attribute_cached(cache, mlaDevAttrMaxSharedMemoryPerBlockOptin));
 }
 
 // blockIdx.x read afresh: the compiler cannot reuse an earlier read (and so
