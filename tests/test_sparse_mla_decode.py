@@ -297,9 +297,8 @@ STRAGGLER_LENGTHS = [4608, 17, 0, 300, 5, 4000, 64, 1, 129]
 @pytest.mark.parametrize("S,H", [(0, 16), (3, 16), (16, 16), (40, 16), (64, 16), (0, 64), (5, 128)])
 def test_balanced_split_map(device, S, H):
     """V4 rows with a long compressed set (W >= 4096) and very different lengths take the
-    balanced split map: the long tokens get most of the T x S split slots, the last slots stay
-    idle, an empty token still gets its slot, and at S = 64 the longest token's share is capped at
-    256 splits."""
+    balanced split map: the long tokens get most of the T x S split slots, an empty token still
+    gets its slot, and at S = 64 the longest token's share is capped at 256 splits."""
     g = torch.Generator().manual_seed(70 + S + H)
     T, W, ps, fmt = len(STRAGGLER_LENGTHS), 4608, 2, "fp8_ds_mla_v4"
     idx, _ = make_indices(g, T, W, 3000 * ps, "scattered", None)
@@ -308,6 +307,44 @@ def test_balanced_split_map(device, S, H):
     q = torch.randn(T, H, 512, generator=g).to(torch.bfloat16)
     run_check(q, cache, idx, fmt=fmt, scale=512 ** -0.5, device=device, num_splits=S, lengths=lengths,
               sink=make_sink(g, H, "finite"))
+
+
+def _balanced_map(costs, S):
+    """The balanced split map of sparse_mla_decode.h in Python: (first slot, slots used) per
+    token, from F(t) = t + floor(T (S - 1) C_t / C_T) and n_t = min(256, F(t + 1) - F(t))."""
+    T, total = len(costs), sum(costs)
+    F = [t + T * (S - 1) * sum(costs[:t]) // total for t in range(T + 1)]
+    return [(F[t], min(256, F[t + 1] - F[t])) for t in range(T)]
+
+
+@pytest.mark.parametrize("S", [2, 3, 64])
+def test_balanced_split_map_slots(device, S):
+    """Which workspace cells a balanced call writes: exactly the slots of the map (cumulative
+    rounding: every one of the T x S slots is used, none left idle by rounding; at S = 64 the
+    4608-entry token's share passes 256 and its last slots stay idle). The workspace is
+    poisoned with NaN; each used slot writes its split's lse (finite, or -inf when empty), an
+    idle slot writes nothing."""
+    g = torch.Generator().manual_seed(90 + S)
+    T, H, W, ps, fmt = len(STRAGGLER_LENGTHS), 16, 4608, 2, "fp8_ds_mla_v4"
+    idx, _ = make_indices(g, T, W, 3000 * ps, "none", None)
+    lengths = torch.tensor(STRAGGLER_LENGTHS, dtype=torch.int32)
+    cache = make_cache(g, fmt, 512, 3000, ps, idx, device)
+    q = torch.randn(T, H, 512, generator=g).to(torch.bfloat16)
+    _, _, ws = run_check(q, cache, idx, fmt=fmt, scale=512 ** -0.5, device=device, num_splits=S,
+                         lengths=lengths)
+    N = T * S
+    out_bytes = (H * N * 512 * 4 + 255) // 256 * 256
+    cell_lse = ws[out_bytes:out_bytes + H * N * 4].view(torch.float32).view(H, N).cpu()
+    written = ~torch.isnan(cell_lse)
+    want = torch.zeros(N, dtype=torch.bool)
+    spans = _balanced_map([max(1, min(n, W)) for n in STRAGGLER_LENGTHS], S)
+    for f, n in spans:
+        want[f:f + n] = True
+    assert (written == want).all(), (spans, written.sum(1))
+    if S < 64:
+        assert want.all() and spans[0][1] > 1  # no idle slot; the long token split
+    else:
+        assert not want.all() and spans[0][1] == 256
 
 
 def test_balanced_split_map_fnuz_and_portable(device):

@@ -151,11 +151,13 @@ void split_map(const SparseDecodeParams& p, std::vector<int64_t>& first, std::ve
   }
   int64_t total = 0;
   for (int64_t t = 0; t < T; ++t) total += decode_token_cost(p, t);
-  int64_t q = 0;
+  int64_t prefix = 0, f = 0;  // C_t, F(t)
   for (int64_t t = 0; t < T; ++t) {
-    first[size_t(t)] = q;
-    count[size_t(t)] = decode_token_slots(decode_token_cost(p, t), total, T, S);
-    q += count[size_t(t)];
+    prefix += decode_token_cost(p, t);
+    const int64_t next = decode_balanced_first_slot(t + 1, prefix, total, T, S);
+    first[size_t(t)] = f;
+    count[size_t(t)] = decode_balanced_slots(f, next);
+    f = next;
   }
 }
 
@@ -393,18 +395,24 @@ void sparse_mla_decode(const SparseDecodeParams& p, void* workspace) {
   // (reused across calls on this host thread: no allocation once they are large enough)
   thread_local std::vector<int64_t> first;
   thread_local std::vector<int> count;
-  thread_local std::vector<int64_t> slot_token;
+  thread_local std::vector<int64_t> slot_token;  // the slots in use: token, split of the token
+  thread_local std::vector<int> slot_split;
   slot_token.clear();
+  slot_split.clear();
   if (S > 1) {
     split_map(q, first, count);
     for (int64_t t = 0; t < T; ++t)
-      for (int s = 0; s < count[size_t(t)]; ++s) slot_token.push_back(t);
+      for (int s = 0; s < count[size_t(t)]; ++s) {
+        slot_token.push_back(t);
+        slot_split.push_back(s);
+      }
   }
   // The parallel regions below read the map through these (thread_local names
   // would name each worker thread's own, empty vectors there).
   const int64_t* map_first = first.data();
   const int* map_count = count.data();
   const int64_t* map_token = slot_token.data();
+  const int* map_split = slot_split.data();
   // CPU head groups: only when (token, split) units alone cannot feed every thread.
   const int64_t units_ts = S > 1 ? int64_t(slot_token.size()) : T;
   const int64_t threads = num_threads();
@@ -427,7 +435,7 @@ void sparse_mla_decode(const SparseDecodeParams& p, void* workspace) {
     if (S > 1) {
       u.t = map_token[ts];
       u.q0 = map_first[u.t];
-      u.s = int(ts - u.q0);
+      u.s = map_split[ts];
       u.n = map_count[u.t];
     } else {
       u.t = ts;

@@ -41,20 +41,25 @@ int main(void) {
   EXPECT(mla_ext_sparse_mla_decode_num_splits(4, 128, 640, 132) == 8, "C4, 128 heads x 4: 8 splits of 32-head blocks");
   EXPECT(mla_ext_sparse_mla_decode_num_splits(2, 128, 8320, 132) == 33, "C128, 128 heads x 2: one wave of 64-head blocks");
   EXPECT(mla_ext_sparse_mla_decode_num_splits(64, 128, 8320, 132) == 2, "C128, 128 heads x 64: two splits kept");
-  EXPECT(mla_ext_sparse_mla_decode_num_splits(200, 128, 8320, 132) == 1, "C128, 128 heads x 200: one split");
+  EXPECT(mla_ext_sparse_mla_decode_num_splits(200, 128, 8320, 132) == 2, "C128, 128 heads x 200: two-split floor");
+  EXPECT(mla_ext_sparse_mla_decode_num_splits(256, 16, 8320, 132) == 2, "C128, 16 heads x 256: two-split floor");
+  EXPECT(mla_ext_sparse_mla_decode_num_splits(257, 128, 8320, 132) == 1, "C128, 257 tokens: one split");
+  EXPECT(mla_ext_sparse_mla_decode_num_splits(200, 128, 2048, 132) == 1, "V3.2 width, 200 tokens: one split");
   EXPECT(mla_ext_sparse_mla_decode_num_splits(1LL << 62, 64, 1024, 132) == 1, "huge num_tokens: no overflow");
   EXPECT(mla_ext_sparse_mla_decode_num_splits(1LL << 61, 256, 1LL << 62, 132) == 1, "huge everything");
   /* the automatic split count always fits the workspace sized for automatic splits */
   {
-    static const long long heads[] = {1, 8, 16, 24, 32, 40, 64, 65, 128};
+    static const long long heads[] = {1, 8, 16, 24, 32, 40, 64, 65, 128, 200};
+    static const int sms[] = {132, 2, 16};
     int ok = 1;
-    for (long long T = 1; T <= 140 && ok; ++T)
-      for (int hi = 0; hi < 9 && ok; ++hi)
-        for (long long W = 1; W <= 20000 && ok; W += (W < 512 ? 1 : 61)) {
-          const int s = mla_ext_sparse_mla_decode_num_splits(T, heads[hi], W, 132);
-          ok = s >= 1 && s <= 256 &&
-               mla_ext_sparse_mla_decode_workspace_size(T, heads[hi], s) <=
-                   mla_ext_sparse_mla_decode_workspace_size_for(T, heads[hi], 0, 132);
+    for (int si = 0; si < 3 && ok; ++si)
+      for (long long T = 1; T <= 300 && ok; T += (si == 0 || T < 8 ? 1 : 7))
+        for (int hi = 0; hi < 10 && ok; ++hi) {
+          const size_t auto_ws = mla_ext_sparse_mla_decode_workspace_size_for(T, heads[hi], 0, sms[si]);
+          for (long long W = 1; W <= 20000 && ok; W += (W < 512 ? 1 : 61)) {
+            const int s = mla_ext_sparse_mla_decode_num_splits(T, heads[hi], W, sms[si]);
+            ok = s >= 1 && s <= 256 && mla_ext_sparse_mla_decode_workspace_size(T, heads[hi], s) <= auto_ws;
+          }
         }
     EXPECT(ok, "automatic splits within the automatic workspace");
   }

@@ -195,6 +195,13 @@ __device__ __forceinline__ int64_t block_sum_i64(int64_t v, int64_t* red) {
   return total;
 }
 
+__device__ __forceinline__ int64_t shfl_i64(int64_t v, int src_lane) {
+  const int lo = int(uint32_t(uint64_t(v))), hi = int(uint32_t(uint64_t(v) >> 32));
+  const uint32_t lo2 = uint32_t(MLA_EXT_SHFL(lo, src_lane));
+  const uint32_t hi2 = uint32_t(MLA_EXT_SHFL(hi, src_lane));
+  return int64_t((uint64_t(hi2) << 32) | uint64_t(lo2));
+}
+
 // The token owning split slot q under the balanced map, its first slot and its
 // slot count; false when q is idle. A split block (NT threads, num_tokens <=
 // kBalanceMaxTokens <= NT) calls it once, every thread; red: NT / kWarpSize + 4
@@ -207,24 +214,31 @@ __device__ __forceinline__ bool balanced_slot_owner(const SparseDecodeParams& p,
   const int tid = threadIdx.x, lane = tid % kWarpSize, warp = tid / kWarpSize;
   const int64_t T = p.num_tokens;
   const int64_t c = tid < T ? decode_token_cost(p, tid) : 0;
-  const int64_t total = block_sum_i64<NT>(c, red);
-  const int n = tid < T ? decode_token_slots(c, total, T, p.num_splits) : 0;
-  int x = n;  // inclusive scan of n over the block
+  int64_t x = c;  // inclusive scan of the costs over the block
 #pragma unroll
   for (int d = 1; d < kWarpSize; d <<= 1) {
-    const int y = MLA_EXT_SHFL(x, lane >= d ? lane - d : lane);
+    const int64_t y = shfl_i64(x, lane >= d ? lane - d : lane);
     if (lane >= d) x += y;
   }
   if (lane == kWarpSize - 1) red[warp] = x;
   if (tid == 0) red[NW] = -1;
   __syncthreads();
-  int64_t incl = x;
-  for (int w = 0; w < warp; ++w) incl += red[w];
-  const int64_t excl = incl - n;
-  if (tid < T && q >= excl && q < incl) {
-    red[NW] = tid;
-    red[NW + 1] = excl;
-    red[NW + 2] = n;
+  int64_t before = 0, total = 0;  // the costs of the warps before this one, and of all
+#pragma unroll
+  for (int w = 0; w < NW; ++w) {
+    before += w < warp ? red[w] : 0;
+    total += red[w];
+  }
+  const int64_t incl = before + x;  // C_{t+1}
+  if (tid < T) {
+    const int64_t f = decode_balanced_first_slot(tid, incl - c, total, T, p.num_splits);
+    const int64_t f1 = decode_balanced_first_slot(tid + 1, incl, total, T, p.num_splits);
+    const int n = decode_balanced_slots(f, f1);
+    if (q >= f && q < f + n) {
+      red[NW] = tid;
+      red[NW + 1] = f;
+      red[NW + 2] = n;
+    }
   }
   __syncthreads();
   const int64_t owner = red[NW];
@@ -242,23 +256,20 @@ __device__ __forceinline__ void balanced_token_slots(const SparseDecodeParams& p
                                                      int* n_out, int64_t* red) {
   constexpr int kPer = int((kBalanceMaxTokens + NT - 1) / NT);
   const int64_t T = p.num_tokens;
-  int64_t c[kPer];
-  int64_t csum = 0;
+  int64_t csum = 0, before = 0;  // this thread's costs: all, and of the tokens before t
 #pragma unroll
   for (int k = 0; k < kPer; ++k) {
     const int64_t u = threadIdx.x + int64_t(k) * NT;
-    c[k] = u < T ? decode_token_cost(p, u) : 0;
-    csum += c[k];
+    const int64_t c = u < T ? decode_token_cost(p, u) : 0;
+    csum += c;
+    before += u < t ? c : 0;
   }
   const int64_t total = block_sum_i64<NT>(csum, red);
-  int64_t before = 0;  // slots of the tokens before t
-#pragma unroll
-  for (int k = 0; k < kPer; ++k) {
-    const int64_t u = threadIdx.x + int64_t(k) * NT;
-    if (u < T && u < t) before += decode_token_slots(c[k], total, T, p.num_splits);
-  }
-  *q0_out = block_sum_i64<NT>(before, red);
-  *n_out = decode_token_slots(decode_token_cost(p, t), total, T, p.num_splits);
+  const int64_t ct = block_sum_i64<NT>(before, red);  // C_t
+  const int64_t f = decode_balanced_first_slot(t, ct, total, T, p.num_splits);
+  const int64_t f1 = decode_balanced_first_slot(t + 1, ct + decode_token_cost(p, t), total, T, p.num_splits);
+  *q0_out = f;
+  *n_out = decode_balanced_slots(f, f1);
 }
 
 // ---- small numeric helpers (pack_bf16x2: numerics.h) ----

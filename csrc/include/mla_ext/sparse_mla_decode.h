@@ -132,9 +132,15 @@ inline int decode_base_splits(int64_t num_tokens, int64_t num_heads, int num_sms
   return int(s);
 }
 
+// The balanced split map's range (decode_balanced, below), and the policy's
+// two-split floor for rows this long (decode_num_splits).
+constexpr int64_t kBalanceMaxTokens = 256;  // one token per thread of a split block
+constexpr int64_t kBalanceMinWidth = 4096;  // W_main + W_extra: long compressed rows (V4 C128)
+
 // The most splits the automatic policy can pick for (T, H) on a device with
 // num_sms processors, whatever the index widths: the base count plus the
-// tile rounding's headroom (up to 1/8 more, within one block per processor).
+// tile rounding's headroom (up to 1/8 more, within one block per processor),
+// and at least two for 2..kBalanceMaxTokens tokens (the two-split floor).
 inline int decode_max_auto_splits(int64_t num_tokens, int64_t num_heads, int num_sms) {
   const int s = decode_base_splits(num_tokens, num_heads, num_sms);
   if (num_tokens <= 0 || num_heads <= 0) return s;
@@ -142,6 +148,7 @@ inline int decode_max_auto_splits(int64_t num_tokens, int64_t num_heads, int num
   const int64_t one_wave =
       decode_one_wave_splits(int64_t(num_sms > 0 ? num_sms : 1), num_tokens, decode_head_groups(num_heads));
   if (ext > one_wave) ext = one_wave;
+  if (ext < 2 && num_tokens >= 2 && num_tokens <= kBalanceMaxTokens) ext = 2;
   return ext > s ? int(ext) : s;
 }
 
@@ -154,10 +161,6 @@ inline int decode_max_auto_splits(int64_t num_tokens, int64_t num_heads, int num
 constexpr int64_t kMinEntriesPerSplit = 32;
 constexpr int64_t kMinEntriesPerManySplits = 64;
 constexpr int64_t kManySplits = 32;
-
-// The balanced split map's range (decode_balanced, below).
-constexpr int64_t kBalanceMaxTokens = 256;  // one token per thread of a split block
-constexpr int64_t kBalanceMinWidth = 4096;  // W_main + W_extra: long compressed rows (V4 C128)
 
 // Widths above this are treated as this by the policy (no overflow; the
 // answer is the same: the split count is capped far below).
@@ -226,6 +229,22 @@ inline int64_t decode_launch_head_tile(int64_t num_tokens, int64_t num_heads, in
 constexpr int64_t kHeadTile16MaxRows = kDecodeTileRows;
 constexpr int64_t kHeadTile32MaxRows = 160;
 
+// Two-split floor: calls of 2..kBalanceMaxTokens tokens whose index sets are
+// long (total width >= kBalanceMinWidth: V4 C128 layers) get at least two
+// splits, where one wave of blocks or two blocks per processor would leave
+// one, because the V4 formats' balanced map (decode_balanced: S > 1) then
+// deals the T x 2 split slots by row length, so one long row among short ones
+// no longer walks its whole length on one block. H200, one 8320-entry token
+// among ~610-entry ones, one split -> two: 128 heads x 64 tokens 425 -> 151 us
+// (eighth session), 128 x 128 366 -> 215, 64 x 256 363 -> 216, 16 x 256 280 ->
+// 117; uniform rows of that width pay the second split's reduce: +1.7..5.4%
+// (128 x 128 1220 -> 1240 us, 16 x 256 694 -> 732; twelfth session). bf16 and
+// V3.2 caches this wide get the second split without the map.
+inline int decode_two_split_floor(int s, int64_t num_tokens, int64_t total_width) {
+  if (s < 2 && total_width >= kBalanceMinWidth && num_tokens >= 2 && num_tokens <= kBalanceMaxTokens) return 2;
+  return s;
+}
+
 // The automatic split count for a call whose index sets have total width
 // `total_width` (main width + extra width).
 //
@@ -239,8 +258,10 @@ constexpr int64_t kHeadTile32MaxRows = 160;
 // launcher then takes that tile, or a smaller one should the count let it fit
 // one wave too), so a small call spends its spare blocks on head tiles instead
 // of on splits too short to pay (H200, 128 heads x 4 tokens: C4 Flash 29.4 -> 17.4
-// us; C128 128 heads x 2 tokens 58.7 -> 41.3). Never more than
-// decode_max_auto_splits.
+// us; C128 128 heads x 2 tokens 58.7 -> 41.3).
+//
+// Both: then at least two splits for long rows (decode_two_split_floor). Never
+// more than decode_max_auto_splits.
 inline int decode_num_splits(int64_t num_tokens, int64_t num_heads, int64_t total_width,
                              int num_sms) {
   if (total_width > kMaxPolicyWidth) total_width = kMaxPolicyWidth;
@@ -261,23 +282,15 @@ inline int decode_num_splits(int64_t num_tokens, int64_t num_heads, int64_t tota
                     (total_width + s - 1) / s > max_rows))
         continue;
       int r = decode_round_splits(int(s), total_width, one_wave < s + s / 8 ? one_wave : s + s / 8);
-      // Long rows keep two splits where one wave allows only one, for the V4
-      // formats' balanced map (decode_balanced: S > 1), which spreads a
-      // straggler row (H200, 128 heads x 64 tokens, one 8192-row token: 425 us
-      // with one split, 151 with two; uniform rows +4%). Only while the cap
-      // allows two (T x 64-head groups <= processors: 2..66 tokens at 128
-      // heads on an H200); bf16 and V3.2 caches this wide get the second split
-      // without the map.
-      if (r < 2 && by_width >= 2 && total_width >= kBalanceMinWidth && num_tokens >= 2 &&
-          num_tokens <= kBalanceMaxTokens)
-        r = 2;
+      r = decode_two_split_floor(r, num_tokens, total_width);
       return r < cap ? r : cap;
     }
   }
   int s = decode_base_splits(num_tokens, num_heads, num_sms);
   if (int64_t(s) > by_width) s = int(by_width);
-  // (decode_max_auto_splits bounds the rounding: up to 1/8 more, blocks within one per processor)
-  return decode_round_splits(s, total_width, cap);
+  // (decode_max_auto_splits bounds the rounding, up to 1/8 more with blocks within one per
+  // processor, and allows the floor's two splits)
+  return decode_two_split_floor(decode_round_splits(s, total_width, cap), num_tokens, total_width);
 }
 
 // ---------------------------------------------------------------------------
@@ -302,13 +315,19 @@ MLA_EXT_HD int64_t effective_len(const KvSet& s, int64_t t) {
 // Split map: the split slots each token owns. A call with S > 1 splits has
 // T * S slots (one GPU block per slot and head group, one workspace cell per
 // slot and head). Uniform map: token t owns slots [t * S, t * S + S).
-// Balanced map (decode_balanced): token t owns
-//   n_t = min(kMaxSplits, 1 + floor(T * (S - 1) * c_t / sum_u c_u))
-// consecutive slots from sum_{u<t} n_u, where c_t = max(1, E_t) is its effective
-// length, so a long row among short ones gets more splits instead of setting
-// the call's time; slots past sum_u n_u stay idle. The map depends on the
-// lengths (content), but only inside the kernels: grid, workspace and split
-// count stay shape-only. Equal lengths give the uniform map exactly.
+// Balanced map (decode_balanced): the T * S slots are dealt by cumulative
+// cost. With c_t = max(1, E_t) a token's cost (its effective length, capped at
+// 2^31 - 1), C_t = sum_{u<t} c_u and X = T * (S - 1), token t's slots are
+//   [F(t), F(t + 1)),  F(t) = t + floor(X * C_t / C_T),
+// so every token gets one slot plus its share of the X others, rounded so that
+// the shares add up to exactly X (F(T) = T * S: no slot idle); a long row among
+// short ones gets more splits instead of setting the call's time. A token uses
+// the first n_t = min(kMaxSplits, F(t + 1) - F(t)) of its slots; the rest stay
+// idle. The map depends on the lengths (content), but only inside the kernels:
+// grid, workspace and split count stay shape-only. Equal lengths give the
+// uniform map exactly. (Until the twelfth session each token got
+// 1 + floor(X * c_t / C_T) slots; the floors left up to T slots idle, e.g. 244
+// of 512 at 256 tokens with one 8320-entry row among ~610-entry ones.)
 // (kBalanceMaxTokens and kBalanceMinWidth are defined with the split policy.)
 // ---------------------------------------------------------------------------
 
@@ -325,14 +344,24 @@ MLA_EXT_HD bool decode_balanced(const SparseDecodeParams& p) {
          w >= kBalanceMinWidth;
 }
 
+// c_t of the balanced map: 1..2^31 - 1, so that X * C_t stays below 2^55
+// (X < 2^16, C_t < 2^39 for T <= kBalanceMaxTokens).
 MLA_EXT_HD int64_t decode_token_cost(const SparseDecodeParams& p, int64_t t) {
   const int64_t e = effective_len(p.main, t) + effective_len(p.extra, t);
-  return e > 0 ? e : 1;
+  constexpr int64_t kMaxCost = (int64_t(1) << 31) - 1;
+  return e < 1 ? 1 : (e > kMaxCost ? kMaxCost : e);
 }
 
-// Slots of a token of cost `cost` in a balanced call whose costs sum to `total`.
-MLA_EXT_HD int decode_token_slots(int64_t cost, int64_t total, int64_t num_tokens, int num_splits) {
-  const int64_t n = 1 + num_tokens * (num_splits - 1) * cost / total;
+// F(t) of the balanced map: token t's first slot, given C_t = prefix_cost (the
+// costs of tokens 0..t-1) and C_T = total_cost (> 0). F(num_tokens) = T * S.
+MLA_EXT_HD int64_t decode_balanced_first_slot(int64_t t, int64_t prefix_cost, int64_t total_cost,
+                                              int64_t num_tokens, int num_splits) {
+  return t + num_tokens * int64_t(num_splits - 1) * prefix_cost / total_cost;
+}
+
+// n_t of the balanced map from F(t) and F(t + 1).
+MLA_EXT_HD int decode_balanced_slots(int64_t first, int64_t next_first) {
+  const int64_t n = next_first - first;
   return n > kMaxSplits ? kMaxSplits : int(n);
 }
 
@@ -405,7 +434,8 @@ inline size_t decode_workspace_size(int64_t num_tokens, int64_t num_heads, int n
 // and this split setting (num_splits == 0: automatic). For the automatic
 // setting this is the maximum over every smaller (T', H') too, since fewer
 // tokens can mean more splits. Only head counts at the top of a head-group
-// count matter, and only T' below the split target can split at all.
+// count matter, and only T' below the split target can split beyond the
+// two-split floor.
 inline size_t decode_workspace_size_for(int64_t num_tokens, int64_t num_heads, int num_splits,
                                         int num_sms) {
   if (num_tokens <= 0 || num_heads <= 0) return 0;
@@ -422,6 +452,14 @@ inline size_t decode_workspace_size_for(int64_t num_tokens, int64_t num_heads, i
       if (b > best) best = b;
     }
     if (h == num_heads) break;
+  }
+  // The two-split floor (decode_max_auto_splits) reaches past the loop above:
+  // any head count, up to kBalanceMaxTokens tokens whatever the processor count.
+  // Two-split workspaces grow with T and H, so the largest shape bounds them all.
+  if (num_tokens >= 2) {
+    const size_t b = decode_workspace_size(num_tokens < kBalanceMaxTokens ? num_tokens : kBalanceMaxTokens,
+                                           num_heads, 2);
+    if (b > best) best = b;
   }
   return best;
 }
