@@ -347,6 +347,27 @@ def test_balanced_split_map_slots(device, S):
         assert not want.all() and spans[0][1] == 256
 
 
+def test_two_split_floor_in_the_automatic_workspace(device):
+    """200 tokens with one 4608-entry row among short ones: the automatic policy keeps two splits
+    for rows this long up to 256 tokens (the balanced map then spreads the long row), at any head
+    count and processor count, and the automatic workspace for 200 tokens covers them."""
+    T, H, W, ps, fmt = 200, 16, 4608, 2, "fp8_ds_mla_v4"
+    for h in (1, 16, 128):
+        assert ws_size(T, h, 0, device) >= ws_size(T, h, 2, device) > 0
+        assert ws_size(256, h, 0, device) == ws_size(300, h, 0, device) >= ws_size(256, h, 2, device)
+    g = torch.Generator().manual_seed(95)
+    idx, _ = make_indices(g, T, W, 3000 * ps, "scattered", None)
+    lengths = torch.randint(1, 64, (T,), generator=g, dtype=torch.int32)
+    lengths[77] = W
+    cache = make_cache(g, fmt, 512, 3000, ps, idx, device)
+    q = torch.randn(T, H, 512, generator=g).to(torch.bfloat16)
+    ws = mla_ext.DecodeWorkspace(T, H, device=device)
+    ws.tensor.fill_(0xFF)
+    out, lse, _ = poisoned_buffers(T, H, 1, device)
+    run_check(q, cache, idx, fmt=fmt, scale=512 ** -0.5, device=device, num_splits=0, lengths=lengths,
+              out=out, lse=lse, ws=ws.tensor, sink=make_sink(g, H, "finite"))
+
+
 def test_balanced_split_map_fnuz_and_portable(device):
     """The balanced map on the e4m3fnuz V4 format, and on a GPU through the portable kernels."""
     g = torch.Generator().manual_seed(78)
