@@ -366,6 +366,17 @@ def test_two_split_floor_in_the_automatic_workspace(device):
     out, lse, _ = poisoned_buffers(T, H, 1, device)
     run_check(q, cache, idx, fmt=fmt, scale=512 ** -0.5, device=device, num_splits=0, lengths=lengths,
               out=out, lse=lse, ws=ws.tensor, sink=make_sink(g, H, "finite"))
+    assert (ws.tensor != 0xFF).any()  # two splits: partials went through the workspace
+    # Calls that cannot take the balanced map (no lengths; a bf16 cache) keep the policy's one
+    # split here: the workspace is not touched.
+    bf16_cache = make_cache(g, "bf16", 512, 3000, ps, idx, device)
+    for c, f, ln in [(cache, fmt, None), (bf16_cache, "bf16", lengths)]:
+        ws.tensor.fill_(0xFF)
+        out, lse, _ = poisoned_buffers(T, H, 1, device)
+        run_check(q, c, idx, fmt=f, scale=512 ** -0.5, device=device, num_splits=0, lengths=ln,
+                  out=out, lse=lse, ws=ws.tensor, check=False)
+        assert not torch.isnan(out.float()).any() and not torch.isnan(lse).any()
+        assert (ws.tensor == 0xFF).all(), f
 
 
 def test_balanced_split_map_fnuz_and_portable(device):

@@ -158,10 +158,7 @@ int mla_ext_sparse_mla_decode(const mla_ext_sparse_decode_params* c, void* works
   p.smem_limit = c->smem_limit;
   const int sms = resolve_sms(num_sms);
   p.num_splits = c->num_splits;
-  if (p.num_splits == 0) {
-    const int64_t width = p.main.width + (p.extra.cache != nullptr ? p.extra.width : 0);
-    p.num_splits = mla_ext::decode_num_splits(p.num_tokens, p.num_heads, width, sms);
-  }
+  if (p.num_splits == 0) p.num_splits = mla_ext::decode_auto_splits(p, sms);
   return int(mla_ext::launch_sparse_mla_decode(p, workspace, workspace_bytes, sms,
                                                static_cast<mla_ext::gpuStream_t>(stream)));
 }

@@ -259,7 +259,12 @@ inline mla_ext::SparseDecodeParams make_decode_params(
             "expected num_splits to be 0 (automatic) or 1..", mla_ext::kMaxSplits, ", got ", num_splits);
 
   int S = int(num_splits);
-  if (S == 0) S = mla_ext::decode_num_splits(T, H, p.main.width + p.extra.width, processor_count());
+  if (S == 0) {
+    p.kv_format = fmt;  // (the fill below sets them again)
+    p.num_tokens = T;
+    p.num_heads = H;
+    S = mla_ext::decode_auto_splits(p, processor_count());
+  }
   if (S < 1) S = 1;
   const size_t need = mla_ext::decode_workspace_size(T, H, S);
   MLA_CHECK(size_t(workspace.numel()) >= need, kOp, "expected workspace of at least ", need,

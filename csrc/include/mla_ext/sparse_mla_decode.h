@@ -140,15 +140,16 @@ constexpr int64_t kBalanceMinWidth = 4096;  // W_main + W_extra: long compressed
 // The most splits the automatic policy can pick for (T, H) on a device with
 // num_sms processors, whatever the index widths: the base count plus the
 // tile rounding's headroom (up to 1/8 more, within one block per processor),
-// and at least two for 2..kBalanceMaxTokens tokens (the two-split floor).
-inline int decode_max_auto_splits(int64_t num_tokens, int64_t num_heads, int num_sms) {
+// and at least two for 2..kBalanceMaxTokens tokens (the two-split floor; not
+// with floor = false, the bound for calls that cannot take the balanced map).
+inline int decode_max_auto_splits(int64_t num_tokens, int64_t num_heads, int num_sms, bool floor = true) {
   const int s = decode_base_splits(num_tokens, num_heads, num_sms);
   if (num_tokens <= 0 || num_heads <= 0) return s;
   int64_t ext = int64_t(s) + s / 8;
   const int64_t one_wave =
       decode_one_wave_splits(int64_t(num_sms > 0 ? num_sms : 1), num_tokens, decode_head_groups(num_heads));
   if (ext > one_wave) ext = one_wave;
-  if (ext < 2 && num_tokens >= 2 && num_tokens <= kBalanceMaxTokens) ext = 2;
+  if (floor && ext < 2 && num_tokens >= 2 && num_tokens <= kBalanceMaxTokens) ext = 2;
   return ext > s ? int(ext) : s;
 }
 
@@ -239,9 +240,13 @@ constexpr int64_t kHeadTile32MaxRows = 160;
 // (eighth session), 128 x 128 366 -> 215, 64 x 256 363 -> 216, 16 x 256 280 ->
 // 117; uniform rows of that width pay the second split's reduce: +1.7..5.4%
 // (128 x 128 1220 -> 1240 us, 16 x 256 694 -> 732; twelfth session). bf16 and
-// V3.2 caches this wide get the second split without the map.
-inline int decode_two_split_floor(int s, int64_t num_tokens, int64_t total_width) {
-  if (s < 2 && total_width >= kBalanceMinWidth && num_tokens >= 2 && num_tokens <= kBalanceMaxTokens) return 2;
+// Calls that cannot take the balanced map (bf16 caches, no lengths array)
+// would only pay the reduce: the launchers apply the floor to the calls
+// that can (decode_auto_splits).
+inline int decode_two_split_floor(int s, int64_t num_tokens, int64_t num_heads, int64_t total_width) {
+  if (s < 2 && num_heads > 0 && total_width >= kBalanceMinWidth && num_tokens >= 2 &&
+      num_tokens <= kBalanceMaxTokens)
+    return 2;
   return s;
 }
 
@@ -260,13 +265,14 @@ inline int decode_two_split_floor(int s, int64_t num_tokens, int64_t total_width
 // of on splits too short to pay (H200, 128 heads x 4 tokens: C4 Flash 29.4 -> 17.4
 // us; C128 128 heads x 2 tokens 58.7 -> 41.3).
 //
-// Both: then at least two splits for long rows (decode_two_split_floor). Never
-// more than decode_max_auto_splits.
+// Both: then, with balanced_map (the call can take the balanced split map:
+// decode_auto_splits), at least two splits for long rows
+// (decode_two_split_floor). Never more than decode_max_auto_splits.
 inline int decode_num_splits(int64_t num_tokens, int64_t num_heads, int64_t total_width,
-                             int num_sms) {
+                             int num_sms, bool balanced_map = true) {
   if (total_width > kMaxPolicyWidth) total_width = kMaxPolicyWidth;
   const int64_t by_width = decode_width_splits(total_width);
-  const int cap = decode_max_auto_splits(num_tokens, num_heads, num_sms);
+  const int cap = decode_max_auto_splits(num_tokens, num_heads, num_sms, balanced_map);
   const int64_t big = decode_head_tile(num_heads);
   if (big > 16 && num_tokens > 0) {
     const int64_t sms = num_sms > 0 ? num_sms : 1;
@@ -282,7 +288,7 @@ inline int decode_num_splits(int64_t num_tokens, int64_t num_heads, int64_t tota
                     (total_width + s - 1) / s > max_rows))
         continue;
       int r = decode_round_splits(int(s), total_width, one_wave < s + s / 8 ? one_wave : s + s / 8);
-      r = decode_two_split_floor(r, num_tokens, total_width);
+      if (balanced_map) r = decode_two_split_floor(r, num_tokens, num_heads, total_width);
       return r < cap ? r : cap;
     }
   }
@@ -290,7 +296,8 @@ inline int decode_num_splits(int64_t num_tokens, int64_t num_heads, int64_t tota
   if (int64_t(s) > by_width) s = int(by_width);
   // (decode_max_auto_splits bounds the rounding, up to 1/8 more with blocks within one per
   // processor, and allows the floor's two splits)
-  return decode_two_split_floor(decode_round_splits(s, total_width, cap), num_tokens, total_width);
+  s = decode_round_splits(s, total_width, cap);
+  return balanced_map ? decode_two_split_floor(s, num_tokens, num_heads, total_width) : s;
 }
 
 // ---------------------------------------------------------------------------
@@ -320,7 +327,7 @@ MLA_EXT_HD int64_t effective_len(const KvSet& s, int64_t t) {
 // 2^31 - 1), C_t = sum_{u<t} c_u and X = T * (S - 1), token t's slots are
 //   [F(t), F(t + 1)),  F(t) = t + floor(X * C_t / C_T),
 // so every token gets one slot plus its share of the X others, rounded so that
-// the shares add up to exactly X (F(T) = T * S: no slot idle); a long row among
+// the shares add up to exactly X (F(T) = T * S: no slot idle from rounding); a long row among
 // short ones gets more splits instead of setting the call's time. A token uses
 // the first n_t = min(kMaxSplits, F(t + 1) - F(t)) of its slots; the rest stay
 // idle. The map depends on the lengths (content), but only inside the kernels:
@@ -335,13 +342,29 @@ MLA_EXT_HD int64_t effective_len(const KvSet& s, int64_t t) {
 // long compressed rows; the other kernels keep their registers for the tile
 // loop), S > 1, 2..kBalanceMaxTokens tokens, a lengths array on some set, and
 // index widths summing to >= kBalanceMinWidth.
-MLA_EXT_HD bool decode_balanced(const SparseDecodeParams& p) {
+MLA_EXT_HD int64_t decode_total_width(const SparseDecodeParams& p) {
+  return (p.main.cache != nullptr ? p.main.width : 0) + (p.extra.cache != nullptr ? p.extra.width : 0);
+}
+
+// All of decode_balanced's conditions but the split count.
+MLA_EXT_HD bool decode_balanced_shape(const SparseDecodeParams& p) {
   if (kv_layout(p.kv_format) != KvFormat::kFP8DsMlaV4) return false;
   const bool has_lengths = (p.main.lengths != nullptr && p.main.cache != nullptr) ||
                            (p.extra.lengths != nullptr && p.extra.cache != nullptr);
-  const int64_t w = (p.main.cache != nullptr ? p.main.width : 0) + (p.extra.cache != nullptr ? p.extra.width : 0);
-  return p.num_splits > 1 && p.num_tokens >= 2 && p.num_tokens <= kBalanceMaxTokens && has_lengths &&
-         w >= kBalanceMinWidth;
+  return p.num_tokens >= 2 && p.num_tokens <= kBalanceMaxTokens && has_lengths &&
+         decode_total_width(p) >= kBalanceMinWidth;
+}
+
+MLA_EXT_HD bool decode_balanced(const SparseDecodeParams& p) {
+  return p.num_splits > 1 && decode_balanced_shape(p);
+}
+
+// The automatic split count of a call (num_splits == 0): decode_num_splits over
+// its total index width, with the two-split floor where the balanced map can
+// use it. Reads kv_format, num_tokens, num_heads and both sets' caches, widths
+// and lengths pointers (never their contents).
+inline int decode_auto_splits(const SparseDecodeParams& p, int num_sms) {
+  return decode_num_splits(p.num_tokens, p.num_heads, decode_total_width(p), num_sms, decode_balanced_shape(p));
 }
 
 // c_t of the balanced map: 1..2^31 - 1, so that X * C_t stays below 2^55
