@@ -239,10 +239,10 @@ constexpr int64_t kHeadTile32MaxRows = 160;
 // among ~610-entry ones, one split -> two: 128 heads x 64 tokens 425 -> 151 us
 // (eighth session), 128 x 128 366 -> 215, 64 x 256 363 -> 216, 16 x 256 280 ->
 // 117; uniform rows of that width pay the second split's reduce: +1.7..5.4%
-// (128 x 128 1220 -> 1240 us, 16 x 256 694 -> 732; twelfth session). bf16 and
-// Calls that cannot take the balanced map (bf16 caches, no lengths array)
-// would only pay the reduce: the launchers apply the floor to the calls
-// that can (decode_auto_splits).
+// (128 x 128 1220 -> 1240 us, 16 x 256 694 -> 732; twelfth session). Calls
+// that cannot take the balanced map (bf16 caches, no lengths array) would only
+// pay the reduce: the launchers apply the floor to the calls that can
+// (decode_auto_splits).
 inline int decode_two_split_floor(int s, int64_t num_tokens, int64_t num_heads, int64_t total_width) {
   if (s < 2 && num_heads > 0 && total_width >= kBalanceMinWidth && num_tokens >= 2 &&
       num_tokens <= kBalanceMaxTokens)
