@@ -118,16 +118,19 @@ def sparse_mla_decode(
         lse: optional ``[num_tokens, num_heads]`` float32, any strides (e.g. a ``.T`` view of a
             ``[num_heads, num_tokens]`` buffer). **Mutated**: the natural-log sum-exp of the
             scores, sink excluded.
-        num_splits: split-K count: 0 = automatic (from num_tokens, num_heads, ``W + W2`` and the
-            device's processor count, never from tensor contents, so a captured CUDA graph
-            stays valid when indices and lengths change; at most 72), or 1..256 explicitly. The
-            workspace grows with the split count: num_tokens x num_heads x num_splits x
-            2052 bytes (fp32 partial outputs and LSEs; each section rounded up to 256 bytes).
+        num_splits: split-K count: 0 = automatic (from num_tokens, num_heads, ``W + W2``, the
+            device's processor count and whether the call can take the balanced map below,
+            never from tensor contents, so a captured CUDA graph stays valid when indices and
+            lengths change; at most 72; at least 2 where the balanced map applies), or 1..256
+            explicitly. The workspace grows with the split count: num_tokens x num_heads x
+            num_splits x 2052 bytes (fp32 partial outputs and LSEs; each section rounded up to
+            256 bytes).
             The call's num_tokens x num_splits splits go num_splits to each token, except for
             V4 FP8 caches with ``W + W2 >= 4096`` (long compressed rows), lengths given and
             2..256 tokens: there each token gets splits in proportion to its effective length
-            (at least 1, at most 256), read on the device at run time, so one long row among
-            short ones does not set the call's time.
+            (at least 1, at most 256; the shares add up to num_tokens x num_splits), read on
+            the device at run time, so one long row among short ones does not set the call's
+            time.
 
     Runs on the tensors' device (CPU with OpenMP, or CUDA/ROCm on the current stream); no
     allocation, no host synchronisation, CUDA-graph capturable. Offsets are 64-bit.
