@@ -6,6 +6,7 @@ split-K scratch buffer reused across layers and decode steps. Contract: DESIGN.m
 """
 from __future__ import annotations
 
+import operator
 from typing import Optional, Union
 
 import torch
@@ -15,6 +16,15 @@ from ._ops import check_same_device
 _ops = torch.ops.mla_ext
 
 __all__ = ["sparse_mla_decode", "sparse_mla_decode_workspace_size", "DecodeWorkspace"]
+
+
+def _int_arg(fn: str, name: str, value) -> int:
+    """``value`` as an int; a TypeError naming the argument for floats and other non-integers
+    (``int()`` would silently truncate 2.5 splits to 2)."""
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{fn}: expected {name} to be an integer, got {value!r}") from None
 
 DeviceLike = Union[torch.device, str, int, None]
 
@@ -87,8 +97,9 @@ def sparse_mla_decode(
             byte, with e4m3fnuz value bytes (bias 8, 0x80 = NaN, 0x7F / 0xFF = +-240) as gfx942
             (MI300) engines may write them; NVIDIA and gfx950 engines write the e4m3fn formats.
             The FP8 formats also accept int8 tensors, or float8 tensors of the format's own
-            flavour (float8_e4m3fn / float8_e4m3fnuz), viewing the same bytes. See
-            :mod:`mla_ext.formats` for packers.
+            flavour (float8_e4m3fn / float8_e4m3fnuz), viewing the same bytes. On a GPU the
+            cache's data pointer and its page and token strides in bytes must be multiples of
+            16 (the packers' tensors are). See :mod:`mla_ext.formats` for packers.
         indices: ``[num_tokens, W]`` int32 global slot ids (``page * page_size + offset``),
             stride 1 along ``W`` (any token stride); ``W`` may be 0. Not mutated.
         kv_format: ``"bf16"``, ``"fp8_ds_mla"``, ``"fp8_ds_mla_v4"``, ``"fp8_ds_mla_fnuz"`` or
@@ -152,10 +163,11 @@ def sparse_mla_decode(
             workspace smaller than needed (the message states the bytes needed) or not 16-byte
             aligned, ``output`` / ``lse`` / ``workspace`` sharing memory with each other or
             with another argument, or (GPU) q or cache rows not 16-byte aligned.
+        TypeError: ``num_splits`` not an integer (e.g. a float).
     """
     _ops.sparse_mla_decode(q, kv_cache, indices, kv_format, float(softmax_scale), output, workspace,
                            lengths, extra_kv_cache, extra_indices, extra_lengths, attn_sink, lse,
-                           int(num_splits))
+                           _int_arg("sparse_mla_decode", "num_splits", num_splits))
 
 
 def _device_index(device: DeviceLike) -> int:
@@ -199,8 +211,12 @@ def sparse_mla_decode_workspace_size(num_tokens: int, num_heads: int, *, num_spl
         RuntimeError: negative sizes, ``num_tokens x num_heads`` above 2^43, ``num_splits``
             outside 0..256, a CUDA device on a CPU-only build.
         ValueError: a device that is neither CPU nor CUDA.
+        TypeError: a size or ``num_splits`` that is not an integer (e.g. a float).
     """
-    return int(_ops.sparse_mla_decode_workspace_size(int(num_tokens), int(num_heads), int(num_splits),
+    fn = "sparse_mla_decode_workspace_size"
+    return int(_ops.sparse_mla_decode_workspace_size(_int_arg(fn, "num_tokens", num_tokens),
+                                                     _int_arg(fn, "num_heads", num_heads),
+                                                     _int_arg(fn, "num_splits", num_splits),
                                                      _device_index(device)))
 
 
@@ -212,8 +228,16 @@ class DecodeWorkspace:
         max_num_tokens: the most query tokens a call will have.
         num_heads: the most heads a call will have.
         num_splits: the ``num_splits`` the calls pass (0 = automatic).
-        device: where the calls run (CPU or CUDA; ``None``: the current CUDA device when CUDA
-            is available, else the CPU, as :func:`sparse_mla_decode_workspace_size`).
+        device: where the calls run (CPU or CUDA; ``None``, the default: the current CUDA
+            device when CUDA is available, else the CPU, as
+            :func:`sparse_mla_decode_workspace_size`).
+
+    Raises:
+        ValueError: ``max_num_tokens`` or ``num_heads`` negative, ``num_splits`` outside
+            0..256, a device that is neither CPU nor CUDA.
+        TypeError: a size or ``num_splits`` that is not an integer.
+        RuntimeError: ``max_num_tokens x num_heads`` above 2^43, a CUDA device on a CPU-only
+            build.
 
     Attributes:
         tensor: the 1-D uint8 workspace (pass as ``workspace=``); ``nbytes`` bytes, contents
@@ -222,7 +246,16 @@ class DecodeWorkspace:
     """
 
     def __init__(self, max_num_tokens: int, num_heads: int, *, num_splits: int = 0,
-                 device: DeviceLike):
+                 device: DeviceLike = None):
+        fn = "DecodeWorkspace"
+        max_num_tokens = _int_arg(fn, "max_num_tokens", max_num_tokens)
+        num_heads = _int_arg(fn, "num_heads", num_heads)
+        num_splits = _int_arg(fn, "num_splits", num_splits)
+        if max_num_tokens < 0 or num_heads < 0:
+            raise ValueError(f"DecodeWorkspace: expected max_num_tokens >= 0 and num_heads >= 0, got "
+                             f"max_num_tokens={max_num_tokens}, num_heads={num_heads}")
+        if not 0 <= num_splits <= 256:
+            raise ValueError(f"DecodeWorkspace: expected num_splits 0 (automatic) or 1..256, got {num_splits}")
         if device is None:  # as sparse_mla_decode_workspace_size
             index = _device_index(None)
             dev = torch.device("cpu") if index < 0 else torch.device("cuda", index)
@@ -244,9 +277,15 @@ class DecodeWorkspace:
 
         Raises:
             ValueError: the call exceeds the sizes this workspace was made for, or uses another
-                split setting that needs more bytes.
+                split setting that needs more bytes, or ``num_splits`` outside 0..256.
+            TypeError: a size or ``num_splits`` that is not an integer.
         """
-        s = self.num_splits if num_splits is None else int(num_splits)
+        fn = "DecodeWorkspace.check"
+        num_tokens = _int_arg(fn, "num_tokens", num_tokens)
+        num_heads = _int_arg(fn, "num_heads", num_heads)
+        s = self.num_splits if num_splits is None else _int_arg(fn, "num_splits", num_splits)
+        if not 0 <= s <= 256:
+            raise ValueError(f"DecodeWorkspace.check: expected num_splits 0 (automatic) or 1..256, got {s}")
         if num_tokens > self.max_num_tokens or num_heads > self.num_heads:
             raise ValueError(
                 f"DecodeWorkspace: made for num_tokens <= {self.max_num_tokens}, num_heads <= "

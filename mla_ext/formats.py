@@ -33,6 +33,10 @@ again with e4m3fnuz value bytes:
 Readers (:func:`gather_kv_rows`, :func:`unpack_kv_cache`) compute byte addresses from the cache
 tensor's storage, offset and ``stride(0)``, and only touch the slots asked for, so unused slots
 may hold NaN/garbage.
+
+Wherever an FP8 cache tensor is taken (readers, writers, :mod:`mla_ext.reference`, the ops),
+uint8, int8 and the format's own float8 type (``torch.float8_e4m3fn``, or ``torch.float8_e4m3fnuz``
+for the ``_fnuz`` formats) are accepted and read as raw bytes.
 """
 
 from __future__ import annotations
@@ -328,8 +332,13 @@ def _check_cache(kv_cache: torch.Tensor, kv_format: str, name: str = "kv_cache")
         if c.dtype != torch.bfloat16:
             raise ValueError(f"{name}: kv_format 'bf16' needs a bfloat16 tensor, got {c.dtype}")
     else:
-        if c.dtype != torch.uint8:
-            raise ValueError(f"{name}: kv_format {kv_format!r} needs a uint8 tensor, got {c.dtype}")
+        # The byte dtypes sparse_mla_decode accepts: uint8, int8, or the float8 type of the
+        # format's own flavour (read as raw bytes).
+        fp8 = torch.float8_e4m3fnuz if kv_format.endswith("_fnuz") else torch.float8_e4m3fn
+        if c.dtype not in (torch.uint8, torch.int8, fp8):
+            raise ValueError(f"{name}: kv_format {kv_format!r} needs a uint8 (or int8 / {fp8}) tensor, "
+                             f"got {c.dtype}")
+        c = c.view(torch.uint8)
         if c.shape[-1] != ROW_BYTES[kv_format]:
             raise ValueError(
                 f"{name}: kv_format {kv_format!r} needs a last dim of {ROW_BYTES[kv_format]} bytes, "

@@ -96,8 +96,9 @@ def sparse_mla_decode(
         kv_cache: paged cache in ``kv_format`` (see :mod:`mla_ext.formats`):
             bf16 ``[num_pages, page_size, d_qk]`` (d_qk 576 or 512), fp8_ds_mla[_fnuz] (V3.2,
             d_qk 576) ``[num_pages, page_size, 656]`` uint8, fp8_ds_mla_v4[_fnuz] (V4, d_qk 512)
-            uint8 view ``[num_pages, page_size, 584]`` with a padded page stride; a singleton head
-            dim is accepted. Only selected slots are read (others may hold NaN).
+            uint8 view ``[num_pages, page_size, 584]`` with a padded page stride (FP8 caches may
+            also be int8 or the format's float8 type, read as bytes, as the op accepts); a
+            singleton head dim is accepted. Only selected slots are read (others may hold NaN).
         indices: ``[num_tokens, W]`` integer global slot ids (page * page_size + offset).
             An entry is skipped when < 0, >= num_pages * page_size, or at column >= lengths[t].
         kv_format: ``"bf16"``, ``"fp8_ds_mla"``, ``"fp8_ds_mla_v4"``, or the e4m3fnuz twins

@@ -730,6 +730,47 @@ def test_workspace_size_monotonic_and_sufficient(device):
         mla_ext.sparse_mla_decode_workspace_size(4, 4, num_splits=257, device=device)
 
 
+def test_integer_arguments_and_workspace_errors():
+    """Sizes and split counts must be integers (a float is a TypeError naming the argument, not a
+    silent truncation), and DecodeWorkspace names its own arguments in its errors."""
+    with pytest.raises(TypeError, match="num_tokens to be an integer"):
+        mla_ext.sparse_mla_decode_workspace_size(4.5, 8, device="cpu")
+    with pytest.raises(TypeError, match="max_num_tokens to be an integer"):
+        mla_ext.DecodeWorkspace(4.0, 8, device="cpu")
+    with pytest.raises(ValueError, match="max_num_tokens >= 0"):
+        mla_ext.DecodeWorkspace(-4, 8, device="cpu")
+    with pytest.raises(ValueError, match="num_splits 0 \\(automatic\\) or 1..256, got 300"):
+        mla_ext.DecodeWorkspace(4, 8, num_splits=300, device="cpu")
+    w = mla_ext.DecodeWorkspace(4, 8, device="cpu")
+    with pytest.raises(ValueError, match="got 300"):
+        w.check(4, 8, 300)
+    g = torch.Generator().manual_seed(96)
+    idx, _ = make_indices(g, 2, 64, 8 * 64, "none", None)
+    cache = make_cache(g, "fp8_ds_mla_v4", 512, 8, 64, idx, "cpu")
+    q = torch.randn(2, 8, 512, generator=g).to(torch.bfloat16)
+    out, lse, ws = poisoned_buffers(2, 8, 2, "cpu")
+    with pytest.raises(TypeError, match="num_splits to be an integer"):
+        mla_ext.sparse_mla_decode(q, cache, idx, kv_format="fp8_ds_mla_v4", softmax_scale=0.05, output=out,
+                                  workspace=ws, lse=lse, num_splits=2.5)
+    assert torch.isnan(out.float()).all() and torch.isnan(lse).all()
+
+
+def test_reference_reads_the_byte_dtypes_the_op_accepts():
+    """An FP8 cache held as int8 or as the format's float8 type reads the same in the reference
+    and the format helpers as its uint8 view (the op accepts all three)."""
+    g = torch.Generator().manual_seed(97)
+    idx, _ = make_indices(g, 2, 64, 8 * 64, "none", None)
+    cache = make_cache(g, "fp8_ds_mla_v4", 512, 8, 64, idx, "cpu")
+    q = torch.randn(2, 4, 512, generator=g).to(torch.bfloat16)
+    want = reference.sparse_mla_decode(q, cache, idx, kv_format="fp8_ds_mla_v4", softmax_scale=0.05)
+    for dt in (torch.int8, torch.float8_e4m3fn):
+        got = reference.sparse_mla_decode(q, cache.view(dt), idx, kv_format="fp8_ds_mla_v4", softmax_scale=0.05)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    with pytest.raises(ValueError, match="float8_e4m3fnuz"):  # the other flavour's type is a mix-up
+        reference.sparse_mla_decode(q, cache.view(torch.float8_e4m3fn), idx, kv_format="fp8_ds_mla_v4_fnuz",
+                                    softmax_scale=0.05)
+
+
 def test_workspace_size_extremes_and_default_device():
     """Absurd sizes give an error (not a wrapped-around 0, not a hang); a huge head count under
     the automatic split setting returns at once; DecodeWorkspace(device=None) takes the same
