@@ -327,8 +327,9 @@ MLA_EXT_HD int64_t effective_len(const KvSet& s, int64_t t) {
 // 2^31 - 1), C_t = sum_{u<t} c_u and X = T * (S - 1), token t's slots are
 //   [F(t), F(t + 1)),  F(t) = t + floor(X * C_t / C_T),
 // so every token gets one slot plus its share of the X others, rounded so that
-// the shares add up to exactly X (F(T) = T * S: no slot idle from rounding); a long row among
-// short ones gets more splits instead of setting the call's time. A token uses
+// the shares add up to exactly X (F(T) = T * S: no slot idle from rounding); a
+// long row among short ones gets more splits instead of setting the call's
+// time. A token uses
 // the first n_t = min(kMaxSplits, F(t + 1) - F(t)) of its slots; the rest stay
 // idle. The map depends on the lengths (content), but only inside the kernels:
 // grid, workspace and split count stay shape-only. Equal lengths give the
@@ -338,15 +339,16 @@ MLA_EXT_HD int64_t effective_len(const KvSet& s, int64_t t) {
 // (kBalanceMaxTokens and kBalanceMinWidth are defined with the split policy.)
 // ---------------------------------------------------------------------------
 
-// Whether a call uses the balanced map: a V4 FP8 cache format (the C128 layers'
-// long compressed rows; the other kernels keep their registers for the tile
-// loop), S > 1, 2..kBalanceMaxTokens tokens, a lengths array on some set, and
-// index widths summing to >= kBalanceMinWidth.
+// W_main + W_extra of the sets present.
 MLA_EXT_HD int64_t decode_total_width(const SparseDecodeParams& p) {
   return (p.main.cache != nullptr ? p.main.width : 0) + (p.extra.cache != nullptr ? p.extra.width : 0);
 }
 
-// All of decode_balanced's conditions but the split count.
+// Whether a call uses the balanced map: a V4 FP8 cache format (the C128 layers'
+// long compressed rows; the other kernels keep their registers for the tile
+// loop), S > 1, 2..kBalanceMaxTokens tokens, a lengths array on some set, and
+// index widths summing to >= kBalanceMinWidth.
+// decode_balanced_shape: all of these but the split count.
 MLA_EXT_HD bool decode_balanced_shape(const SparseDecodeParams& p) {
   if (kv_layout(p.kv_format) != KvFormat::kFP8DsMlaV4) return false;
   const bool has_lengths = (p.main.lengths != nullptr && p.main.cache != nullptr) ||
