@@ -320,44 +320,36 @@ __device__ __forceinline__ void dequant4(uint32_t w, float s, uint32_t& lo, uint
         : "=r"(x0), "=r"(x1)
         : "r"(h01), "r"(h23));
   }
-  // f16 -> f32 exact, one fp32 multiply by s, one rounding to bf16: the same
+  // f16 -> f32 exact, one fp32 multiply by s (MUL), one rounding to bf16: the same
   // values as e4m3_bits_to_float<FNUZ>(byte) * s rounded to bf16.
+#define MLA_EXT_DQ4_WIDEN                 \
+  "{\n"                                   \
+  ".reg .b16 l0, h0, l1, h1;\n"           \
+  ".reg .f32 f0, f1, f2, f3;\n"           \
+  "mov.b32 {l0, h0}, %2;\n"               \
+  "mov.b32 {l1, h1}, %3;\n"               \
+  "cvt.f32.f16 f0, l0;\n"                 \
+  "cvt.f32.f16 f1, h0;\n"                 \
+  "cvt.f32.f16 f2, l1;\n"                 \
+  "cvt.f32.f16 f3, h1;\n"
+#define MLA_EXT_DQ4_PACK                  \
+  "cvt.rn.bf16x2.f32 %0, f1, f0;\n"       \
+  "cvt.rn.bf16x2.f32 %1, f3, f2;\n"       \
+  "}\n"
   if constexpr (!MUL) {
-    asm("{\n"
-        ".reg .b16 l0, h0, l1, h1;\n"
-        ".reg .f32 f0, f1, f2, f3;\n"
-        "mov.b32 {l0, h0}, %2;\n"
-        "mov.b32 {l1, h1}, %3;\n"
-        "cvt.f32.f16 f0, l0;\n"
-        "cvt.f32.f16 f1, h0;\n"
-        "cvt.f32.f16 f2, l1;\n"
-        "cvt.f32.f16 f3, h1;\n"
-        "cvt.rn.bf16x2.f32 %0, f1, f0;\n"
-        "cvt.rn.bf16x2.f32 %1, f3, f2;\n"
-        "}\n"
-        : "=r"(lo), "=r"(hi)
-        : "r"(x0), "r"(x1));
+    asm(MLA_EXT_DQ4_WIDEN MLA_EXT_DQ4_PACK : "=r"(lo), "=r"(hi) : "r"(x0), "r"(x1));
     (void)s;
-    return;
+  } else {
+    asm(MLA_EXT_DQ4_WIDEN
+        "mul.rn.f32 f0, f0, %4;\n"
+        "mul.rn.f32 f1, f1, %4;\n"
+        "mul.rn.f32 f2, f2, %4;\n"
+        "mul.rn.f32 f3, f3, %4;\n" MLA_EXT_DQ4_PACK
+        : "=r"(lo), "=r"(hi)
+        : "r"(x0), "r"(x1), "f"(s));
   }
-  asm("{\n"
-      ".reg .b16 l0, h0, l1, h1;\n"
-      ".reg .f32 f0, f1, f2, f3;\n"
-      "mov.b32 {l0, h0}, %2;\n"
-      "mov.b32 {l1, h1}, %3;\n"
-      "cvt.f32.f16 f0, l0;\n"
-      "cvt.f32.f16 f1, h0;\n"
-      "cvt.f32.f16 f2, l1;\n"
-      "cvt.f32.f16 f3, h1;\n"
-      "mul.rn.f32 f0, f0, %4;\n"
-      "mul.rn.f32 f1, f1, %4;\n"
-      "mul.rn.f32 f2, f2, %4;\n"
-      "mul.rn.f32 f3, f3, %4;\n"
-      "cvt.rn.bf16x2.f32 %0, f1, f0;\n"
-      "cvt.rn.bf16x2.f32 %1, f3, f2;\n"
-      "}\n"
-      : "=r"(lo), "=r"(hi)
-      : "r"(x0), "r"(x1), "f"(s));
+#undef MLA_EXT_DQ4_WIDEN
+#undef MLA_EXT_DQ4_PACK
 #else
   if (!MUL) s = 1.f;
   lo = pack_bf16x2(e4m3_bits_to_float<FNUZ>(w) * s, e4m3_bits_to_float<FNUZ>(w >> 8) * s);
