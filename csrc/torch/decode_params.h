@@ -191,6 +191,11 @@ inline mla_ext::SparseDecodeParams make_decode_params(
   MLA_CHECK(q.stride(2) == 1, kOp, "expected q to be contiguous in its last (d_qk) dim, got stride ",
             q.stride(2));
 
+  p.kv_format = fmt;
+  p.d_qk = int(d_qk);
+  p.num_tokens = T;
+  p.num_heads = H;
+
   // main set
   fill_cache(q, kv_cache, "kv_cache", fmt, kv_format, int(d_qk), p.main);
   fill_indices(q, indices, "indices", T, p.main);
@@ -259,12 +264,7 @@ inline mla_ext::SparseDecodeParams make_decode_params(
             "expected num_splits to be 0 (automatic) or 1..", mla_ext::kMaxSplits, ", got ", num_splits);
 
   int S = int(num_splits);
-  if (S == 0) {
-    p.kv_format = fmt;  // (the fill below sets them again)
-    p.num_tokens = T;
-    p.num_heads = H;
-    S = mla_ext::decode_auto_splits(p, processor_count());
-  }
+  if (S == 0) S = mla_ext::decode_auto_splits(p, processor_count());
   if (S < 1) S = 1;
   const size_t need = mla_ext::decode_workspace_size(T, H, S);
   MLA_CHECK(size_t(workspace.numel()) >= need, kOp, "expected workspace of at least ", need,
@@ -306,10 +306,6 @@ inline mla_ext::SparseDecodeParams make_decode_params(
   }
 
   // fill
-  p.kv_format = fmt;
-  p.d_qk = int(d_qk);
-  p.num_tokens = T;
-  p.num_heads = H;
   p.softmax_scale = float(softmax_scale);
   p.q = static_cast<const uint16_t*>(q.data_ptr());
   p.q_stride_token = q.stride(0);
