@@ -59,6 +59,7 @@
 #include "mla_ext/sparse_mla_decode.h"
 
 #include <type_traits>
+#include <utility>
 
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 800)
 #define MLA_EXT_DECODE_MMA 1
@@ -456,6 +457,20 @@ __device__ __forceinline__ void copy_async_wait_all() {
 __device__ __forceinline__ uint64_t wg_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
   return uint64_t((addr & 0x3ffffu) >> 4) | (uint64_t((lbo & 0x3ffffu) >> 4) << 16) |
          (uint64_t((sbo & 0x3ffffu) >> 4) << 32) | (uint64_t(1) << 62);
+}
+// Descriptor d advanced by OFF bytes (a multiple of 16; the start address field
+// cannot carry out for shared addresses < 256 KB). Volatile, so each k-step's
+// descriptor is formed next to its wgmma: hoisted out of the tile loop, the 32
+// Q.K descriptors of the pipelined kernel took 64 registers and spilled.
+template <uint32_t OFF>
+__device__ __forceinline__ uint64_t wg_desc_at(uint64_t d) {
+#if defined(MLA_EXT_DECODE_WGMMA)
+  uint64_t r;
+  asm volatile("add.s64 %0, %1, %2;\n" : "=l"(r) : "l"(d), "n"(uint64_t(OFF >> 4)));
+  return r;
+#else
+  return d + (OFF >> 4);
+#endif
 }
 // Orders this thread's earlier shared-memory stores (generic proxy) before
 // later wgmma reads (async proxy); a barrier then publishes them to the block.
@@ -1571,26 +1586,35 @@ __global__ void __launch_bounds__(kThreads) decode_split_portable_kernel(const D
 }
 
 // ---- the pipelined 64-head kernel (sm_90a, V4 formats) ----
-// Three warpgroups. The producer (threads 256..383) turns indices into row
-// addresses, gathers the raw rows (two rounds of 32 rows, one round's loads in
-// flight while it waits for a free stage) and dequantises them into one of two
-// swizzled K stages; the two consumer warpgroups (threads 0..255) run Q.K, the
-// softmax and P.V on the other stage. Stage handover by mbarriers: full[s]
-// (the producer's 128 arrivals: K tile and its row mask written) and empty[s]
-// (the consumers' 256 arrivals: their P.V product of the stage is complete).
+// Four warpgroups. Two producers (threads 256..511), each owning 32 of a tile's
+// 64 rows, turn indices into row addresses, gather the raw rows (the loads of
+// tile j + 1 in flight while they wait for a free stage) and dequantise them
+// into one of two swizzled K stages; the two consumer warpgroups (threads
+// 0..255) run Q.K, the softmax and P.V on the other stage. Stage handover by
+// mbarriers: full[s] (the producers' 256 arrivals: K tile and its row mask
+// written) and empty[s] (the consumers' 256 arrivals: their P.V product of the
+// stage is complete). (One producer warpgroup gathering a tile in two rounds was
+// 3-7% slower than decode_body's WG kernel: its 4 warps issued ~2200
+// instructions per tile each, two thirds of them dequantisation, with a memory
+// round trip exposed per round.)
 // Against decode_body's WG tile, where the whole block gathers, dequantises,
 // multiplies and normalises in turn, the gather and dequantisation of tile j + 1
 // run while the tensor cores work on tile j. Shared memory: K 2 x 64 KB, Q 64 KB,
 // one S copy (each consumer warpgroup's Q.K covers 32 of the tile's keys over
 // all dims, so the two write disjoint columns), P 8 KB.
-constexpr int kWsThreads = 384;
-#ifndef MLA_EXT_DECODE_WS_CONSUMER_REGS
-#define MLA_EXT_DECODE_WS_CONSUMER_REGS 184
+#ifndef MLA_EXT_DECODE_WS_PRODUCERS
+#define MLA_EXT_DECODE_WS_PRODUCERS 1
 #endif
-// __launch_bounds__(384, 1) gives every thread 168 registers at entry; the
-// hand-over keeps the block's total (2 x 128 x consumer + 128 x producer = 384 x 168).
+constexpr int kWsProducers = MLA_EXT_DECODE_WS_PRODUCERS;  // producer warpgroups (1 or 2)
+constexpr int kWsThreads = kThreads + 128 * kWsProducers;
+#ifndef MLA_EXT_DECODE_WS_CONSUMER_REGS
+#define MLA_EXT_DECODE_WS_CONSUMER_REGS 192
+#endif
+// __launch_bounds__(kWsThreads, 1) gives every thread kWsEntryRegs registers at
+// entry (168 at 384 threads, 128 at 512); the hand-over keeps the block's total.
+constexpr int kWsEntryRegs = (65536 / kWsThreads) / 8 * 8;
 constexpr int kWsConsumerRegs = MLA_EXT_DECODE_WS_CONSUMER_REGS;
-constexpr int kWsProducerRegs = 3 * 168 - 2 * kWsConsumerRegs;
+constexpr int kWsProducerRegs = (kWsEntryRegs * kWsThreads - kThreads * kWsConsumerRegs) / (128 * kWsProducers) / 8 * 8;
 static_assert(kWsConsumerRegs % 8 == 0 && kWsProducerRegs >= 24 && kWsConsumerRegs <= 256, "setmaxnreg counts");
 
 struct WsCfg {
@@ -1604,11 +1628,40 @@ struct WsCfg {
   static_assert(qOff % 1024 == 0 && sOff % 1024 == 0 && pOff % 1024 == 0, "swizzle atoms");
   static constexpr size_t aOff = pOff + size_t(HTp) * BN * 2;
   static constexpr size_t invOff = aOff + size_t(HTp) * 4;
-  static constexpr size_t metaOff = invOff + size_t(HTp) * 4;             // producer: [2][BN] data, [2][BN] scale
-  static constexpr size_t maskOff = metaOff + size_t(4) * BN * sizeof(void*);  // uint32 [kStages][2]: live rows
-  static constexpr size_t bytes = maskOff + size_t(kStages) * 8 + 1024;   // + the 1024-byte alignment pad
+  // Live-row masks, one ballot word per producer warp: uint32 [kStages][kMaskWords].
+  static constexpr int kMaskWords = kWsProducers * 4;
+  static constexpr int kRowsPerWord = BN / kMaskWords, kBitsPerRow = 32 / kRowsPerWord;
+  static constexpr size_t maskOff = invOff + size_t(HTp) * 4;
+  static constexpr size_t bytes = maskOff + size_t(kStages) * kMaskWords * 4 + 1024;  // + the 1024-byte alignment pad
   static constexpr int TPR = kThreads / HTp, CPT = BN / TPR;  // softmax over the 256 consumer threads
 };
+
+// Q.K k-steps of the pipelined kernel: Q (64 heads) and 32 key rows, both
+// K-major in 64-column blocks (HTp resp. BN rows x 128 bytes each).
+template <int... KK>
+__device__ __forceinline__ void ws_qk_steps(float (&s2)[16], uint64_t qd, uint64_t kd, std::integer_sequence<int, KK...>) {
+  (wgmma_m64n32k16(s2, wg_desc_at<uint32_t((KK >> 2) * WsCfg::HTp * 128 + (KK & 3) * 32)>(qd),
+                   wg_desc_at<uint32_t((KK >> 2) * WsCfg::BN * 128 + (KK & 3) * 32)>(kd)),
+   ...);
+}
+// P.V k-steps: P (64 heads x 16 keys per step) and 256 value dims. With two
+// producers, two m64n128 products per k-step (value dims [+128 h, +128), the
+// halves of the m64n256 fragment): ptxas checks each instruction against the
+// kernel's entry budget (128 registers at 512 threads), and m64n256's 128
+// accumulators need 154.
+template <int... KK>
+__device__ __forceinline__ void ws_pv_steps(float (&acc)[128], uint64_t pd, uint64_t vd, std::integer_sequence<int, KK...>) {
+  constexpr int BN = WsCfg::BN;
+  if constexpr (kWsEntryRegs >= 160) {
+    (wgmma_m64n256k16_bt(acc, wg_desc_at<uint32_t(KK * 32)>(pd), wg_desc_at<uint32_t(KK * 16 * 128)>(vd)), ...);
+  } else {
+    ((wgmma_m64n128k16_bt(*reinterpret_cast<float(*)[64]>(acc), wg_desc_at<uint32_t(KK * 32)>(pd),
+                          wg_desc_at<uint32_t(KK * 16 * 128)>(vd)),
+      wgmma_m64n128k16_bt(*reinterpret_cast<float(*)[64]>(acc + 64), wg_desc_at<uint32_t(KK * 32)>(pd),
+                          wg_desc_at<uint32_t(2 * BN * 128 + KK * 16 * 128)>(vd))),
+     ...);
+  }
+}
 
 template <KvFormat F, bool BAL>
 __device__ __forceinline__ void decode_body_ws(const DecodeArgs& a) {
@@ -1629,8 +1682,6 @@ __device__ __forceinline__ void decode_body_ws(const DecodeArgs& a) {
   uint16_t* Ps = reinterpret_cast<uint16_t*>(smem + C::pOff);
   float* alpha_s = reinterpret_cast<float*>(smem + C::aOff);
   float* inv_s = reinterpret_cast<float*>(smem + C::invOff);
-  const uint8_t** meta_d = reinterpret_cast<const uint8_t**>(smem + C::metaOff);  // [2][BN]
-  const uint8_t** meta_s = meta_d + 2 * BN;                                        // [2][BN]
   uint32_t* vmask = reinterpret_cast<uint32_t*>(smem + C::maskOff);
 
   const SparseDecodeParams& p = a.p;
@@ -1662,54 +1713,87 @@ __device__ __forceinline__ void decode_body_ws(const DecodeArgs& a) {
   if (tid == 0) {
 #pragma unroll
     for (int i = 0; i < C::kStages; ++i) {
-      mbar_init(&full[i], 128);
+      mbar_init(&full[i], 128 * kWsProducers);
       mbar_init(&empty[i], kThreads);
     }
   }
   __syncthreads();
 
   if (tid >= kThreads) {
-    // ---- producer warpgroup ----
+    // ---- producer warpgroups ----
+    // Producer thread q owns row q / TPW of every tile and its part q % TPW: FP8
+    // chunks [NF part, +NF) and RoPE chunks [NR part, +NR) (16 bytes each), so its
+    // loads are one row pointer plus constant offsets and its index, address and
+    // live test are its own (no shared row table, no barrier among producers).
     set_max_registers<kWsProducerRegs, false>();
-    using G = Gather<F, C::DQK, BN / 2, true, true, 128, BN>;  // half a tile per round
-    const int ptid = tid - kThreads;
-    G g;
+    using FT = Fmt<KvFormat::kFP8DsMlaV4, 512>;
+    constexpr int TPW = 128 * kWsProducers / BN;  // threads per row
+    constexpr int NF = FT::kFp8Chunks / TPW, NR = (FT::kChunks - FT::kFp8Chunks) / TPW;
+    static_assert(NF * TPW == FT::kFp8Chunks && NR * TPW == FT::kChunks - FT::kFp8Chunks, "chunks per thread");
+    constexpr bool kFnuz = kv_is_fnuz(F);
+    const int q = tid - kThreads, row = q / TPW, part = q % TPW;
+    const int r7 = row & 7;
+    uint4 raw[NF + NR];
+    uint2 sc8;  // the row's 7 UE8M0 scale bytes (+ pad)
+    bool valid = false;
+    // Issue the loads of this thread's part of row `row` of tile jt (or zeros).
+    auto load_row = [&](int jt, int32_t idx) {
+      const uint8_t *d, *sp;
+      row_address<F>(p, p_lo + int64_t(jt) * BN + row, em, idx, d, sp);
+      valid = d != nullptr;
+#pragma unroll
+      for (int k = 0; k < NF + NR; ++k) raw[k] = make_uint4(0u, 0u, 0u, 0u);
+      sc8 = make_uint2(0u, 0u);
+      if (valid) {
+#pragma unroll
+        for (int k = 0; k < NF; ++k) raw[k] = *reinterpret_cast<const uint4*>(d + 16 * (NF * part + k));
+#pragma unroll
+        for (int k = 0; k < NR; ++k)
+          raw[NF + k] = *reinterpret_cast<const uint4*>(d + FT::kRopeByte + 16 * (NR * part + k));
+        sc8 = *reinterpret_cast<const uint2*>(sp);
+      }
+    };
     int32_t idx_next = -1;
     if (ntiles > 0) {
-      if (ptid < BN) {
-        const int64_t k = p_lo + ptid;
-        row_address<F>(p, k, em, load_index(p, t, k, em, p_hi), meta_d[ptid], meta_s[ptid]);
-        idx_next = load_index(p, t, k + BN, em, p_hi);
-      }
-      named_bar_sync(2, 128);
-      g.load(meta_d, meta_s, ptid);
+      const int64_t k = p_lo + row;
+      load_row(0, load_index(p, t, k, em, p_hi));
+      idx_next = load_index(p, t, k + BN, em, p_hi);
     }
     for (int j = 0; j < ntiles; ++j) {
       const int cur = j & 1;
       const int live = j == ntiles - 1 ? last_rows : BN;
       // Wait until the consumers' products of tile j - 2 (this stage) are done.
       if (j >= C::kStages) mbar_wait(&empty[cur], uint32_t(((j >> 1) + 1) & 1));
-      if (ptid < BN) {  // the stage's live-row mask for the softmax (warps 8 and 9)
-        const uint32_t m = MLA_EXT_BALLOT(meta_d[cur * BN + ptid] != nullptr);
-        if ((ptid & 31) == 0) vmask[cur * 2 + (ptid >> 5)] = m;
+      {  // live-row mask for the softmax: bit TPW * (row % RPW) of word row / RPW
+        const uint32_t m = MLA_EXT_BALLOT(valid);
+        if (q % 32 == 0) vmask[cur * C::kMaskWords + q / 32] = m;
       }
-      uint16_t* Kst = Ks + size_t(cur) * BN * C::DQK;
-      g.template store_swizzled<true>(Kst, nullptr, ptid, live, 0);
-      g.load(meta_d + cur * BN + BN / 2, meta_s + cur * BN + BN / 2, ptid);
-      g.template store_swizzled<true>(Kst, nullptr, ptid, live, BN / 2);
+      uint8_t* const krow = reinterpret_cast<uint8_t*>(Ks + size_t(cur) * BN * C::DQK) + row * 128;
+      // 16-byte chunk ch of this row in the swizzled tile (swz_chunk).
+      auto put = [&](int ch, const uint4& v) { st_shared16(krow + (ch >> 3) * (BN * 128) + (((ch & 7) ^ r7) << 4), v); };
+      const bool keep = valid && row < live;
+#pragma unroll
+      for (int k = 0; k < NF; ++k) {
+        const int c = NF * part + k;
+        uint4 lo = make_uint4(0u, 0u, 0u, 0u), hi = lo;
+        if (keep) {
+          const uint32_t sb = (c >> 2) < 4 ? (sc8.x >> (8 * (c >> 2))) : (sc8.y >> (8 * ((c >> 2) - 4)));
+          const float sc = ue8m0_to_float(uint8_t(sb));
+          dequant4<kFnuz, true>(raw[k].x, sc, lo.x, lo.y);
+          dequant4<kFnuz, true>(raw[k].y, sc, lo.z, lo.w);
+          dequant4<kFnuz, true>(raw[k].z, sc, hi.x, hi.y);
+          dequant4<kFnuz, true>(raw[k].w, sc, hi.z, hi.w);
+        }
+        put(2 * c, lo);
+        put(2 * c + 1, hi);
+      }
+#pragma unroll
+      for (int k = 0; k < NR; ++k) put(FT::kRopeDim / 8 + NR * part + k, keep ? raw[NF + k] : make_uint4(0u, 0u, 0u, 0u));
       fence_proxy_async();  // K is read by the consumers' wgmmas (async proxy)
       mbar_arrive(&full[cur]);
       if (j + 1 < ntiles) {
-        // Addresses of tile j + 1 into the other meta slot: its last reader (the
-        // second round of tile j - 1) passed the barrier below in iteration j - 1.
-        const int nxt = cur ^ 1;
-        if (ptid < BN) {
-          const int64_t k = p_lo + int64_t(j + 1) * BN + ptid;
-          row_address<F>(p, k, em, idx_next, meta_d[nxt * BN + ptid], meta_s[nxt * BN + ptid]);
-          idx_next = load_index(p, t, k + BN, em, p_hi);
-        }
-        named_bar_sync(2, 128);
-        g.load(meta_d + nxt * BN, meta_s + nxt * BN, ptid);
+        load_row(j + 1, idx_next);
+        idx_next = load_index(p, t, p_lo + int64_t(j + 2) * BN + row, em, p_hi);
       }
     }
     return;
@@ -1754,12 +1838,10 @@ __device__ __forceinline__ void decode_body_ws(const DecodeArgs& a) {
       for (int i = 0; i < 16; ++i) s2[i] = 0.f;
       wg_fence_operands(s2);
       wg_fence();
-#pragma unroll
-      for (int kk = 0; kk < C::DQK / 16; ++kk) {
-        const uint32_t off = uint32_t((kk & 3) * 32);
-        wgmma_m64n32k16(s2, wg_desc(qs0 + uint32_t((kk >> 2) * HTp * 128) + off, 16, 1024),
-                        wg_desc(ks0 + uint32_t((kk >> 2) * BN * 128 + wg * 32 * 128) + off, 16, 1024));
-      }
+      // Descriptors built once; a k-step adds its byte offset / 16 to the start
+      // address field (shared addresses < 256 KB: no carry out of the field).
+      const uint64_t qd = wg_desc(qs0, 16, 1024), kd = wg_desc(ks0 + uint32_t(wg * 32 * 128), 16, 1024);
+      ws_qk_steps(s2, qd, kd, std::make_integer_sequence<int, C::DQK / 16>());
       wg_commit_wait();
       wg_fence_operands(s2);
 #pragma unroll
@@ -1773,14 +1855,15 @@ __device__ __forceinline__ void decode_body_ws(const DecodeArgs& a) {
 
     // Online softmax, 4 threads per head row, column pairs 8 (i / 2) + 2 ssub + {0, 1}.
     {
-      const uint64_t live = uint64_t(vmask[cur * 2]) | (uint64_t(vmask[cur * 2 + 1]) << 32);
+      const uint32_t* const live = vmask + cur * C::kMaskWords;
       float sv[CPT];
       float lmax = neg_inf();
 #pragma unroll
       for (int i = 0; i < CPT; ++i) {
         const int col = 8 * (i >> 1) + 2 * ssub + (i & 1);
         const float x = Ss[srow * SST + col] * a.scale_log2;
-        sv[i] = ((live >> col) & 1u) != 0 ? x : neg_inf();
+        const uint32_t w = live[col / C::kRowsPerWord] >> (C::kBitsPerRow * (col % C::kRowsPerWord));
+        sv[i] = (w & 1u) != 0 ? x : neg_inf();
         lmax = fmaxf(lmax, sv[i]);
       }
 #pragma unroll
@@ -1821,14 +1904,12 @@ __device__ __forceinline__ void decode_body_ws(const DecodeArgs& a) {
       for (int n = 0; n < 32; ++n) {
         acc[4 * n] *= a0; acc[4 * n + 1] *= a0; acc[4 * n + 2] *= a1; acc[4 * n + 3] *= a1;
       }
-      const uint32_t pb0 = smem_addr(Ps), vb0 = ks0 + uint32_t(wg * 4 * BN * 128);
+      const uint64_t pd = wg_desc(smem_addr(Ps), 16, 1024);
+      const uint64_t vd = wg_desc(ks0 + uint32_t(wg * 4 * BN * 128), uint32_t(BN * 128), 1024);
       wg_fence_operands(acc);
       wg_fence();
 #pragma unroll
-      for (int kk = 0; kk < BN / 16; ++kk) {
-        wgmma_m64n256k16_bt(acc, wg_desc(pb0 + uint32_t(kk * 32), 16, 1024),
-                            wg_desc(vb0 + uint32_t(kk * 16 * 128), uint32_t(BN * 128), 1024));
-      }
+      ws_pv_steps(acc, pd, vd, std::make_integer_sequence<int, BN / 16>());
       wg_commit_wait();
       wg_fence_operands(acc);
     }
