@@ -1058,10 +1058,7 @@ def _check_64_head_kernel_kind(fn, mma_sync):
         return
     names = _split_kernel_names(fn)
     if names:
-        # the warpgroup kernels: decode_split_mma_kernel's WG instance, and (V4 formats) the
-        # pipelined decode_split_ws_kernel
-        wg = [n for n in names
-              if re.search(r"decode_split_mma_kernel<4,.*\btrue>\(", n) or "decode_split_ws_kernel<" in n]
+        wg = [n for n in names if re.search(r"decode_split_mma_kernel<4,.*\btrue>\(", n)]
         assert bool(wg) == (not mma_sync), names
 
 

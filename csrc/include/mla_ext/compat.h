@@ -34,8 +34,6 @@ using gpuError_t = hipError_t;
 #define mlaGetLastError hipGetLastError
 #define mlaGetErrorString hipGetErrorString
 #define mlaFuncSetAttribute hipFuncSetAttribute
-#define mlaFuncGetAttributes hipFuncGetAttributes
-#define mlaFuncAttributes hipFuncAttributes
 #define mlaFuncAttributeMaxDynamicSharedMemorySize hipFuncAttributeMaxDynamicSharedMemorySize
 #define mlaDeviceGetAttribute hipDeviceGetAttribute
 #define mlaDevAttrMultiProcessorCount hipDeviceAttributeMultiprocessorCount
@@ -49,8 +47,6 @@ using gpuError_t = cudaError_t;
 #define mlaGetLastError cudaGetLastError
 #define mlaGetErrorString cudaGetErrorString
 #define mlaFuncSetAttribute cudaFuncSetAttribute
-#define mlaFuncGetAttributes cudaFuncGetAttributes
-#define mlaFuncAttributes cudaFuncAttributes
 #define mlaFuncAttributeMaxDynamicSharedMemorySize cudaFuncAttributeMaxDynamicSharedMemorySize
 #define mlaDeviceGetAttribute cudaDeviceGetAttribute
 #define mlaDevAttrMultiProcessorCount cudaDevAttrMultiProcessorCount
@@ -70,16 +66,14 @@ using lane_mask_t = uint32_t;
 #endif
 constexpr int kWarpSize = MLA_EXT_WARP_SIZE;
 
-// Shuffles (and a ballot: bit i = lane i's predicate) over the full warp. HIP's __shfl_xor has no mask (all lanes of the
+// Shuffles over the full warp. HIP's __shfl_xor has no mask (all lanes of the
 // wavefront take part, which is what every call site here does).
 #if defined(MLA_EXT_HIP)
 #define MLA_EXT_SHFL_XOR(v, lane_mask) __shfl_xor((v), (lane_mask))
 #define MLA_EXT_SHFL(v, src_lane) __shfl((v), (src_lane))
-#define MLA_EXT_BALLOT(pred) lane_mask_t(__ballot(pred))
 #else
 #define MLA_EXT_SHFL_XOR(v, lane_mask) __shfl_xor_sync(0xffffffffu, (v), (lane_mask))
 #define MLA_EXT_SHFL(v, src_lane) __shfl_sync(0xffffffffu, (v), (src_lane))
-#define MLA_EXT_BALLOT(pred) __ballot_sync(0xffffffffu, (pred))
 #endif
 
 // Check the launch that just happened; report a runtime failure as a Status.

@@ -59,7 +59,6 @@
 #include "mla_ext/sparse_mla_decode.h"
 
 #include <type_traits>
-#include <utility>
 
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 800)
 #define MLA_EXT_DECODE_MMA 1
@@ -458,20 +457,6 @@ __device__ __forceinline__ uint64_t wg_desc(uint32_t addr, uint32_t lbo, uint32_
   return uint64_t((addr & 0x3ffffu) >> 4) | (uint64_t((lbo & 0x3ffffu) >> 4) << 16) |
          (uint64_t((sbo & 0x3ffffu) >> 4) << 32) | (uint64_t(1) << 62);
 }
-// Descriptor d advanced by OFF bytes (a multiple of 16; the start address field
-// cannot carry out for shared addresses < 256 KB). Volatile, so each k-step's
-// descriptor is formed next to its wgmma: hoisted out of the tile loop, the 32
-// Q.K descriptors of the pipelined kernel took 64 registers and spilled.
-template <uint32_t OFF>
-__device__ __forceinline__ uint64_t wg_desc_at(uint64_t d) {
-#if defined(MLA_EXT_DECODE_WGMMA)
-  uint64_t r;
-  asm volatile("add.s64 %0, %1, %2;\n" : "=l"(r) : "l"(d), "n"(uint64_t(OFF >> 4)));
-  return r;
-#else
-  return d + (OFF >> 4);
-#endif
-}
 // Orders this thread's earlier shared-memory stores (generic proxy) before
 // later wgmma reads (async proxy); a barrier then publishes them to the block.
 __device__ __forceinline__ void fence_proxy_async() {
@@ -566,78 +551,12 @@ __device__ __forceinline__ void wgmma_m64n128k16_bt(float (&d)[64], uint64_t da,
 #endif
 }
 
-// D[64 x 32] += A[64 x 16] B[16 x 32]: A and B K-major (the pipelined kernel's
-// Q.K over one warpgroup's 32 keys).
-__device__ __forceinline__ void wgmma_m64n32k16(float (&d)[16], uint64_t da, uint64_t db) {
-#if defined(MLA_EXT_DECODE_WGMMA)
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, "
-      "%13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
-      : MLA_EXT_WG_ACC8(d, 0), MLA_EXT_WG_ACC8(d, 8)
-      : "l"(da), "l"(db), "r"(1));
-#else
-  (void)d; (void)da; (void)db;
-#endif
-}
-
 #undef MLA_EXT_WG_ACC32
 #undef MLA_EXT_WG_ACC8
 #undef MLA_EXT_WG_R96
 #undef MLA_EXT_WG_R64
 #undef MLA_EXT_WG_R32
 #undef MLA_EXT_WG_R0
-
-// ---- shared-memory barriers, named barriers, register hand-over (sm_90a) ----
-// mbarrier (PTX ISA "mbarrier"): a phase completes when `count` arrivals are in;
-// arrive has release and the parity wait acquire semantics at block scope.
-__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
-#if defined(MLA_EXT_DECODE_WGMMA)
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
-#else
-  (void)bar; (void)count;
-#endif
-}
-__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
-#if defined(MLA_EXT_DECODE_WGMMA)
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
-#else
-  (void)bar;
-#endif
-}
-// Waits until the phase of parity `parity` has completed.
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
-#if defined(MLA_EXT_DECODE_WGMMA)
-  asm volatile(
-      "{\n.reg .pred done;\nMBAR_WAIT:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra MBAR_WAIT;\n}\n" ::"r"(smem_addr(bar)),
-      "r"(parity)
-      : "memory");
-#else
-  (void)bar; (void)parity;
-#endif
-}
-// Barrier `id` (1..15; 0 is __syncthreads) among `n` threads (whole warps).
-__device__ __forceinline__ void named_bar_sync(int id, int n) {
-#if defined(MLA_EXT_DECODE_WGMMA)
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
-#else
-  (void)id; (void)n;
-#endif
-}
-// A warpgroup gives registers back to the block's pool (DEC) or takes them
-// (INC) up to N per thread; every warp of the warpgroup executes it.
-template <int N, bool INC>
-__device__ __forceinline__ void set_max_registers() {
-#if defined(MLA_EXT_DECODE_WGMMA)
-  if (INC) {
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
-  } else {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
-  }
-#endif
-}
 
 // ---- gather: raw 16-byte chunks of one tile, held in registers ----
 // FP8 formats split a row's chunks into two unit sets, the FP8 chunks and the
@@ -651,11 +570,7 @@ __device__ __forceinline__ void set_max_registers() {
 // lanes of a 16-byte store phase write 8 different 16-byte slots of the
 // swizzled rows (row-major dealing put them on 4: 5x the shared wavefronts
 // with the stores NVVM split, 2x with whole ones).
-// NT: the threads that share the work (a split block's kThreads, or the
-// producer warpgroup of the pipelined kernel); LROWS: rows of the swizzled K
-// tile that store_swizzled writes into (BN, or a whole tile of which this
-// gather fills BN rows from row0 on).
-template <KvFormat F, int DQK, int BN, bool SPLIT = true, bool PAIRED = false, int NT = kThreads, int LROWS = BN>
+template <KvFormat F, int DQK, int BN, bool SPLIT = true, bool PAIRED = false>
 struct Gather {
   static constexpr KvFormat kLayout = kv_layout(F);  // fnuz formats: their e4m3fn twin's bytes
   using FT = Fmt<kLayout, DQK>;
@@ -664,12 +579,12 @@ struct Gather {
   static constexpr int kNR = FT::kChunks - kNF;                    // set 2 (RoPE): chunks per row
   static constexpr int kNRd = kNR > 0 ? kNR : 1;                   // its divisor (set 2 may be empty)
   static constexpr int kUnitsF = BN * kNF, kUnitsR = BN * kNR;
-  static constexpr int kUF = (kUnitsF + NT - 1) / NT;
-  static constexpr int kUR = (kUnitsR + NT - 1) / NT;
+  static constexpr int kUF = (kUnitsF + kThreads - 1) / kThreads;
+  static constexpr int kUR = (kUnitsR + kThreads - 1) / kThreads;
   // kRowScales (fp8_ds_mla in the warpgroup kernel): thread t loads scale t % 4
-  // of row t / 4 once (NT = 4 BN) instead of one scale per FP8 unit.
+  // of row t / 4 once (kThreads = 4 BN) instead of one scale per FP8 unit.
   static constexpr bool kRowScales = PAIRED && kv_layout(F) == KvFormat::kFP8DsMla;
-  static_assert(!kRowScales || NT == 4 * BN, "one V3.2 scale per thread");
+  static_assert(!kRowScales || kThreads == 4 * BN, "one V3.2 scale per thread");
   uint4 raw[kUF + kUR];
   uint32_t sraw[(kFp8 && !kRowScales) ? kUF : 1];  // raw scale bits (UE8M0 byte / fp32 bits), decoded at store
 
@@ -678,8 +593,8 @@ struct Gather {
   // RUNS: u = ((row pair * PER_ROW / 4 + c / 4) * 2 + row % 2) * 4 + c % 4.
   template <int UNITS, int PER_ROW, bool RUNS = false>
   static __device__ __forceinline__ bool unit(int tid, int k, int& row, int& c) {
-    const int u = tid + k * NT;
-    if ((UNITS % NT) != 0 && u >= UNITS) return false;
+    const int u = tid + k * kThreads;
+    if ((UNITS % kThreads) != 0 && u >= UNITS) return false;
     if constexpr (RUNS) {
       static_assert(PER_ROW % 4 == 0 && BN % 2 == 0, "runs of 4 chunks over row pairs");
       const int q = u >> 3, rp = q / (PER_ROW / 4);
@@ -782,14 +697,11 @@ struct Gather {
   // where every row past `live` gets zeros, and kScaled zero scales (their
   // products multiply every row: a stale or unwritten scale times a zero
   // probability could be NaN).
-  // WHOLE: each 16-byte chunk stored by one instruction (st_shared16). This
-  // gather's rows are rows row0 .. row0 + BN - 1 of the LROWS-row tile K (live
-  // counts from the tile's row 0).
+  // WHOLE: each 16-byte chunk stored by one instruction (st_shared16).
   template <bool WHOLE>
-  __device__ __forceinline__ void store_swizzled(uint16_t* K, float* ksc, int tid, int live, int row0 = 0) const {
-    live -= row0;
+  __device__ __forceinline__ void store_swizzled(uint16_t* K, float* ksc, int tid, int live) const {
     auto put = [&](int row, int ch, const uint4& v) {
-      uint16_t* dst = swz_chunk<true, LROWS>(K, 0, row0 + row, ch);
+      uint16_t* dst = swz_chunk<true, BN>(K, 0, row, ch);
       if (WHOLE) {
         st_shared16(dst, v);
       } else {
@@ -1585,405 +1497,6 @@ __global__ void __launch_bounds__(kThreads) decode_split_portable_kernel(const D
   decode_body<MT, DQK, F, false, BAL>(a);
 }
 
-// ---- the pipelined 64-head kernel (sm_90a, V4 formats) ----
-// Four warpgroups. Two producers (threads 256..511), each owning 32 of a tile's
-// 64 rows, turn indices into row addresses, gather the raw rows (the loads of
-// tile j + 1 in flight while they wait for a free stage) and dequantise them
-// into one of two swizzled K stages; the two consumer warpgroups (threads
-// 0..255) run Q.K, the softmax and P.V on the other stage. Stage handover by
-// mbarriers: full[s] (the producers' 256 arrivals: K tile and its row mask
-// written) and empty[s] (the consumers' 256 arrivals: their P.V product of the
-// stage is complete). (One producer warpgroup gathering a tile in two rounds was
-// 3-7% slower than decode_body's WG kernel: its 4 warps issued ~2200
-// instructions per tile each, two thirds of them dequantisation, with a memory
-// round trip exposed per round.)
-// Against decode_body's WG tile, where the whole block gathers, dequantises,
-// multiplies and normalises in turn, the gather and dequantisation of tile j + 1
-// run while the tensor cores work on tile j. Shared memory: K 2 x 64 KB, Q 64 KB,
-// one S copy (each consumer warpgroup's Q.K covers 32 of the tile's keys over
-// all dims, so the two write disjoint columns), P 8 KB.
-#ifndef MLA_EXT_DECODE_WS_PRODUCERS
-#define MLA_EXT_DECODE_WS_PRODUCERS 1
-#endif
-constexpr int kWsProducers = MLA_EXT_DECODE_WS_PRODUCERS;  // producer warpgroups (1 or 2)
-constexpr int kWsThreads = kThreads + 128 * kWsProducers;
-#ifndef MLA_EXT_DECODE_WS_CONSUMER_REGS
-#define MLA_EXT_DECODE_WS_CONSUMER_REGS 192
-#endif
-// __launch_bounds__(kWsThreads, 1) gives every thread kWsEntryRegs registers at
-// entry (168 at 384 threads, 128 at 512); the hand-over keeps the block's total.
-constexpr int kWsEntryRegs = (65536 / kWsThreads) / 8 * 8;
-constexpr int kWsConsumerRegs = MLA_EXT_DECODE_WS_CONSUMER_REGS;
-constexpr int kWsProducerRegs = (kWsEntryRegs * kWsThreads - kThreads * kWsConsumerRegs) / (128 * kWsProducers) / 8 * 8;
-static_assert(kWsConsumerRegs % 8 == 0 && kWsProducerRegs >= 24 && kWsConsumerRegs <= 256, "setmaxnreg counts");
-
-struct WsCfg {
-  static constexpr int HTp = 64, BN = 64, DQK = 512, kStages = 2;
-  static constexpr int SST = BN + 4;  // S row stride (floats)
-  static constexpr size_t kStageBytes = size_t(BN) * DQK * 2;
-  static constexpr size_t kOff = 0;
-  static constexpr size_t qOff = kOff + kStages * kStageBytes;
-  static constexpr size_t sOff = qOff + size_t(HTp) * DQK * 2;
-  static constexpr size_t pOff = sOff + size_t(HTp) * SST * 4;
-  static_assert(qOff % 1024 == 0 && sOff % 1024 == 0 && pOff % 1024 == 0, "swizzle atoms");
-  static constexpr size_t aOff = pOff + size_t(HTp) * BN * 2;
-  static constexpr size_t invOff = aOff + size_t(HTp) * 4;
-  // Live-row masks, one ballot word per producer warp: uint32 [kStages][kMaskWords].
-  static constexpr int kMaskWords = kWsProducers * 4;
-  static constexpr int kRowsPerWord = BN / kMaskWords, kBitsPerRow = 32 / kRowsPerWord;
-  static constexpr size_t maskOff = invOff + size_t(HTp) * 4;
-  static constexpr size_t bytes = maskOff + size_t(kStages) * kMaskWords * 4 + 1024;  // + the 1024-byte alignment pad
-  static constexpr int TPR = kThreads / HTp, CPT = BN / TPR;  // softmax over the 256 consumer threads
-};
-
-// Q.K k-steps of the pipelined kernel: Q (64 heads) and 32 key rows, both
-// K-major in 64-column blocks (HTp resp. BN rows x 128 bytes each).
-template <int... KK>
-__device__ __forceinline__ void ws_qk_steps(float (&s2)[16], uint64_t qd, uint64_t kd, std::integer_sequence<int, KK...>) {
-  (wgmma_m64n32k16(s2, wg_desc_at<uint32_t((KK >> 2) * WsCfg::HTp * 128 + (KK & 3) * 32)>(qd),
-                   wg_desc_at<uint32_t((KK >> 2) * WsCfg::BN * 128 + (KK & 3) * 32)>(kd)),
-   ...);
-}
-// P.V k-steps: P (64 heads x 16 keys per step) and 256 value dims. With two
-// producers, two m64n128 products per k-step (value dims [+128 h, +128), the
-// halves of the m64n256 fragment): ptxas checks each instruction against the
-// kernel's entry budget (128 registers at 512 threads), and m64n256's 128
-// accumulators need 154.
-template <int... KK>
-__device__ __forceinline__ void ws_pv_steps(float (&acc)[128], uint64_t pd, uint64_t vd, std::integer_sequence<int, KK...>) {
-  constexpr int BN = WsCfg::BN;
-  if constexpr (kWsEntryRegs >= 160) {
-    (wgmma_m64n256k16_bt(acc, wg_desc_at<uint32_t(KK * 32)>(pd), wg_desc_at<uint32_t(KK * 16 * 128)>(vd)), ...);
-  } else {
-    ((wgmma_m64n128k16_bt(*reinterpret_cast<float(*)[64]>(acc), wg_desc_at<uint32_t(KK * 32)>(pd),
-                          wg_desc_at<uint32_t(KK * 16 * 128)>(vd)),
-      wgmma_m64n128k16_bt(*reinterpret_cast<float(*)[64]>(acc + 64), wg_desc_at<uint32_t(KK * 32)>(pd),
-                          wg_desc_at<uint32_t(2 * BN * 128 + KK * 16 * 128)>(vd))),
-     ...);
-  }
-}
-
-template <KvFormat F, bool BAL>
-__device__ __forceinline__ void decode_body_ws(const DecodeArgs& a) {
-  static_assert(kv_layout(F) == KvFormat::kFP8DsMlaV4, "the pipelined kernel is for the V4 formats");
-  using C = WsCfg;
-  constexpr int HTp = C::HTp, BN = C::BN, SST = C::SST, TPR = C::TPR, CPT = C::CPT;
-  static_assert(TPR == 4 && CPT == 16, "column pairs of one 64-column block");
-  extern __shared__ __align__(16) uint8_t smem_base[];
-  // Static, so that a build without this body (no sm_90a code) is told apart
-  // by the kernel's static shared memory (launch_split_ws).
-  __shared__ uint64_t bars[2 * C::kStages];  // full[2], empty[2]
-  uint64_t* const full = bars;
-  uint64_t* const empty = bars + C::kStages;
-  uint8_t* const smem = smem_base + ((1024u - (smem_addr(smem_base) & 1023u)) & 1023u);
-  uint16_t* Ks = reinterpret_cast<uint16_t*>(smem + C::kOff);
-  uint16_t* Qs = reinterpret_cast<uint16_t*>(smem + C::qOff);
-  float* Ss = reinterpret_cast<float*>(smem + C::sOff);
-  uint16_t* Ps = reinterpret_cast<uint16_t*>(smem + C::pOff);
-  float* alpha_s = reinterpret_cast<float*>(smem + C::aOff);
-  float* inv_s = reinterpret_cast<float*>(smem + C::invOff);
-  uint32_t* vmask = reinterpret_cast<uint32_t*>(smem + C::maskOff);
-
-  const SparseDecodeParams& p = a.p;
-  const int tid = threadIdx.x;
-  const int HG = a.head_groups;
-  const int S = p.num_splits;
-  uint32_t bid = blockIdx.x;
-  const int hg = int(bid % uint32_t(HG));
-  bid /= uint32_t(HG);
-  int s = int(bid % uint32_t(S));
-  int64_t t = int64_t(bid / uint32_t(S));
-  int ns = S;
-  int64_t q0 = t * S;
-  if constexpr (BAL) {
-    int64_t owner;
-    if (!balanced_slot_owner<kWsThreads>(p, t * S + s, &owner, &q0, &ns, reinterpret_cast<int64_t*>(Ss))) return;
-    s = int(t * S + s - q0);
-    t = owner;
-  }
-  const int64_t H = p.num_heads;
-  const int64_t h0 = int64_t(hg) * a.head_tile;
-  const int nh = int((H - h0) < a.head_tile ? (H - h0) : a.head_tile);
-  const int64_t em = effective_len(p.main, t);
-  const int64_t E = em + effective_len(p.extra, t);
-  int64_t p_lo, p_hi;
-  decode_split_range(E, s, ns, &p_lo, &p_hi);
-  const int ntiles = int((p_hi - p_lo + BN - 1) / BN);
-  const int last_rows = int(p_hi - p_lo - int64_t(ntiles - 1) * BN);
-  if (tid == 0) {
-#pragma unroll
-    for (int i = 0; i < C::kStages; ++i) {
-      mbar_init(&full[i], 128 * kWsProducers);
-      mbar_init(&empty[i], kThreads);
-    }
-  }
-  __syncthreads();
-
-  if (tid >= kThreads) {
-    // ---- producer warpgroups ----
-    // Producer thread q owns row q / TPW of every tile and its part q % TPW: FP8
-    // chunks [NF part, +NF) and RoPE chunks [NR part, +NR) (16 bytes each), so its
-    // loads are one row pointer plus constant offsets and its index, address and
-    // live test are its own (no shared row table, no barrier among producers).
-    set_max_registers<kWsProducerRegs, false>();
-    using FT = Fmt<KvFormat::kFP8DsMlaV4, 512>;
-    constexpr int TPW = 128 * kWsProducers / BN;  // threads per row
-    constexpr int NF = FT::kFp8Chunks / TPW, NR = (FT::kChunks - FT::kFp8Chunks) / TPW;
-    static_assert(NF * TPW == FT::kFp8Chunks && NR * TPW == FT::kChunks - FT::kFp8Chunks, "chunks per thread");
-    constexpr bool kFnuz = kv_is_fnuz(F);
-    const int q = tid - kThreads, row = q / TPW, part = q % TPW;
-    const int r7 = row & 7;
-    uint4 raw[NF + NR];
-    uint2 sc8;  // the row's 7 UE8M0 scale bytes (+ pad)
-    bool valid = false;
-    // Issue the loads of this thread's part of row `row` of tile jt (or zeros).
-    auto load_row = [&](int jt, int32_t idx) {
-      const uint8_t *d, *sp;
-      row_address<F>(p, p_lo + int64_t(jt) * BN + row, em, idx, d, sp);
-      valid = d != nullptr;
-#pragma unroll
-      for (int k = 0; k < NF + NR; ++k) raw[k] = make_uint4(0u, 0u, 0u, 0u);
-      sc8 = make_uint2(0u, 0u);
-      if (valid) {
-#pragma unroll
-        for (int k = 0; k < NF; ++k) raw[k] = *reinterpret_cast<const uint4*>(d + 16 * (NF * part + k));
-#pragma unroll
-        for (int k = 0; k < NR; ++k)
-          raw[NF + k] = *reinterpret_cast<const uint4*>(d + FT::kRopeByte + 16 * (NR * part + k));
-        sc8 = *reinterpret_cast<const uint2*>(sp);
-      }
-    };
-    int32_t idx_next = -1;
-    if (ntiles > 0) {
-      const int64_t k = p_lo + row;
-      load_row(0, load_index(p, t, k, em, p_hi));
-      idx_next = load_index(p, t, k + BN, em, p_hi);
-    }
-    for (int j = 0; j < ntiles; ++j) {
-      const int cur = j & 1;
-      const int live = j == ntiles - 1 ? last_rows : BN;
-      // Wait until the consumers' products of tile j - 2 (this stage) are done.
-      if (j >= C::kStages) mbar_wait(&empty[cur], uint32_t(((j >> 1) + 1) & 1));
-      {  // live-row mask for the softmax: bit TPW * (row % RPW) of word row / RPW
-        const uint32_t m = MLA_EXT_BALLOT(valid);
-        if (q % 32 == 0) vmask[cur * C::kMaskWords + q / 32] = m;
-      }
-      uint8_t* const krow = reinterpret_cast<uint8_t*>(Ks + size_t(cur) * BN * C::DQK) + row * 128;
-      // 16-byte chunk ch of this row in the swizzled tile (swz_chunk).
-      auto put = [&](int ch, const uint4& v) { st_shared16(krow + (ch >> 3) * (BN * 128) + (((ch & 7) ^ r7) << 4), v); };
-      const bool keep = valid && row < live;
-#pragma unroll
-      for (int k = 0; k < NF; ++k) {
-        const int c = NF * part + k;
-        uint4 lo = make_uint4(0u, 0u, 0u, 0u), hi = lo;
-        if (keep) {
-          const uint32_t sb = (c >> 2) < 4 ? (sc8.x >> (8 * (c >> 2))) : (sc8.y >> (8 * ((c >> 2) - 4)));
-          const float sc = ue8m0_to_float(uint8_t(sb));
-          dequant4<kFnuz, true>(raw[k].x, sc, lo.x, lo.y);
-          dequant4<kFnuz, true>(raw[k].y, sc, lo.z, lo.w);
-          dequant4<kFnuz, true>(raw[k].z, sc, hi.x, hi.y);
-          dequant4<kFnuz, true>(raw[k].w, sc, hi.z, hi.w);
-        }
-        put(2 * c, lo);
-        put(2 * c + 1, hi);
-      }
-#pragma unroll
-      for (int k = 0; k < NR; ++k) put(FT::kRopeDim / 8 + NR * part + k, keep ? raw[NF + k] : make_uint4(0u, 0u, 0u, 0u));
-      fence_proxy_async();  // K is read by the consumers' wgmmas (async proxy)
-      mbar_arrive(&full[cur]);
-      if (j + 1 < ntiles) {
-        load_row(j + 1, idx_next);
-        idx_next = load_index(p, t, p_lo + int64_t(j + 2) * BN + row, em, p_hi);
-      }
-    }
-    return;
-  }
-
-  // ---- consumer warpgroups ----
-  set_max_registers<kWsConsumerRegs, true>();
-  const int warp = tid / 32, lane = tid % 32, wg = warp >> 2;
-  const uint16_t* qt = p.q + t * p.q_stride_token + h0 * p.q_stride_head;
-  {
-    constexpr int QCH = C::DQK / 8;
-#pragma unroll 4
-    for (int u = tid; u < HTp * QCH; u += kThreads) {
-      const int r = u / QCH, c = u - (u / QCH) * QCH;
-      uint16_t* dst = swz_chunk<true, HTp>(Qs, 0, r, c);
-      if (r < nh) {
-        copy16_async(dst, qt + int64_t(r) * p.q_stride_head + 8 * c);
-      } else {
-        *reinterpret_cast<uint4*>(dst) = make_uint4(0u, 0u, 0u, 0u);
-      }
-    }
-    copy_async_wait_all();
-    fence_proxy_async();
-    named_bar_sync(1, kThreads);
-  }
-  const int srow = tid / TPR, ssub = tid % TPR;
-  float row_m = neg_inf(), row_l = 0.f, row_le = 0.f;
-  float acc[128];
-#pragma unroll
-  for (int i = 0; i < 128; ++i) acc[i] = 0.f;
-  const uint32_t qs0 = smem_addr(Qs);
-  const int r0 = (warp & 3) * 16 + (lane >> 2);
-
-  for (int j = 0; j < ntiles; ++j) {
-    const int cur = j & 1;
-    mbar_wait(&full[cur], uint32_t((j >> 1) & 1));
-    const uint32_t ks0 = smem_addr(Ks) + uint32_t(cur * C::kStageBytes);
-    // S = Q K^T: warpgroup wg, keys [32 wg, +32) over all dims (32 k-steps).
-    {
-      float s2[16];
-#pragma unroll
-      for (int i = 0; i < 16; ++i) s2[i] = 0.f;
-      wg_fence_operands(s2);
-      wg_fence();
-      // Descriptors built once; a k-step adds its byte offset / 16 to the start
-      // address field (shared addresses < 256 KB: no carry out of the field).
-      const uint64_t qd = wg_desc(qs0, 16, 1024), kd = wg_desc(ks0 + uint32_t(wg * 32 * 128), 16, 1024);
-      ws_qk_steps(s2, qd, kd, std::make_integer_sequence<int, C::DQK / 16>());
-      wg_commit_wait();
-      wg_fence_operands(s2);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int col = 32 * wg + i * 8 + (lane & 3) * 2;
-        *reinterpret_cast<float2*>(Ss + r0 * SST + col) = make_float2(s2[4 * i], s2[4 * i + 1]);
-        *reinterpret_cast<float2*>(Ss + (r0 + 8) * SST + col) = make_float2(s2[4 * i + 2], s2[4 * i + 3]);
-      }
-    }
-    named_bar_sync(1, kThreads);  // S visible
-
-    // Online softmax, 4 threads per head row, column pairs 8 (i / 2) + 2 ssub + {0, 1}.
-    {
-      const uint32_t* const live = vmask + cur * C::kMaskWords;
-      float sv[CPT];
-      float lmax = neg_inf();
-#pragma unroll
-      for (int i = 0; i < CPT; ++i) {
-        const int col = 8 * (i >> 1) + 2 * ssub + (i & 1);
-        const float x = Ss[srow * SST + col] * a.scale_log2;
-        const uint32_t w = live[col / C::kRowsPerWord] >> (C::kBitsPerRow * (col % C::kRowsPerWord));
-        sv[i] = (w & 1u) != 0 ? x : neg_inf();
-        lmax = fmaxf(lmax, sv[i]);
-      }
-#pragma unroll
-      for (int o = TPR / 2; o > 0; o >>= 1) lmax = fmaxf(lmax, MLA_EXT_SHFL_XOR(lmax, o));
-      const float m_new = fmaxf(row_m, lmax);
-      const float m_use = m_new == neg_inf() ? 0.f : m_new;
-      const float alpha = exp2f(row_m - m_use);
-      float lsum = 0.f, lsum_exact = 0.f;
-      uint16_t* const prow = Ps + srow * 64 + 2 * ssub;
-      const int r7 = srow & 7;
-#pragma unroll
-      for (int pi = 0; pi < CPT / 2; ++pi) {
-        const float p0 = exp2f(sv[2 * pi] - m_use), p1 = exp2f(sv[2 * pi + 1] - m_use);
-        lsum_exact += p0;
-        lsum_exact += p1;
-        const uint32_t pk = pack_bf16x2(p0, p1);
-        *reinterpret_cast<uint32_t*>(prow + ((pi ^ r7) << 3)) = pk;
-        lsum += bf16_to_float(uint16_t(pk & 0xffffu));
-        lsum += bf16_to_float(uint16_t(pk >> 16));
-      }
-#pragma unroll
-      for (int o = TPR / 2; o > 0; o >>= 1) {
-        lsum += MLA_EXT_SHFL_XOR(lsum, o);
-        lsum_exact += MLA_EXT_SHFL_XOR(lsum_exact, o);
-      }
-      row_l = row_l * alpha + lsum;
-      row_le = row_le * alpha + lsum_exact;
-      row_m = m_new;
-      if (ssub == 0) alpha_s[srow] = alpha;
-      fence_proxy_async();  // P is read by the async proxy
-    }
-    named_bar_sync(1, kThreads);  // P, alpha visible
-
-    // O = O * alpha + P V: warpgroup wg, all 64 heads x value dims [256 wg, +256).
-    {
-      const float a0 = alpha_s[r0], a1 = alpha_s[r0 + 8];
-#pragma unroll
-      for (int n = 0; n < 32; ++n) {
-        acc[4 * n] *= a0; acc[4 * n + 1] *= a0; acc[4 * n + 2] *= a1; acc[4 * n + 3] *= a1;
-      }
-      const uint64_t pd = wg_desc(smem_addr(Ps), 16, 1024);
-      const uint64_t vd = wg_desc(ks0 + uint32_t(wg * 4 * BN * 128), uint32_t(BN * 128), 1024);
-      wg_fence_operands(acc);
-      wg_fence();
-#pragma unroll
-      ws_pv_steps(acc, pd, vd, std::make_integer_sequence<int, BN / 16>());
-      wg_commit_wait();
-      wg_fence_operands(acc);
-    }
-    mbar_arrive(&empty[cur]);  // this thread's reads of the stage (K, its mask) are done
-  }
-
-  // ---- end of split (decode_body's, over the consumer threads) ----
-  const bool final_out = S == 1;
-  const int64_t NQ = p.num_tokens * S;
-  const int64_t slot = int64_t(block_index_x() / uint32_t(HG));
-  if (ssub == 0) {
-    float inv = 0.f, lse = neg_inf();
-    if (row_l > 0.f || is_nan(row_l)) {
-      lse = row_m * kLn2 + logf(row_le);
-      float den = row_l;
-      if (final_out && p.attn_sink != nullptr && srow < nh) {
-        const float sink = p.attn_sink[(h0 + srow) * p.attn_sink_stride];
-        den = row_l + exp2f(sink * kLog2e - row_m);
-      }
-      inv = 1.f / den;
-    }
-    inv_s[srow] = inv;
-    if (srow < nh) {
-      const int64_t h = h0 + srow;
-      if (final_out) {
-        if (p.lse != nullptr) p.lse[t * p.lse_stride_token + h * p.lse_stride_head] = lse;
-      } else {
-        a.ws_lse[h * NQ + slot] = lse;
-      }
-    }
-  }
-  named_bar_sync(1, kThreads);
-  const int col0 = wg * 256 + (lane & 3) * 2;
-#pragma unroll
-  for (int hf = 0; hf < 2; ++hf) {
-    const int row = r0 + 8 * hf;
-    if (row >= nh) continue;
-    const int64_t h = h0 + row;
-    const float inv = inv_s[row];
-    if (!final_out) {
-      float* o = a.ws_out + (h * NQ + slot) * kDV + col0;
-#pragma unroll
-      for (int n = 0; n < 32; ++n) {
-        *reinterpret_cast<float2*>(o + 8 * n) = make_float2(acc[4 * n + 2 * hf] * inv, acc[4 * n + 2 * hf + 1] * inv);
-      }
-    } else {
-      uint16_t* o = p.output + t * p.output_stride_token + h * p.output_stride_head + col0;
-#pragma unroll
-      for (int n = 0; n < 32; ++n) {
-        const uint32_t pk = pack_bf16x2(acc[4 * n + 2 * hf] * inv, acc[4 * n + 2 * hf + 1] * inv);
-        if (a.out_pairs) {
-          *reinterpret_cast<uint32_t*>(o + 8 * n) = pk;
-        } else {
-          o[8 * n] = uint16_t(pk & 0xffffu);
-          o[8 * n + 1] = uint16_t(pk >> 16);
-        }
-      }
-    }
-  }
-}
-
-// Only in sm_90a code (decode_body_ws); elsewhere an empty kernel that is never
-// launched: launch_split_ws tells the two apart by the static shared memory.
-template <KvFormat F, bool BAL>
-__global__ void __launch_bounds__(kWsThreads, 1) decode_split_ws_kernel(const DecodeArgs a) {
-#if defined(MLA_EXT_DECODE_WGMMA)
-  wait_for_prior_grids();
-  if (a.early_trigger) launch_dependent_grids();
-  decode_body_ws<F, BAL>(a);
-#else
-  (void)a;
-#endif
-}
-
 // ---- split reduction: one block of 128 threads per (token, head), 4 dims each ----
 struct ReduceArgs {
   SparseDecodeParams p;
@@ -2254,37 +1767,6 @@ inline Status launch_split(const DecodeArgs& a, uint32_t blocks, gpuStream_t str
   return launch_kernel(pdl, kernel, dim3(blocks), dim3(kThreads), kBytes, stream, a);
 }
 
-// The pipelined 64-head kernel (decode_split_ws_kernel): kUnsupported, launching
-// nothing, where the build has no sm_90a code for it (then the kernel has no
-// static shared memory) or the device's blocks cannot have its shared memory.
-#ifndef MLA_EXT_DECODE_WS
-#define MLA_EXT_DECODE_WS 1
-#endif
-template <KvFormat F, bool BAL>
-inline Status launch_split_ws(const DecodeArgs& a, uint32_t blocks, gpuStream_t stream) {
-  constexpr size_t kBytes = WsCfg::bytes;
-  constexpr size_t kStatic = 2 * WsCfg::kStages * sizeof(uint64_t);
-  if (a.smem_limit != 0 && kBytes + kStatic > a.smem_limit) return Status::kUnsupported;
-  static signed char built[64] = {};  // per device: 0 unknown, 1 sm_90a body, -1 none
-  static bool done[64] = {};
-  static signed char pdl_cache[64] = {};
-  auto* kernel = decode_split_ws_kernel<F, BAL>;
-  int dev = 0;
-  if (mlaGetDevice(&dev) != MLA_EXT_GPU_SUCCESS) return Status::kLaunchFailed;
-  signed char has = (dev >= 0 && dev < 64) ? built[dev] : 0;
-  if (has == 0) {
-    mlaFuncAttributes attr;
-    if (mlaFuncGetAttributes(&attr, reinterpret_cast<const void*>(kernel)) != MLA_EXT_GPU_SUCCESS)
-      return Status::kLaunchFailed;
-    has = attr.sharedSizeBytes >= kStatic ? 1 : -1;
-    if (dev >= 0 && dev < 64) built[dev] = has;
-  }
-  if (has < 0) return Status::kUnsupported;
-  if (!ensure_smem(done, reinterpret_cast<const void*>(kernel), kBytes)) return Status::kLaunchFailed;
-  const bool pdl = use_pdl(kPdlDecodeSplit, pdl_cache, kernel);
-  return launch_kernel(pdl, kernel, dim3(blocks), dim3(kWsThreads), kBytes, stream, a);
-}
-
 // wg: the 64-head tile as warpgroup MMAs (Hopper), every format.
 template <int DQK, KvFormat F, bool MMA, bool BAL = false>
 inline Status launch_split_mt(int mt, bool wg, const DecodeArgs& a, uint32_t blocks, gpuStream_t stream) {
@@ -2293,12 +1775,6 @@ inline Status launch_split_mt(int mt, bool wg, const DecodeArgs& a, uint32_t blo
     case 2: return launch_split<2, DQK, F, MMA, BAL>(a, blocks, stream);
     default:
       if constexpr (MMA) {
-        if constexpr (MLA_EXT_DECODE_WS != 0 && kv_layout(F) == KvFormat::kFP8DsMlaV4) {
-          if (wg) {
-            const Status st = launch_split_ws<F, BAL>(a, blocks, stream);
-            if (st != Status::kUnsupported) return st;
-          }
-        }
         if (wg) return launch_split<4, DQK, F, MMA, BAL, true>(a, blocks, stream);
       }
       return launch_split<4, DQK, F, MMA, BAL>(a, blocks, stream);
