@@ -4,7 +4,8 @@ Usage (GPU machine):
   ncu --clock-control none -k regex:decode_split --launch-skip 2 --launch-count 1 \
       --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section Occupancy \
       python3 tests/gpu_dev/profile_decode.py v4_c4 16 64
-Arguments: layer kind (v4_swa, v4_c4, v4_c128, v32), num_heads, num_tokens.
+Arguments: layer kind (v4_swa, v4_c4, v4_c128, v32), num_heads, num_tokens[, context_len]
+(default: drawn from [24576, 40960]; the benchmark's C128 layer uses 1048576, 8192 compressed rows).
 """
 import sys
 
@@ -14,7 +15,8 @@ import mla_ext
 from mla_ext.builders import build_decode_inputs
 
 kind, heads, tokens = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-inp = build_decode_inputs(kind, batch=tokens, num_heads=heads, context_len=(24576, 40960), device="cuda")
+ctx = int(sys.argv[4]) if len(sys.argv) > 4 else (24576, 40960)
+inp = build_decode_inputs(kind, batch=tokens, num_heads=heads, context_len=ctx, device="cuda")
 out = torch.empty(tokens, heads, 512, dtype=torch.bfloat16, device="cuda")
 ws = mla_ext.DecodeWorkspace(tokens, heads, device="cuda")
 for _ in range(4):
