@@ -137,6 +137,26 @@ inline int decode_base_splits(int64_t num_tokens, int64_t num_heads, int num_sms
 constexpr int64_t kBalanceMaxTokens = 256;  // one token per thread of a split block
 constexpr int64_t kBalanceMinWidth = 4096;  // W_main + W_extra: long compressed rows (V4 C128)
 
+// Two-split floor: calls of 2..kBalanceMaxTokens tokens whose index sets are
+// long (total width >= kBalanceMinWidth: V4 C128 layers) get at least two
+// splits, where one wave of blocks or two blocks per processor would leave
+// one, because the V4 formats' balanced map (decode_balanced: S > 1) then
+// deals the T x 2 split slots by row length, so one long row among short ones
+// no longer walks its whole length on one block. H200, one 8320-entry token
+// among ~610-entry ones, one split -> two: 128 heads x 64 tokens 425 -> 151 us
+// (eighth session), 128 x 128 366 -> 215, 64 x 256 363 -> 216, 16 x 256 280 ->
+// 117; uniform rows of that width pay the second split's reduce: +1.7..5.4%
+// (128 x 128 1220 -> 1240 us, 16 x 256 694 -> 732; twelfth session). Calls
+// that cannot take the balanced map (bf16 caches, no lengths array) would only
+// pay the reduce: the launchers apply the floor to the calls that can
+// (decode_auto_splits).
+inline int decode_two_split_floor(int s, int64_t num_tokens, int64_t num_heads, int64_t total_width) {
+  if (s < 2 && num_heads > 0 && total_width >= kBalanceMinWidth && num_tokens >= 2 &&
+      num_tokens <= kBalanceMaxTokens)
+    return 2;
+  return s;
+}
+
 // The most splits the automatic policy can pick for (T, H) on a device with
 // num_sms processors, whatever the index widths: the base count plus the
 // tile rounding's headroom (up to 1/8 more, within one block per processor),
@@ -149,7 +169,7 @@ inline int decode_max_auto_splits(int64_t num_tokens, int64_t num_heads, int num
   const int64_t one_wave =
       decode_one_wave_splits(int64_t(num_sms > 0 ? num_sms : 1), num_tokens, decode_head_groups(num_heads));
   if (ext > one_wave) ext = one_wave;
-  if (floor && ext < 2 && num_tokens >= 2 && num_tokens <= kBalanceMaxTokens) ext = 2;
+  if (floor) ext = decode_two_split_floor(int(ext), num_tokens, num_heads, kBalanceMinWidth);  // any width
   return ext > s ? int(ext) : s;
 }
 
@@ -229,26 +249,6 @@ inline int64_t decode_launch_head_tile(int64_t num_tokens, int64_t num_heads, in
 // with ~250 rows they lose ~1 us or tie). Fitted to a handful of points.
 constexpr int64_t kHeadTile16MaxRows = kDecodeTileRows;
 constexpr int64_t kHeadTile32MaxRows = 160;
-
-// Two-split floor: calls of 2..kBalanceMaxTokens tokens whose index sets are
-// long (total width >= kBalanceMinWidth: V4 C128 layers) get at least two
-// splits, where one wave of blocks or two blocks per processor would leave
-// one, because the V4 formats' balanced map (decode_balanced: S > 1) then
-// deals the T x 2 split slots by row length, so one long row among short ones
-// no longer walks its whole length on one block. H200, one 8320-entry token
-// among ~610-entry ones, one split -> two: 128 heads x 64 tokens 425 -> 151 us
-// (eighth session), 128 x 128 366 -> 215, 64 x 256 363 -> 216, 16 x 256 280 ->
-// 117; uniform rows of that width pay the second split's reduce: +1.7..5.4%
-// (128 x 128 1220 -> 1240 us, 16 x 256 694 -> 732; twelfth session). Calls
-// that cannot take the balanced map (bf16 caches, no lengths array) would only
-// pay the reduce: the launchers apply the floor to the calls that can
-// (decode_auto_splits).
-inline int decode_two_split_floor(int s, int64_t num_tokens, int64_t num_heads, int64_t total_width) {
-  if (s < 2 && num_heads > 0 && total_width >= kBalanceMinWidth && num_tokens >= 2 &&
-      num_tokens <= kBalanceMaxTokens)
-    return 2;
-  return s;
-}
 
 // The automatic split count for a call whose index sets have total width
 // `total_width` (main width + extra width).
