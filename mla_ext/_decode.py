@@ -26,6 +26,15 @@ def _int_arg(fn: str, name: str, value) -> int:
     except TypeError:
         raise TypeError(f"{fn}: expected {name} to be an integer, got {value!r}") from None
 
+
+def _splits_arg(fn: str, value) -> int:
+    """``num_splits`` as an int in 0..256 (0 = automatic): TypeError / ValueError naming ``fn``."""
+    s = _int_arg(fn, "num_splits", value)
+    if not 0 <= s <= 256:
+        raise ValueError(f"{fn}: expected num_splits 0 (automatic) or 1..256, got {s}")
+    return s
+
+
 DeviceLike = Union[torch.device, str, int, None]
 
 
@@ -254,8 +263,7 @@ class DecodeWorkspace:
         if max_num_tokens < 0 or num_heads < 0:
             raise ValueError(f"DecodeWorkspace: expected max_num_tokens >= 0 and num_heads >= 0, got "
                              f"max_num_tokens={max_num_tokens}, num_heads={num_heads}")
-        if not 0 <= num_splits <= 256:
-            raise ValueError(f"DecodeWorkspace: expected num_splits 0 (automatic) or 1..256, got {num_splits}")
+        num_splits = _splits_arg(fn, num_splits)
         if device is None:  # as sparse_mla_decode_workspace_size
             index = _device_index(None)
             dev = torch.device("cpu") if index < 0 else torch.device("cuda", index)
@@ -283,9 +291,7 @@ class DecodeWorkspace:
         fn = "DecodeWorkspace.check"
         num_tokens = _int_arg(fn, "num_tokens", num_tokens)
         num_heads = _int_arg(fn, "num_heads", num_heads)
-        s = self.num_splits if num_splits is None else _int_arg(fn, "num_splits", num_splits)
-        if not 0 <= s <= 256:
-            raise ValueError(f"DecodeWorkspace.check: expected num_splits 0 (automatic) or 1..256, got {s}")
+        s = self.num_splits if num_splits is None else _splits_arg(fn, num_splits)
         if num_tokens > self.max_num_tokens or num_heads > self.num_heads:
             raise ValueError(
                 f"DecodeWorkspace: made for num_tokens <= {self.max_num_tokens}, num_heads <= "
