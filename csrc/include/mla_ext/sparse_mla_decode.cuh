@@ -570,7 +570,16 @@ __device__ __forceinline__ void wgmma_m64n128k16_bt(float (&d)[64], uint64_t da,
 // lanes of a 16-byte store phase write 8 different 16-byte slots of the
 // swizzled rows (row-major dealing put them on 4: 5x the shared wavefronts
 // with the stores NVVM split, 2x with whole ones).
-template <KvFormat F, int DQK, int BN, bool SPLIT = true, bool PAIRED = false>
+// QUARTERS (V4 rows in the padded K tile of the mma.sync kernels, 4 threads
+// per row): thread t owns row 2 (t / 8) + (t / 4) % 2 and quarter q = t % 4 of
+// it: FP8 chunks q + 4 k (k = the chunk's 64-dim scale group, so one 8-byte
+// load brings all of a row's scales) and RoPE chunks 2 q, 2 q + 1. One row
+// pointer per thread and tile instead of one per unit, no per-unit index
+// arithmetic, and each 16-byte store phase (8 lanes) covers 4 chunks of a row
+// pair, whose second row lies 16 bytes further round the banks (row stride
+// 1040 bytes): conflict-free, where row-major dealing is 2-way conflicted
+// (832 instead of 448 wavefronts per tile).
+template <KvFormat F, int DQK, int BN, bool SPLIT = true, bool PAIRED = false, bool QUARTERS = false>
 struct Gather {
   static constexpr KvFormat kLayout = kv_layout(F);  // fnuz formats: their e4m3fn twin's bytes
   using FT = Fmt<kLayout, DQK>;
@@ -607,10 +616,37 @@ struct Gather {
     return true;
   }
   static constexpr bool kRuns = PAIRED && kFp8 && SPLIT;
+  static constexpr bool kQuarters = QUARTERS && kLayout == KvFormat::kFP8DsMlaV4 && SPLIT;
+  static_assert(!kQuarters || (kThreads == 4 * BN && kNF == 28 && kNR == 8 && kUF == 7 && kUR == 2),
+                "row quarters: 4 threads per V4 row, 7 FP8 + 2 RoPE chunks each");
+  static __device__ __forceinline__ int quarter_row(int tid) { return 2 * (tid >> 3) + ((tid >> 2) & 1); }
 
   // Only loads here: nothing consumes a loaded value before store(), so every
   // load of the tile is in flight at once (no per-load latency chain).
   __device__ __forceinline__ void load(const uint8_t* const* data, const uint8_t* const* scale, int tid) {
+    if constexpr (kQuarters) {
+      load_quarters(data, scale, tid);
+    } else {
+      load_units(data, scale, tid);
+    }
+  }
+  __device__ __forceinline__ void load_quarters(const uint8_t* const* data, const uint8_t* const* scale, int tid) {
+    const int row = quarter_row(tid), q = tid & 3;
+    const uint8_t* d = data[row];
+#pragma unroll
+    for (int k = 0; k < kUF + kUR; ++k) raw[k] = make_uint4(0u, 0u, 0u, 0u);
+    sraw[0] = sraw[1] = 0u;
+    if (d == nullptr) return;
+#pragma unroll
+    for (int k = 0; k < kUF; ++k) raw[k] = *reinterpret_cast<const uint4*>(d + 16 * (q + 4 * k));
+    const uint2 sc = *reinterpret_cast<const uint2*>(scale[row]);  // 7 UE8M0 bytes + 1 pad
+    sraw[0] = sc.x;
+    sraw[1] = sc.y;
+#pragma unroll
+    for (int k = 0; k < kUR; ++k)
+      raw[kUF + k] = *reinterpret_cast<const uint4*>(d + FT::kRopeByte + 16 * (2 * q + k));
+  }
+  __device__ __forceinline__ void load_units(const uint8_t* const* data, const uint8_t* const* scale, int tid) {
 #pragma unroll
     for (int k = 0; k < kUF; ++k) {
       raw[k] = make_uint4(0u, 0u, 0u, 0u);
@@ -655,12 +691,39 @@ struct Gather {
   // 16-row MMA block is still multiplied), later rows are not written at all.
   template <bool SKIP>
   __device__ __forceinline__ void store(uint16_t* K, int kst, float* ksc, int tid, int live) const {
+    if constexpr (kQuarters) {
+      store_quarters<SKIP>(K, kst, ksc, tid, live);
+    } else {
+      store_units<SKIP>(K, kst, ksc, tid, live);
+    }
+  }
+  template <bool SKIP>
+  __device__ __forceinline__ void store_quarters(uint16_t* K, int kst, float* ksc, int tid, int live) const {
+    const int row = quarter_row(tid), q = tid & 3;
+    if (SKIP && row >= ((live + 15) & ~15)) return;  // past the last live 16-row block: not read
+    const uint4 z = make_uint4(0u, 0u, 0u, 0u);
+    uint16_t* krow = K + size_t(row) * kst;
+    const bool dead = SKIP && row >= live;
+#pragma unroll
+    for (int k = 0; k < kUF; ++k) {
+      const int c = q + 4 * k;
+      uint4 lo = z, hi = z;
+      if (!dead) dequant_unit(k, c, row, ksc, lo, hi);
+      *reinterpret_cast<uint4*>(krow + 16 * c) = lo;
+      *reinterpret_cast<uint4*>(krow + 16 * c + 8) = hi;
+    }
+#pragma unroll
+    for (int k = 0; k < kUR; ++k)
+      *reinterpret_cast<uint4*>(krow + FT::kRopeDim + 8 * (2 * q + k)) = dead ? z : raw[kUF + k];
+  }
+  template <bool SKIP>
+  __device__ __forceinline__ void store_units(uint16_t* K, int kst, float* ksc, int tid, int live) const {
     const int zero_end = (live + 15) & ~15;
     const uint4 z = make_uint4(0u, 0u, 0u, 0u);
 #pragma unroll
     for (int k = 0; k < kUF; ++k) {
       int row, c;
-      if (!unit<kUnitsF, kNF>(tid, k, row, c)) continue;
+      if (!unit<kUnitsF, kNF, kRuns>(tid, k, row, c)) continue;
       if (SKIP && row >= zero_end) continue;
       uint16_t* krow = K + size_t(row) * kst;
       if (!kFp8) {
@@ -742,7 +805,9 @@ struct Gather {
   // kScaled: its fp32 scale goes to ksc instead (the raw values are exact in bf16).
   // Invalid rows: raw bytes and scale bits are 0 -> +0 * 2^-127 = 0.
   __device__ __forceinline__ void dequant_unit(int k, int c, int row, float* ksc, uint4& lo, uint4& hi) const {
-    const uint32_t sb = sraw[(kFp8 && !kRowScales) ? k : 0];
+    // kQuarters: unit k's scale is byte k of the row's 8 scale bytes.
+    const uint32_t sb = kQuarters ? (k < 4 ? sraw[0] >> (8 * k) : sraw[1] >> (8 * (k - 4)))
+                                  : sraw[(kFp8 && !kRowScales) ? k : 0];
     float sc;
     if (kLayout == KvFormat::kFP8DsMlaV4) {
       sc = ue8m0_to_float(uint8_t(sb));
@@ -802,7 +867,9 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
   // +2..4% (C128 at 16-64 tokens), likely from the 4-register groups the whole
   // stores need (not verified).
   constexpr bool kWholeK = WG && !BAL;
-  using G = Gather<F, DQK, C::BN, !(SC && MT == 4 && !WG), kWholeK>;
+  // V4 rows in the padded K tile of the mma.sync kernels: row quarters (Gather).
+  constexpr bool kQuartersK = MMA && !WG && kv_layout(F) == KvFormat::kFP8DsMlaV4;
+  using G = Gather<F, DQK, C::BN, !(SC && MT == 4 && !WG), kWholeK, kQuartersK>;
   constexpr int HTp = C::HTp, BN = C::BN, KST = C::KST, SST = C::SST, PST = C::PST;
   constexpr int TPR = C::TPR, CPT = C::CPT;
   static_assert(!SC || MT > 2 || TPR % 2 == 0, "SC P-pair writes need an even number of threads per softmax row");
