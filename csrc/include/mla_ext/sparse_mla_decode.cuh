@@ -772,6 +772,28 @@ struct Gather {
       }
     };
     const uint4 z = make_uint4(0u, 0u, 0u, 0u);
+    if constexpr (kQuarters) {
+      // Row quarters: every store phase (8 lanes: 4 chunks of a row pair) hits 8
+      // slots, the pair's rows having opposite swizzle parity.
+      const int row = quarter_row(tid), q = tid & 3;
+      const bool dead = row >= live;
+#pragma unroll
+      for (int k = 0; k < kUF; ++k) {
+        const int c = q + 4 * k;
+        uint4 lo = z, hi = z;
+        if (!dead) dequant_unit(k, c, row, ksc, lo, hi);
+        put(row, 2 * c, lo);
+        put(row, 2 * c + 1, hi);
+      }
+#pragma unroll
+      for (int k = 0; k < kUR; ++k) put(row, FT::kRopeDim / 8 + 2 * q + k, dead ? z : raw[kUF + k]);
+    } else {
+      store_swizzled_units(put, ksc, tid, live);
+    }
+  }
+  template <class PUT>
+  __device__ __forceinline__ void store_swizzled_units(const PUT& put, float* ksc, int tid, int live) const {
+    const uint4 z = make_uint4(0u, 0u, 0u, 0u);
     if constexpr (kScaled) {
       static_assert(kRowScales, "the warpgroup kernels load V3.2 scales by row");
       ksc[(tid & 3) * BN + (tid >> 2)] = (tid >> 2) < live ? bits_to_float(sraw[0]) : 0.f;
@@ -867,8 +889,9 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
   // +2..4% (C128 at 16-64 tokens), likely from the 4-register groups the whole
   // stores need (not verified).
   constexpr bool kWholeK = WG && !BAL;
-  // V4 rows in the padded K tile of the mma.sync kernels: row quarters (Gather).
-  constexpr bool kQuartersK = MMA && !WG && kv_layout(F) == KvFormat::kFP8DsMlaV4;
+  // V4 rows: row quarters (Gather) in the padded K tile of the mma.sync kernels
+  // and the swizzled one of the warpgroup kernels.
+  constexpr bool kQuartersK = MMA && kv_layout(F) == KvFormat::kFP8DsMlaV4;
   using G = Gather<F, DQK, C::BN, !(SC && MT == 4 && !WG), kWholeK, kQuartersK>;
   constexpr int HTp = C::HTp, BN = C::BN, KST = C::KST, SST = C::SST, PST = C::PST;
   constexpr int TPR = C::TPR, CPT = C::CPT;
