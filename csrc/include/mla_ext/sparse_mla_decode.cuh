@@ -570,15 +570,18 @@ __device__ __forceinline__ void wgmma_m64n128k16_bt(float (&d)[64], uint64_t da,
 // lanes of a 16-byte store phase write 8 different 16-byte slots of the
 // swizzled rows (row-major dealing put them on 4: 5x the shared wavefronts
 // with the stores NVVM split, 2x with whole ones).
-// QUARTERS (V4 rows in the padded K tile of the mma.sync kernels, 4 threads
-// per row): thread t owns row 2 (t / 8) + (t / 4) % 2 and quarter q = t % 4 of
-// it: FP8 chunks q + 4 k (k = the chunk's 64-dim scale group, so one 8-byte
-// load brings all of a row's scales) and RoPE chunks 2 q, 2 q + 1. One row
-// pointer per thread and tile instead of one per unit, no per-unit index
-// arithmetic, and each 16-byte store phase (8 lanes) covers 4 chunks of a row
-// pair, whose second row lies 16 bytes further round the banks (row stride
-// 1040 bytes): conflict-free, where row-major dealing is 2-way conflicted
-// (832 instead of 448 wavefronts per tile).
+// QUARTERS (V4 rows in every tensor-core kernel, 4 threads per row; replaces
+// the dealing above, PAIRED then only picks whole stores): thread t owns row
+// 2 (t / 8) + (t / 4) % 2 and quarter q = t % 4 of it: FP8 chunks q + 4 k
+// (k = the chunk's 64-dim scale group, so one 8-byte load brings all of a
+// row's scales) and RoPE chunks 2 q, 2 q + 1. One row pointer per thread and
+// tile instead of one per unit, no per-unit index arithmetic, and each 16-byte
+// store phase (8 lanes) covers 4 chunks of a row pair: conflict-free in the
+// padded tile of the mma.sync kernels, whose second row lies 16 bytes further
+// round the banks (row stride 1040 bytes; row-major dealing: 2-way conflicts,
+// 832 instead of 448 wavefronts per tile), and in the swizzled tile, where the
+// pair's rows have opposite swizzle parity. H200: -3..-9% on V4 calls
+// (benchmarks/NOTES.md, fourteenth session).
 template <KvFormat F, int DQK, int BN, bool SPLIT = true, bool PAIRED = false, bool QUARTERS = false>
 struct Gather {
   static constexpr KvFormat kLayout = kv_layout(F);  // fnuz formats: their e4m3fn twin's bytes
