@@ -571,7 +571,7 @@ __device__ __forceinline__ void wgmma_m64n128k16_bt(float (&d)[64], uint64_t da,
 // swizzled rows (row-major dealing put them on 4: 5x the shared wavefronts
 // with the stores NVVM split, 2x with whole ones).
 // QUARTERS (V4 rows in every tensor-core kernel, 4 threads per row; replaces
-// the dealing above, PAIRED then only picks whole stores): thread t owns row
+// the dealing above, so PAIRED changes nothing for V4): thread t owns row
 // 2 (t / 8) + (t / 4) % 2 and quarter q = t % 4 of it: FP8 chunks q + 4 k
 // (k = the chunk's 64-dim scale group, so one 8-byte load brings all of a
 // row's scales) and RoPE chunks 2 q, 2 q + 1. One row pointer per thread and
