@@ -580,8 +580,8 @@ __device__ __forceinline__ void wgmma_m64n128k16_bt(float (&d)[64], uint64_t da,
 // padded tile of the mma.sync kernels, whose second row lies 16 bytes further
 // round the banks (row stride 1040 bytes; row-major dealing: 2-way conflicts,
 // 832 instead of 448 wavefronts per tile), and in the swizzled tile, where the
-// pair's rows have opposite swizzle parity. H200: -3..-9% on V4 calls
-// (benchmarks/NOTES.md, fourteenth session).
+// pair's rows have opposite swizzle parity. H200: up to -9% on V4 calls, +2%
+// on the window layer at 64 tokens (benchmarks/NOTES.md, fourteenth session).
 template <KvFormat F, int DQK, int BN, bool SPLIT = true, bool PAIRED = false, bool QUARTERS = false>
 struct Gather {
   static constexpr KvFormat kLayout = kv_layout(F);  // fnuz formats: their e4m3fn twin's bytes
