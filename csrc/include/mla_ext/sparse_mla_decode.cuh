@@ -774,10 +774,10 @@ struct Gather {
         *reinterpret_cast<uint4*>(dst) = v;
       }
     };
-    const uint4 z = make_uint4(0u, 0u, 0u, 0u);
     if constexpr (kQuarters) {
       // Row quarters: every store phase (8 lanes: 4 chunks of a row pair) hits 8
       // slots, the pair's rows having opposite swizzle parity.
+      const uint4 z = make_uint4(0u, 0u, 0u, 0u);
       const int row = quarter_row(tid), q = tid & 3;
       const bool dead = row >= live;
 #pragma unroll
