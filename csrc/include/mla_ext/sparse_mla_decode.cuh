@@ -570,8 +570,9 @@ __device__ __forceinline__ void wgmma_m64n128k16_bt(float (&d)[64], uint64_t da,
 // lanes of a 16-byte store phase write 8 different 16-byte slots of the
 // swizzled rows (row-major dealing put them on 4: 5x the shared wavefronts
 // with the stores NVVM split, 2x with whole ones).
-// QUARTERS (V4 rows in every tensor-core kernel, 4 threads per row; replaces
-// the dealing above, so PAIRED changes nothing for V4): thread t owns row
+// QUARTERS (V4 rows in every tensor-core kernel and V3.2 rows in the warpgroup
+// kernels, 4 threads per row; replaces the dealing above, so PAIRED changes
+// nothing for those rows): thread t owns row
 // 2 (t / 8) + (t / 4) % 2 and quarter q = t % 4 of it: FP8 chunks q + 4 k
 // (k = the chunk's 64-dim scale group, so one 8-byte load brings all of a
 // row's scales) and RoPE chunks 2 q, 2 q + 1. One row pointer per thread and
@@ -619,9 +620,13 @@ struct Gather {
     return true;
   }
   static constexpr bool kRuns = PAIRED && kFp8 && SPLIT;
-  static constexpr bool kQuarters = QUARTERS && kLayout == KvFormat::kFP8DsMlaV4 && SPLIT;
-  static_assert(!kQuarters || (kThreads == 4 * BN && kNF == 28 && kNR == 8 && kUF == 7 && kUR == 2),
-                "row quarters: 4 threads per V4 row, 7 FP8 + 2 RoPE chunks each");
+  // V3.2 (fp8_ds_mla) rows too: 8 FP8 chunks per thread, and thread q loads the
+  // fp32 scale of 128-dim group q (the K tile keeps raw values; the scales go
+  // to ksc[group][row], written by the row's thread q).
+  static constexpr bool kQuarters = QUARTERS && SPLIT &&
+                                    (kLayout == KvFormat::kFP8DsMlaV4 || kLayout == KvFormat::kFP8DsMla);
+  static_assert(!kQuarters || (kThreads == 4 * BN && kNF % 4 == 0 && kNR == 8 && kUF == kNF / 4 && kUR == 2),
+                "row quarters: 4 threads per row, kNF / 4 FP8 + 2 RoPE chunks each");
   static __device__ __forceinline__ int quarter_row(int tid) { return 2 * (tid >> 3) + ((tid >> 2) & 1); }
 
   // Only loads here: nothing consumes a loaded value before store(), so every
@@ -638,13 +643,18 @@ struct Gather {
     const uint8_t* d = data[row];
 #pragma unroll
     for (int k = 0; k < kUF + kUR; ++k) raw[k] = make_uint4(0u, 0u, 0u, 0u);
-    sraw[0] = sraw[1] = 0u;
+    sraw[0] = 0u;
+    if constexpr (!kScaled) sraw[1] = 0u;
     if (d == nullptr) return;
 #pragma unroll
     for (int k = 0; k < kUF; ++k) raw[k] = *reinterpret_cast<const uint4*>(d + 16 * (q + 4 * k));
-    const uint2 sc = *reinterpret_cast<const uint2*>(scale[row]);  // 7 UE8M0 bytes + 1 pad
-    sraw[0] = sc.x;
-    sraw[1] = sc.y;
+    if constexpr (kScaled) {
+      sraw[0] = *reinterpret_cast<const uint32_t*>(d + 512 + 4 * q);  // fp32 scale of group q
+    } else {
+      const uint2 sc = *reinterpret_cast<const uint2*>(scale[row]);  // 7 UE8M0 bytes + 1 pad
+      sraw[0] = sc.x;
+      sraw[1] = sc.y;
+    }
 #pragma unroll
     for (int k = 0; k < kUR; ++k)
       raw[kUF + k] = *reinterpret_cast<const uint4*>(d + FT::kRopeByte + 16 * (2 * q + k));
@@ -707,6 +717,7 @@ struct Gather {
     const uint4 z = make_uint4(0u, 0u, 0u, 0u);
     uint16_t* krow = K + size_t(row) * kst;
     const bool dead = SKIP && row >= live;
+    if constexpr (kScaled) ksc[q * BN + row] = dead ? 0.f : bits_to_float(sraw[0]);
 #pragma unroll
     for (int k = 0; k < kUF; ++k) {
       const int c = q + 4 * k;
@@ -780,6 +791,7 @@ struct Gather {
       const uint4 z = make_uint4(0u, 0u, 0u, 0u);
       const int row = quarter_row(tid), q = tid & 3;
       const bool dead = row >= live;
+      if constexpr (kScaled) ksc[q * BN + row] = dead ? 0.f : bits_to_float(sraw[0]);
 #pragma unroll
       for (int k = 0; k < kUF; ++k) {
         const int c = q + 4 * k;
@@ -837,7 +849,7 @@ struct Gather {
     if (kLayout == KvFormat::kFP8DsMlaV4) {
       sc = ue8m0_to_float(uint8_t(sb));
     } else {
-      if (!kRowScales && (c & 7) == 0) ksc[(c >> 3) * BN + row] = bits_to_float(sb);
+      if (!kRowScales && !kQuarters && (c & 7) == 0) ksc[(c >> 3) * BN + row] = bits_to_float(sb);
       sc = 1.f;
     }
     constexpr bool kFnuz = kv_is_fnuz(F);
@@ -892,9 +904,14 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
   // +2..4% (C128 at 16-64 tokens), likely from the 4-register groups the whole
   // stores need (not verified).
   constexpr bool kWholeK = WG && !BAL;
-  // V4 rows: row quarters (Gather) in the padded K tile of the mma.sync kernels
-  // and the swizzled one of the warpgroup kernels.
-  constexpr bool kQuartersK = MMA && kv_layout(F) == KvFormat::kFP8DsMlaV4;
+  // Row quarters (Gather): V4 rows in the padded K tile of the mma.sync kernels
+  // and the swizzled one of the warpgroup kernels; V3.2 rows in the warpgroup
+  // kernels only. H200, V3.2, same-session A/B: 64-128 heads x 64-128 tokens
+  // -8..-9%, but the 16-head mma.sync tile +5% at 64-128 tokens (-4% at one
+  // token), so it keeps the row-major dealing (benchmarks/NOTES.md, fifteenth
+  // session).
+  constexpr bool kQuartersK =
+      MMA && (kv_layout(F) == KvFormat::kFP8DsMlaV4 || (WG && kv_layout(F) == KvFormat::kFP8DsMla));
   using G = Gather<F, DQK, C::BN, !(SC && MT == 4 && !WG), kWholeK, kQuartersK>;
   constexpr int HTp = C::HTp, BN = C::BN, KST = C::KST, SST = C::SST, PST = C::PST;
   constexpr int TPR = C::TPR, CPT = C::CPT;
