@@ -594,10 +594,10 @@ struct Gather {
   static constexpr int kUnitsF = BN * kNF, kUnitsR = BN * kNR;
   static constexpr int kUF = (kUnitsF + kThreads - 1) / kThreads;
   static constexpr int kUR = (kUnitsR + kThreads - 1) / kThreads;
-  // kRowScales (fp8_ds_mla in the warpgroup kernel): thread t loads scale t % 4
-  // of row t / 4 once (kThreads = 4 BN) instead of one scale per FP8 unit.
-  static constexpr bool kRowScales = PAIRED && kv_layout(F) == KvFormat::kFP8DsMla;
-  static_assert(!kRowScales || kThreads == 4 * BN, "one V3.2 scale per thread");
+  // kRowScales (fp8_ds_mla in the tensor-core kernels, BN = 64): thread t loads
+  // scale t % 4 of row t / 4 once (kThreads = 4 BN) instead of one scale per
+  // FP8 unit (8 per tile under the row-major dealing).
+  static constexpr bool kRowScales = kv_layout(F) == KvFormat::kFP8DsMla && SPLIT && kThreads == 4 * BN;
   uint4 raw[kUF + kUR];
   uint32_t sraw[(kFp8 && !kRowScales) ? kUF : 1];  // raw scale bits (UE8M0 byte / fp32 bits), decoded at store
 
@@ -734,6 +734,10 @@ struct Gather {
   __device__ __forceinline__ void store_units(uint16_t* K, int kst, float* ksc, int tid, int live) const {
     const int zero_end = (live + 15) & ~15;
     const uint4 z = make_uint4(0u, 0u, 0u, 0u);
+    if constexpr (kScaled && kRowScales) {
+      const int row = tid >> 2;
+      if (!(SKIP && row >= zero_end)) ksc[(tid & 3) * BN + row] = (SKIP && row >= live) ? 0.f : bits_to_float(sraw[0]);
+    }
 #pragma unroll
     for (int k = 0; k < kUF; ++k) {
       int row, c;
@@ -750,7 +754,7 @@ struct Gather {
         continue;
       }
       if (SKIP && row >= live) {
-        if (kScaled && (c & 7) == 0) ksc[(c >> 3) * BN + row] = 0.f;
+        if (kScaled && !kRowScales && (c & 7) == 0) ksc[(c >> 3) * BN + row] = 0.f;
         *reinterpret_cast<uint4*>(krow + 16 * c) = z;
         *reinterpret_cast<uint4*>(krow + 16 * c + 8) = z;
         continue;
