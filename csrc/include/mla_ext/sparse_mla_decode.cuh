@@ -574,8 +574,9 @@ __device__ __forceinline__ void wgmma_m64n128k16_bt(float (&d)[64], uint64_t da,
 // kernels, 4 threads per row; replaces the dealing above, so PAIRED changes
 // nothing for those rows): thread t owns row
 // 2 (t / 8) + (t / 4) % 2 and quarter q = t % 4 of it: FP8 chunks q + 4 k
-// (k = the chunk's 64-dim scale group, so one 8-byte load brings all of a
-// row's scales) and RoPE chunks 2 q, 2 q + 1. One row pointer per thread and
+// (V4: k = the chunk's 64-dim scale group, so one 8-byte load brings all of a
+// row's scales; V3.2: thread q loads the fp32 scale of 128-dim group q) and
+// RoPE chunks 2 q, 2 q + 1. One row pointer per thread and
 // tile instead of one per unit, no per-unit index arithmetic, and each 16-byte
 // store phase (8 lanes) covers 4 chunks of a row pair: conflict-free in the
 // padded tile of the mma.sync kernels, whose second row lies 16 bytes further
@@ -594,9 +595,12 @@ struct Gather {
   static constexpr int kUnitsF = BN * kNF, kUnitsR = BN * kNR;
   static constexpr int kUF = (kUnitsF + kThreads - 1) / kThreads;
   static constexpr int kUR = (kUnitsR + kThreads - 1) / kThreads;
-  // kRowScales (fp8_ds_mla in the tensor-core kernels, BN = 64): thread t loads
-  // scale t % 4 of row t / 4 once (kThreads = 4 BN) instead of one scale per
-  // FP8 unit (8 per tile under the row-major dealing).
+  // kRowScales (fp8_ds_mla with BN = 64 and SPLIT: the 16- and 32-head mma.sync
+  // tiles and the warpgroup kernel; not the 64-head mma.sync tile): thread t
+  // loads scale t % 4 of row t / 4 once (kThreads = 4 BN) instead of one scale
+  // per FP8 unit (8 per tile under the row-major dealing). Under row quarters
+  // (the warpgroup kernel) load_quarters loads it instead; only the size of
+  // sraw follows from kRowScales there.
   static constexpr bool kRowScales = kv_layout(F) == KvFormat::kFP8DsMla && SPLIT && kThreads == 4 * BN;
   uint4 raw[kUF + kUR];
   uint32_t sraw[(kFp8 && !kRowScales) ? kUF : 1];  // raw scale bits (UE8M0 byte / fp32 bits), decoded at store
@@ -734,10 +738,10 @@ struct Gather {
   __device__ __forceinline__ void store_units(uint16_t* K, int kst, float* ksc, int tid, int live) const {
     const int zero_end = (live + 15) & ~15;
     const uint4 z = make_uint4(0u, 0u, 0u, 0u);
-    if constexpr (kScaled && kRowScales) {
-      const int row = tid >> 2;
-      if (!(SKIP && row >= zero_end)) ksc[(tid & 3) * BN + row] = (SKIP && row >= live) ? 0.f : bits_to_float(sraw[0]);
-    }
+    // Every row's scales, zero past `live` (the products read up to zero_end;
+    // the softmax's P copies read all BN columns, those past zero_end unused).
+    if constexpr (kScaled && kRowScales)
+      ksc[(tid & 3) * BN + (tid >> 2)] = (SKIP && (tid >> 2) >= live) ? 0.f : bits_to_float(sraw[0]);
 #pragma unroll
     for (int k = 0; k < kUF; ++k) {
       int row, c;
@@ -813,7 +817,7 @@ struct Gather {
   template <class PUT>
   __device__ __forceinline__ void store_swizzled_units(const PUT& put, float* ksc, int tid, int live) const {
     const uint4 z = make_uint4(0u, 0u, 0u, 0u);
-    if constexpr (kScaled) {
+    if constexpr (kScaled) {  // (V3.2 rows take the row-quarter branch of store_swizzled)
       static_assert(kRowScales, "the warpgroup kernels load V3.2 scales by row");
       ksc[(tid & 3) * BN + (tid >> 2)] = (tid >> 2) < live ? bits_to_float(sraw[0]) : 0.f;
     }
@@ -846,9 +850,14 @@ struct Gather {
   // kScaled: its fp32 scale goes to ksc instead (the raw values are exact in bf16).
   // Invalid rows: raw bytes and scale bits are 0 -> +0 * 2^-127 = 0.
   __device__ __forceinline__ void dequant_unit(int k, int c, int row, float* ksc, uint4& lo, uint4& hi) const {
-    // kQuarters: unit k's scale is byte k of the row's 8 scale bytes.
-    const uint32_t sb = kQuarters ? (k < 4 ? sraw[0] >> (8 * k) : sraw[1] >> (8 * (k - 4)))
-                                  : sraw[(kFp8 && !kRowScales) ? k : 0];
+    // V4 row quarters: unit k's scale is byte k of the row's 8 scale bytes.
+    // V3.2 with kRowScales or quarters: the scale went to ksc in store, sb unused.
+    uint32_t sb = 0u;
+    if constexpr (kQuarters && kLayout == KvFormat::kFP8DsMlaV4) {
+      sb = k < 4 ? sraw[0] >> (8 * k) : sraw[1] >> (8 * (k - 4));
+    } else if constexpr (!kQuarters && !kRowScales) {
+      sb = sraw[kFp8 ? k : 0];
+    }
     float sc;
     if (kLayout == KvFormat::kFP8DsMlaV4) {
       sc = ue8m0_to_float(uint8_t(sb));
