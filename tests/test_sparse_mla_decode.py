@@ -1093,6 +1093,30 @@ def test_gpu_64_head_tile_mma_kinds(fmt, d_qk, mma_sync):
                                                          num_splits=1, check=False), mma_sync)
 
 
+@requires_gpu
+@pytest.mark.parametrize("fmt", ["fp8_ds_mla_v4", "fp8_ds_mla_v4_fnuz"])
+def test_gpu_balanced_64_head_tile_counts(fmt):
+    """The balanced map's 64-head kernel over splits of 1-6 key tiles of 64 rows, full and partial:
+    on Hopper its warpgroup kernel keeps two K stages (tile j + 1 dequantised while tile j's P.V
+    runs, row addresses two tiles ahead), so every tile count and both stage parities must give the
+    reference result. C128-like widths (4096) with short lengths and one full row, invalid slots
+    in every row, a sink, 64 and 72 heads (a partial second head tile), 2 and 3 splits."""
+    g = torch.Generator().manual_seed(307 + len(fmt))
+    lengths = torch.tensor([1, 63, 64, 65, 128, 129, 191, 192, 250, 320, 383, 4096], dtype=torch.int32)
+    T, W, ps = lengths.numel(), 4096, 2
+    idx, _ = make_indices(g, T, W, 2500 * ps, "scattered", None)
+    cache = make_cache(g, fmt, 512, 2500, ps, idx, "cuda")
+    for H in (64, 72):
+        q = torch.randn(T, H, 512, generator=g).to(torch.bfloat16)
+        sink = make_sink(g, H, "finite")
+        with gpu_path(head_tile=64):
+            for S in (2, 3):
+                run_check(q, cache, idx, fmt=fmt, scale=0.05, device="cuda", num_splits=S, lengths=lengths,
+                          sink=sink)
+            _check_64_head_kernel_kind(lambda: run_check(q, cache, idx, fmt=fmt, scale=0.05, device="cuda",
+                                                         num_splits=2, lengths=lengths, check=False), False)
+
+
 # GPUs with less shared memory per block than the 64-head kernels take (Cfg in
 # sparse_mla_decode.cuh: mma.sync kernels, bytes): 64 heads 162304 (V4) / 178688 (bf16 576) /
 # 207360 (V3.2); 32 heads 115456 / 127744 / 142592; 16 heads 96384 / 106624 / 110208; the

@@ -116,7 +116,7 @@ struct Fmt<KvFormat::kFP8DsMlaV4, 512> {
 // WG (64-head tile, sm_90a): K, Q and P (SCALED: its 4 copies) in the 128-byte
 // swizzled layout of the warpgroup MMAs (swz_chunk), 1024-byte aligned (the
 // kernel aligns its shared-memory base at run time: kAlignPad spare bytes).
-template <int MT, int DQK, bool MMA, bool SCALED = false, bool WG = false>
+template <int MT, int DQK, bool MMA, bool SCALED = false, bool WG = false, bool BAL = false>
 struct Cfg {
   static_assert(!WG || (MMA && MT == 4), "the warpgroup layout is for the 64-head tile");
   static constexpr int HTp = 16 * MT;         // padded head rows
@@ -127,20 +127,38 @@ struct Cfg {
   static constexpr int SST = BN + 4;          // S row stride (floats)
   static constexpr int PST = WG ? BN : BN + 8;  // P row stride (bf16)
   static constexpr size_t kAlignPad = WG ? 1024 : 0;
+  // K stages: two in the balanced-map warpgroup kernels (V4 rows, BAL), which
+  // dequantise tile j + 1 into one stage while the P.V wgmmas of tile j read
+  // the other (decode_body); S then lives in the stage that is free during Q.K
+  // and the softmax. H200, V4 C128 at 64-128 heads x 16-128 tokens: -2..-4%.
+  // Not in the uniform-map warpgroup kernels of d_qk 512, where it measured
+  // +3..7% (window and C4 layers at 64-128 heads x >= 64 tokens): at 209 KB of
+  // shared memory the L1 cache shrinks (the carveout goes from 196 to 228 KB),
+  // and the one-stage kernel with its carveout forced to the maximum loses the
+  // same 3..7.5% (benchmarks/NOTES.md, sixteenth session); nor at d_qk 576 or
+  // with fp8_ds_mla's P copies (a second stage does not fit in 227 KB).
+  static constexpr int kStages = (WG && BAL && !SCALED && DQK == 512) ? 2 : 1;
+  static constexpr size_t kStageBytes = size_t(BN) * KST * 2;
   static constexpr size_t kOff = 0;
-  static constexpr size_t qOff = kOff + size_t(BN) * KST * 2;
-  static constexpr size_t sOff = qOff + (MMA ? size_t(HTp) * KST * 2 : 0);
+  static constexpr size_t qOff = kOff + kStages * kStageBytes;
+  static constexpr size_t qEnd = qOff + (MMA ? size_t(HTp) * KST * 2 : 0);
   // S partial sums: the 16-head tensor-core tile of the unscaled formats and
   // the warpgroup tile split Q.K's dims in two halves (decode_body), each with
-  // its own S copy.
+  // its own S copy. Two K stages: sOff is stage 1 (the copies of tile j are in
+  // stage (j + 1) % 2; the balanced map's prologue uses sOff as scratch).
   static constexpr int kSParts = ((MMA && MT == 1 && !SCALED) || WG) ? 2 : 1;
-  static constexpr size_t pOff = sOff + size_t(kSParts) * HTp * SST * 4;
+  static constexpr size_t sOff = kStages == 2 ? kOff + kStageBytes : qEnd;
+  static_assert(kStages == 1 || size_t(kSParts) * HTp * SST * 4 <= kStageBytes, "S copies fit in a K stage");
+  static constexpr size_t pOff = kStages == 2 ? qEnd : sOff + size_t(kSParts) * HTp * SST * 4;
   static_assert(!WG || (qOff % 1024 == 0 && sOff % 1024 == 0 && pOff % 1024 == 0), "swizzle atoms");
   static constexpr int kPCopies = SCALED ? 4 : 1;  // P copies (one per V scale group)
   static constexpr size_t aOff = pOff + (MMA ? size_t(kPCopies) * HTp * PST * 2 : 0);
   static constexpr size_t invOff = aOff + size_t(HTp) * 4;
   static constexpr size_t metaOff = invOff + size_t(HTp) * 4;
-  static constexpr size_t scOff = metaOff + size_t(4) * BN * sizeof(void*);  // float [4][BN]
+  // Row-address slots (data and scale pointers of a tile's rows): two, three
+  // with two K stages (tiles j, j + 1, j + 2 in flight: decode_body).
+  static constexpr int kMetaSlots = kStages == 2 ? 3 : 2;
+  static constexpr size_t scOff = metaOff + size_t(2 * kMetaSlots) * BN * sizeof(void*);  // float [4][BN]
   static constexpr size_t bytes = scOff + (SCALED ? size_t(4) * BN * 4 : 0) + kAlignPad;
   static constexpr int TPR = kThreads / HTp;  // softmax threads per head row
   static constexpr int CPT = BN / TPR;        // softmax columns per thread
@@ -488,6 +506,18 @@ __device__ __forceinline__ void wg_fence_operands(float (&r)[N]) {
 __device__ __forceinline__ void wg_commit_wait() {
 #if defined(MLA_EXT_DECODE_WGMMA)
   asm volatile("wgmma.commit_group.sync.aligned;\nwgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+#endif
+}
+// The same in two steps, so that other work (nothing touching the in-flight
+// accumulators, nor the shared memory the wgmmas read) runs between them.
+__device__ __forceinline__ void wg_commit() {
+#if defined(MLA_EXT_DECODE_WGMMA)
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wg_wait_all() {
+#if defined(MLA_EXT_DECODE_WGMMA)
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
 #endif
 }
 // The wgmma accumulator operands: placeholders %0..%127 in groups of 32, and
@@ -910,7 +940,7 @@ __device__ __forceinline__ void row_address(const SparseDecodeParams& p, int64_t
 template <int MT, int DQK, KvFormat F, bool MMA, bool BAL, bool WG = false>
 __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
   constexpr bool SC = kv_layout(F) == KvFormat::kFP8DsMla;  // scales applied after the products
-  using C = Cfg<MT, DQK, MMA, SC, WG>;
+  using C = Cfg<MT, DQK, MMA, SC, WG, BAL>;
   // Whole, conflict-free 16-byte K stores (st_shared16, Gather's PAIRED runs) in
   // the warpgroup kernels of the uniform split map: H200, 64-128 heads x 512
   // tokens -3..-7%. Not in the balanced map's (252 registers): there they cost
@@ -939,8 +969,8 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
   uint16_t* Ps = reinterpret_cast<uint16_t*>(smem + C::pOff);
   float* alpha_s = reinterpret_cast<float*>(smem + C::aOff);
   float* inv_s = reinterpret_cast<float*>(smem + C::invOff);
-  const uint8_t** meta_d = reinterpret_cast<const uint8_t**>(smem + C::metaOff);  // [2][BN]
-  const uint8_t** meta_s = meta_d + 2 * BN;                                        // [2][BN]
+  const uint8_t** meta_d = reinterpret_cast<const uint8_t**>(smem + C::metaOff);  // [kMetaSlots][BN]
+  const uint8_t** meta_s = meta_d + C::kMetaSlots * BN;                            // [kMetaSlots][BN]
   float* ksc = reinterpret_cast<float*>(smem + C::scOff);                          // [4][BN] (SC)
 
   const SparseDecodeParams& p = a.p;
@@ -1036,31 +1066,69 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
   }
   if (MMA) copy_async_wait_all();  // Q tile landed (made visible by the loop's first barrier)
 
+  // Rows of tile jj inside the split (>= 1): the rest are skipped by the
+  // dequantisation and the products (MMA path), not just masked. Not for the
+  // V3.2 64-head tile, where the extra live state costs 116-208 bytes of spills.
+  constexpr bool kSkipRows = MMA && !(SC && MT == 4 && !WG);
+  auto live_rows = [&](int jj) {
+    return !kSkipRows ? BN
+           : BAL      ? (jj == ntiles - 1 ? last_rows : BN)
+                      : int((p_hi - p_lo - int64_t(jj) * BN) < BN ? (p_hi - p_lo - int64_t(jj) * BN) : BN);
+  };
+  // Two K stages (Cfg::kStages): tile j + 1 is dequantised into stage (j + 1) % 2
+  // while the P.V wgmmas of tile j run on stage j % 2, and one barrier per tile
+  // goes. Row addresses in three slots (tile j in slot j % 3). Per tile:
+  // addresses of tile j + 2, Q.K(j) -> S (in the free stage) | softmax(j) -> P |
+  // P.V(j) issued; store(j + 1); loads of tile j + 2; P.V(j) waited for |.
+  // Tile 0 is stored here.
+  constexpr bool kPipe = C::kStages == 2;
+  if constexpr (kPipe) {
+    if (ntiles > 0) {
+      g.template store_swizzled<kWholeK>(Ks, ksc, tid, live_rows(0));
+      fence_proxy_async();  // the K tile and the Q tile are read by the async proxy
+      if (tid < BN) {
+        row_address<F>(p, p_lo + BN + tid, em, idx_next, meta_d[BN + tid], meta_s[BN + tid]);
+        idx_next = load_index(p, t, p_lo + 2 * BN + tid, em, p_hi);
+      }
+      __syncthreads();  // K tile 0 + addresses of tile 1 visible
+      if (ntiles > 1) g.load(meta_d + BN, meta_s + BN, tid);
+    }
+  }
+
   for (int j = 0; j < ntiles; ++j) {
     const int cur = j & 1, nxt = cur ^ 1;
-    // Rows of this tile inside the split (>= 1): the rest are skipped by the
-    // dequantisation and the products (MMA path), not just masked. Not for the
-    // V3.2 64-head tile, where the extra live state costs 116-208 bytes of spills.
-    constexpr bool kSkipRows = MMA && !(SC && MT == 4 && !WG);
-    const int live = !kSkipRows ? BN
-                     : BAL      ? (j == ntiles - 1 ? last_rows : BN)
-                                : int((p_hi - p_lo - int64_t(j) * BN) < BN ? (p_hi - p_lo - int64_t(j) * BN) : BN);
-    if constexpr (WG) {
-      g.template store_swizzled<kWholeK>(Ks, ksc, tid, live);
-    } else {
-      g.template store<kSkipRows>(Ks, KST, ksc, tid, live);
+    // This tile's K stage, and where its S copies go.
+    uint16_t* const Kt = kPipe ? Ks + cur * (C::kStageBytes / 2) : Ks;
+    float* const St = kPipe ? reinterpret_cast<float*>(smem + C::kOff + nxt * C::kStageBytes) : Ss;
+    const int live = live_rows(j);
+    // Row-address slot of this tile, and of tile j + 2 ((j + 2) % 3 = (j - 1) % 3).
+    const int ms = kPipe ? j % 3 : cur;
+    const int ms2 = ms == 0 ? 2 : ms - 1;
+    if constexpr (kPipe) {
+      if (tid < BN) {
+        row_address<F>(p, p_lo + int64_t(j + 2) * BN + tid, em, idx_next, meta_d[ms2 * BN + tid],
+                       meta_s[ms2 * BN + tid]);
+        idx_next = load_index(p, t, p_lo + int64_t(j + 3) * BN + tid, em, p_hi);
+      }
     }
-    // WG: the K tile (and, before the first tile, the Q tile: its copies were
-    // waited for above) is read by the async proxy.
-    if (WG) fence_proxy_async();
-    if (tid < BN) {
-      row_address<F>(p, p_lo + int64_t(j + 1) * BN + tid, em, idx_next, meta_d[nxt * BN + tid],
-                     meta_s[nxt * BN + tid]);
-    }
-    __syncthreads();  // K tile + next meta visible
-    if (j + 1 < ntiles) {
-      g.load(meta_d + nxt * BN, meta_s + nxt * BN, tid);
-      if (tid < BN) idx_next = load_index(p, t, p_lo + int64_t(j + 2) * BN + tid, em, p_hi);
+    if constexpr (!kPipe) {
+      if constexpr (WG) {
+        g.template store_swizzled<kWholeK>(Ks, ksc, tid, live);
+      } else {
+        g.template store<kSkipRows>(Ks, KST, ksc, tid, live);
+      }
+      // WG: the K tile (and, before the first tile, the Q tile: its copies were
+      // waited for above) is read by the async proxy.
+      if (WG) fence_proxy_async();
+      if (tid < BN) {
+        row_address<F>(p, p_lo + int64_t(j + 1) * BN + tid, em, idx_next, meta_d[nxt * BN + tid],
+                       meta_s[nxt * BN + tid]);
+      }
+      __syncthreads();  // K tile + next meta visible
+      if (j + 1 < ntiles) {
+        g.load(meta_d + nxt * BN, meta_s + nxt * BN, tid);
+        if (tid < BN) idx_next = load_index(p, t, p_lo + int64_t(j + 2) * BN + tid, em, p_hi);
+      }
     }
 
     // ---- S = Q K^T (raw dot products) -> Ss ----
@@ -1077,8 +1145,8 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
       // (A, K-major) and K (B, K-major: key rows of dims). Rows past the
       // split's end are zeros; the softmax masks their S columns.
       const int warp = tid / 32, lane = tid % 32, wg = warp >> 2;
-      const uint32_t qs0 = smem_addr(Qs), ks0 = smem_addr(Ks);
-      float* Sh = Ss + wg * (HTp * SST);
+      const uint32_t qs0 = smem_addr(Qs), ks0 = smem_addr(Kt);
+      float* Sh = St + wg * (HTp * SST);
       const int r0 = (warp & 3) * 16 + (lane >> 2);
       // Product of k-steps [k0, k0 + NK) into s2 (global k-step kk: 64-column
       // block kk / 4, 32 bytes per step inside it).
@@ -1286,7 +1354,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
 
     // ---- online softmax: TPR threads per head row ----
     {
-      const uint8_t* const* vrow = meta_d + cur * BN;
+      const uint8_t* const* vrow = meta_d + ms * BN;
       float sv[CPT];
       float lmax = neg_inf();
       // Column of element i: TPR apart; kPairs: pairs 8 (i / 2) + 2 ssub + {0, 1}
@@ -1300,8 +1368,8 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
 #pragma unroll
       for (int i = 0; i < CPT; ++i) {
         const int col = kPairs ? 8 * (i >> 1) + 2 * ssub + (i & 1) : ssub + TPR * i;
-        float x = Ss[srow * SST + col];
-        if constexpr (kHalfK || WG) x += Ss[HTp * SST + srow * SST + col];  // the second half's S copy
+        float x = St[srow * SST + col];
+        if constexpr (kHalfK || WG) x += St[HTp * SST + srow * SST + col];  // the second half's S copy
         x *= a.scale_log2;
         sv[i] = vrow[col] != nullptr ? x : neg_inf();
         lmax = fmaxf(lmax, sv[i]);
@@ -1410,7 +1478,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
       // All four 16-key steps: rows past the split's end are zeros (Gather::store),
       // and a data-dependent step count here made ptxas serialise the wgmmas
       // of the balanced-map kernels (C7520).
-      const uint32_t pb0 = smem_addr(Ps), vb0 = smem_addr(Ks) + uint32_t(wg * 4 * BN * 128);
+      const uint32_t pb0 = smem_addr(Ps), vb0 = smem_addr(Kt) + uint32_t(wg * 4 * BN * 128);
       wg_fence_operands(*reinterpret_cast<float(*)[128]>(acc));
       wg_fence();
 #pragma unroll
@@ -1431,7 +1499,20 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
                               wg_desc(vb0 + uint32_t(kk * 16 * 128), uint32_t(BN * 128), 1024));
         }
       }
-      wg_commit_wait();
+      if constexpr (kPipe) {
+        // While the P.V wgmmas run on stage cur: tile j + 1 into stage nxt
+        // (where S was: the softmax is done with it), then the loads of tile
+        // j + 2 (its addresses were published by the barrier after Q.K).
+        wg_commit();
+        if (j + 1 < ntiles) {
+          g.template store_swizzled<kWholeK>(Ks + nxt * (C::kStageBytes / 2), ksc, tid, live_rows(j + 1));
+          fence_proxy_async();
+          if (j + 2 < ntiles) g.load(meta_d + ms2 * BN, meta_s + ms2 * BN, tid);
+        }
+        wg_wait_all();
+      } else {
+        wg_commit_wait();
+      }
       wg_fence_operands(*reinterpret_cast<float(*)[128]>(acc));
     } else if (MMA) {
       const int warp = tid / 32, lane = tid % 32;
@@ -1490,7 +1571,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
         }
       }
     }
-    __syncthreads();  // K, S/P free for the next tile
+    __syncthreads();  // K, S/P free for the next tile (two stages: tile j + 1's stage visible)
   }
 
   // ---- end of split: per-row scale (1/D or 1/l) and lse ----
@@ -1871,9 +1952,9 @@ template <int MT, int DQK, KvFormat F, bool MMA, bool BAL, bool WG = false>
 inline Status launch_split(const DecodeArgs& a, uint32_t blocks, gpuStream_t stream) {
   constexpr bool kSc = kv_layout(F) == KvFormat::kFP8DsMla;
   // WG: room for either body of the kernel (decode_split_mma_kernel).
-  constexpr size_t kBytes = WG && Cfg<MT, DQK, MMA, kSc, WG>::bytes > Cfg<MT, DQK, MMA, kSc>::bytes
-                                ? Cfg<MT, DQK, MMA, kSc, WG>::bytes
-                                : Cfg<MT, DQK, MMA, kSc>::bytes;
+  using CW = Cfg<MT, DQK, MMA, kSc, WG, BAL>;
+  using CM = Cfg<MT, DQK, MMA, kSc, false, BAL>;
+  constexpr size_t kBytes = WG && CW::bytes > CM::bytes ? CW::bytes : CM::bytes;
   // More than the device lets a block have (A100: the 64-head kernels of d_qk
   // 576; sm_86 / sm_89: every tensor-core kernel above 16 heads): nothing is
   // launched, and the caller takes a smaller head tile.
