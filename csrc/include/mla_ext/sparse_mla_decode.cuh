@@ -475,20 +475,19 @@ __device__ __forceinline__ uint64_t wg_desc(uint32_t addr, uint32_t lbo, uint32_
   return uint64_t((addr & 0x3ffffu) >> 4) | (uint64_t((lbo & 0x3ffffu) >> 4) << 16) |
          (uint64_t((sbo & 0x3ffffu) >> 4) << 32) | (uint64_t(1) << 62);
 }
+// One PTX statement that only the warpgroup-MMA (sm_90a) build emits; a no-op
+// elsewhere.
+#if defined(MLA_EXT_DECODE_WGMMA)
+#define MLA_EXT_WG_ASM(text) asm volatile(text ::: "memory")
+#else
+#define MLA_EXT_WG_ASM(text) ((void)0)
+#endif
 // Orders this thread's earlier shared-memory stores (generic proxy) before
 // later wgmma reads (async proxy); a barrier then publishes them to the block.
-__device__ __forceinline__ void fence_proxy_async() {
-#if defined(MLA_EXT_DECODE_WGMMA)
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-#endif
-}
+__device__ __forceinline__ void fence_proxy_async() { MLA_EXT_WG_ASM("fence.proxy.async.shared::cta;\n"); }
 // Before a warpgroup's first wgmma, and whenever other instructions wrote its
 // accumulators since the last one.
-__device__ __forceinline__ void wg_fence() {
-#if defined(MLA_EXT_DECODE_WGMMA)
-  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#endif
-}
+__device__ __forceinline__ void wg_fence() { MLA_EXT_WG_ASM("wgmma.fence.sync.aligned;\n"); }
 // Pins ordinary reads and writes of wgmma accumulators on their side of
 // wg_fence / wg_commit_wait (an empty asm per register, no instruction: the PTX
 // rules want the fence between such writes and the wgmma that reads them, and
@@ -502,23 +501,14 @@ __device__ __forceinline__ void wg_fence_operands(float (&r)[N]) {
   (void)r;
 #endif
 }
-// Commits the warpgroup's issued wgmmas and waits for all of them.
-__device__ __forceinline__ void wg_commit_wait() {
-#if defined(MLA_EXT_DECODE_WGMMA)
-  asm volatile("wgmma.commit_group.sync.aligned;\nwgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-#endif
-}
-// The same in two steps, so that other work (nothing touching the in-flight
+// Commits the warpgroup's issued wgmmas (wg_commit) and waits for all of them
+// (wg_wait_all); in two steps where other work (nothing touching the in-flight
 // accumulators, nor the shared memory the wgmmas read) runs between them.
-__device__ __forceinline__ void wg_commit() {
-#if defined(MLA_EXT_DECODE_WGMMA)
-  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void wg_wait_all() {
-#if defined(MLA_EXT_DECODE_WGMMA)
-  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-#endif
+__device__ __forceinline__ void wg_commit() { MLA_EXT_WG_ASM("wgmma.commit_group.sync.aligned;\n"); }
+__device__ __forceinline__ void wg_wait_all() { MLA_EXT_WG_ASM("wgmma.wait_group.sync.aligned 0;\n"); }
+__device__ __forceinline__ void wg_commit_wait() {
+  wg_commit();
+  wg_wait_all();
 }
 // The wgmma accumulator operands: placeholders %0..%127 in groups of 32, and
 // "+f" constraints for d[i..i+31] (the asm templates must be string literals).
@@ -581,6 +571,7 @@ __device__ __forceinline__ void wgmma_m64n128k16_bt(float (&d)[64], uint64_t da,
 #endif
 }
 
+#undef MLA_EXT_WG_ASM
 #undef MLA_EXT_WG_ACC32
 #undef MLA_EXT_WG_ACC8
 #undef MLA_EXT_WG_R96
