@@ -116,7 +116,21 @@ struct Fmt<KvFormat::kFP8DsMlaV4, 512> {
 // WG (64-head tile, sm_90a): K, Q and P (SCALED: its 4 copies) in the 128-byte
 // swizzled layout of the warpgroup MMAs (swz_chunk), 1024-byte aligned (the
 // kernel aligns its shared-memory base at run time: kAlignPad spare bytes).
-template <int MT, int DQK, bool MMA, bool SCALED = false, bool WG = false, bool BAL = false>
+// Two K stages (Cfg, decode_body): the balanced-map warpgroup kernel of the V4
+// rows, which dequantises tile j + 1 into one stage while the P.V wgmmas of
+// tile j read the other; S then lives in the stage that is free during Q.K and
+// the softmax. H200, V4 C128 at 64-128 heads x 16-128 tokens: -2..-4%. Not in
+// the uniform-map warpgroup kernels, where it measured +3..7% (window and C4
+// layers at 64-128 heads x >= 64 tokens): at 209 KB of shared memory the L1
+// cache shrinks (the carveout goes from 196 to 228 KB), and the one-stage
+// kernel with its carveout forced to the maximum loses the same 3..7.5%
+// (benchmarks/NOTES.md, sixteenth session); nor at d_qk 576 or with
+// fp8_ds_mla's P copies (a second stage does not fit in 227 KB).
+MLA_EXT_HD constexpr bool decode_two_stages(KvFormat f, int d_qk, bool wg, bool bal) {
+  return wg && bal && kv_layout(f) == KvFormat::kFP8DsMlaV4 && d_qk == 512;
+}
+
+template <int MT, int DQK, bool MMA, bool SCALED = false, bool WG = false, bool STAGES2 = false>
 struct Cfg {
   static_assert(!WG || (MMA && MT == 4), "the warpgroup layout is for the 64-head tile");
   static constexpr int HTp = 16 * MT;         // padded head rows
@@ -127,17 +141,9 @@ struct Cfg {
   static constexpr int SST = BN + 4;          // S row stride (floats)
   static constexpr int PST = WG ? BN : BN + 8;  // P row stride (bf16)
   static constexpr size_t kAlignPad = WG ? 1024 : 0;
-  // K stages: two in the balanced-map warpgroup kernels (V4 rows, BAL), which
-  // dequantise tile j + 1 into one stage while the P.V wgmmas of tile j read
-  // the other (decode_body); S then lives in the stage that is free during Q.K
-  // and the softmax. H200, V4 C128 at 64-128 heads x 16-128 tokens: -2..-4%.
-  // Not in the uniform-map warpgroup kernels of d_qk 512, where it measured
-  // +3..7% (window and C4 layers at 64-128 heads x >= 64 tokens): at 209 KB of
-  // shared memory the L1 cache shrinks (the carveout goes from 196 to 228 KB),
-  // and the one-stage kernel with its carveout forced to the maximum loses the
-  // same 3..7.5% (benchmarks/NOTES.md, sixteenth session); nor at d_qk 576 or
-  // with fp8_ds_mla's P copies (a second stage does not fit in 227 KB).
-  static constexpr int kStages = (WG && BAL && !SCALED && DQK == 512) ? 2 : 1;
+  // K stages: two where decode_two_stages says so.
+  static_assert(!STAGES2 || (WG && !SCALED && DQK == 512), "two K stages: the d_qk 512 warpgroup tile");
+  static constexpr int kStages = STAGES2 ? 2 : 1;
   static constexpr size_t kStageBytes = size_t(BN) * KST * 2;
   static constexpr size_t kOff = 0;
   static constexpr size_t qOff = kOff + kStages * kStageBytes;
@@ -931,7 +937,7 @@ __device__ __forceinline__ void row_address(const SparseDecodeParams& p, int64_t
 template <int MT, int DQK, KvFormat F, bool MMA, bool BAL, bool WG = false>
 __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
   constexpr bool SC = kv_layout(F) == KvFormat::kFP8DsMla;  // scales applied after the products
-  using C = Cfg<MT, DQK, MMA, SC, WG, BAL>;
+  using C = Cfg<MT, DQK, MMA, SC, WG, decode_two_stages(F, DQK, WG, BAL)>;
   // Whole, conflict-free 16-byte K stores (st_shared16, Gather's PAIRED runs) in
   // the warpgroup kernels of the uniform split map: H200, 64-128 heads x 512
   // tokens -3..-7%. Not in the balanced map's (252 registers): there they cost
@@ -1943,8 +1949,8 @@ template <int MT, int DQK, KvFormat F, bool MMA, bool BAL, bool WG = false>
 inline Status launch_split(const DecodeArgs& a, uint32_t blocks, gpuStream_t stream) {
   constexpr bool kSc = kv_layout(F) == KvFormat::kFP8DsMla;
   // WG: room for either body of the kernel (decode_split_mma_kernel).
-  using CW = Cfg<MT, DQK, MMA, kSc, WG, BAL>;
-  using CM = Cfg<MT, DQK, MMA, kSc, false, BAL>;
+  using CW = Cfg<MT, DQK, MMA, kSc, WG, decode_two_stages(F, DQK, WG, BAL)>;
+  using CM = Cfg<MT, DQK, MMA, kSc>;
   constexpr size_t kBytes = WG && CW::bytes > CM::bytes ? CW::bytes : CM::bytes;
   // More than the device lets a block have (A100: the 64-head kernels of d_qk
   // 576; sm_86 / sm_89: every tensor-core kernel above 16 heads): nothing is
