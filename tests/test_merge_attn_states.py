@@ -210,10 +210,11 @@ def _byte_set(t):
 
 def test_overlap_check_never_misses_random_views():
     """Random strided output / LSE views of one float32 buffer: whenever they truly share a byte
-    the op refuses (the check may refuse more, never less), and a refused call writes nothing."""
+    the op refuses (the check may refuse more, never less), an output whose own elements share
+    bytes is refused as such and no disjoint one is, and a refused call writes nothing."""
     g = torch.Generator().manual_seed(21)
     buf = torch.zeros(4096)
-    refused = accepted = 0
+    refused = accepted = self_refused = 0
     for i in range(400):
         T, H, D = (int(x) for x in torch.randint(1, 4, (3,), generator=g))
         # Strides that are multiples of one period P (in elements) half of the time, so that the
@@ -223,6 +224,7 @@ def test_overlap_check_never_misses_random_views():
         out = buf.as_strided((T, H, D), (P * r[0] * 4, P * r[1], 1), int(torch.randint(0, 300, (1,), generator=g)))
         lse = buf.as_strided((T, H), (P * r[2] * 2, P * r[3]), int(torch.randint(0, 400, (1,), generator=g)))
         shares = bool(_byte_set(out) & _byte_set(lse))
+        self_overlap = len(_byte_set(out)) < out.numel() * 4  # output elements sharing bytes
         pa = torch.randn(T, H, D, generator=g)
         pb = torch.randn(T, H, D, generator=g)
         lb = torch.randn(T, H, generator=g)
@@ -230,13 +232,18 @@ def test_overlap_check_never_misses_random_views():
         before = buf.clone()
         try:
             mla_ext.merge_attn_states(out, None, pa, lse, pb, lb)
-            assert not shares, (T, H, D, out.stride(), out.storage_offset(), lse.stride(), lse.storage_offset())
+            assert not shares and not self_overlap, (T, H, D, out.stride(), out.storage_offset(), lse.stride(),
+                                                     lse.storage_offset())
             accepted += 1
         except RuntimeError as e:
-            assert "not to share memory with prefix_lse" in str(e)
+            if "output to hold each element once" in str(e):
+                assert self_overlap, (T, H, D, out.stride())  # the self-overlap test never refuses a disjoint view
+                self_refused += 1
+            else:
+                assert "not to share memory with prefix_lse" in str(e)
+                refused += 1
             assert torch.equal(buf, before)
-            refused += 1
-    assert refused > 20 and accepted > 20  # both outcomes exercised
+    assert refused > 20 and accepted > 20 and self_refused > 20  # every outcome exercised
 
 
 def test_empty_batch(device):
@@ -869,3 +876,83 @@ def test_repeating_outputs_refused(device):
     with pytest.raises(RuntimeError, match="output_lse to hold each element once"):
         mla_ext.merge_attn_states_n(out, lse_base.expand(T, H), torch.stack([v, v]), torch.stack([l, l]))
     assert base.isnan().all() and lse_base.isnan().all() and out.isnan().all()
+
+
+def _overlapping(shape, strides, dtype, device):
+    """A NaN-filled view of `shape` with `strides` over a buffer just large enough."""
+    n = 1 + sum((sz - 1) * st for sz, st in zip(shape, strides))
+    return torch.full((n,), float("nan"), dtype=dtype, device=device).as_strided(shape, strides)
+
+
+def test_self_overlapping_outputs_refused(device):
+    """An output or output_lse whose elements share memory (heads 64 elements apart with head_size
+    128; an LSE with both strides 1) is refused before any write, by both merges, naming the
+    strides; an interleaved layout whose elements are disjoint is accepted."""
+    T, H, D = 4, 3, 128
+    g = torch.Generator().manual_seed(5)
+    v = torch.randn(T, H, D, generator=g).to(device)
+    l = torch.randn(T, H, generator=g).to(device)
+    vs, ls = torch.stack([v, v]), torch.stack([l, l])
+    bad_out = _overlapping((T, H, D), (H * 64, 64, 1), torch.float32, device)
+    bad_lse = _overlapping((T, H), (1, 1), torch.float32, device)
+    out = poison_(torch.empty(T, H, D, device=device))
+    for call in (lambda o, ol: mla_ext.merge_attn_states(o, ol, v, l, v, l),
+                 lambda o, ol: mla_ext.merge_attn_states_n(o, ol, vs, ls)):
+        with pytest.raises(RuntimeError, match=r"output to hold each element once.*strides \[192, 64, 1\], whose elements share memory"):
+            call(bad_out, None)
+        with pytest.raises(RuntimeError, match="output_lse to hold each element once"):
+            call(out, bad_lse)
+    assert bad_out.isnan().all() and bad_lse.isnan().all() and out.isnan().all()
+    # transposed, sliced and padded layouts stay accepted, and so does an interleaving whose
+    # elements are disjoint (rows at t * 3D + h * 4D: decided exactly)
+    lse_t = poison_(torch.empty(H, T, device=device)).T
+    out_p = poison_(torch.empty(T, H, D + 8, device=device))[..., :D]
+    mla_ext.merge_attn_states(out_p, lse_t, v, l, v, l)
+    assert not out_p.isnan().any() and not lse_t.isnan().any()
+    out_i = _overlapping((T, H, D), (3 * D, 4 * D, 1), torch.float32, device)
+    mla_ext.merge_attn_states(out_i, None, v, l, v, l)
+    ref, _ = reference.merge_attn_states(v.cpu(), l.cpu(), v.cpu(), l.cpu())
+    assert_close_rel(out_i, ref, torch.float32)
+
+
+def test_head_size_zero(device):
+    """head_size 0: nothing to merge and returns at once without output_lse; with tokens, heads and
+    an output_lse it is refused (the LSE would stay unwritten), by both merges."""
+    T, H = 4, 3
+    z = torch.empty(T, H, 0, device=device)
+    l = torch.randn(T, H, device=device)
+    mla_ext.merge_attn_states(z, None, z, l, z, l)
+    mla_ext.merge_attn_states_n(z, None, torch.stack([z, z]), torch.stack([l, l]))
+    ol = poison_(torch.empty(T, H, device=device))
+    with pytest.raises(RuntimeError, match="head_size 0 with 4 tokens and 3 heads: output_lse would not be written"):
+        mla_ext.merge_attn_states(z, ol, z, l, z, l)
+    with pytest.raises(RuntimeError, match="merge_attn_states_n: got head_size 0"):
+        mla_ext.merge_attn_states_n(z, ol, torch.stack([z, z]), torch.stack([l, l]))
+    assert ol.isnan().all()
+
+
+@pytest.mark.parametrize("name", ["output", "prefix_output", "prefix_lse", "suffix_output", "suffix_lse"])
+def test_non_tensor_argument_named(device, name):
+    """A required tensor passed as None: a TypeError naming it (torch's own message does not)."""
+    T, H, D = 4, 3, 16
+    pa, la, pb, lb = make_case(T, H, D, torch.bfloat16, device)
+    out = poison_(torch.empty(T, H, D, dtype=torch.bfloat16, device=device))
+    args = dict(output=out, output_lse=None, prefix_output=pa, prefix_lse=la, suffix_output=pb, suffix_lse=lb)
+    args[name] = None
+    with pytest.raises(TypeError, match=f"merge_attn_states: expected {name} to be a torch.Tensor"):
+        mla_ext.merge_attn_states(**args)
+    assert out.isnan().all()
+    with pytest.raises(TypeError, match="merge_attn_states: expected output_lse to be a torch.Tensor or None"):
+        mla_ext.merge_attn_states(out, [0.0], pa, la, pb, lb)
+
+
+@pytest.mark.parametrize("value,err,needle", [(2.5, TypeError, "prefill_tokens_with_context to be an integer"),
+                                              (True, TypeError, "prefill_tokens_with_context to be an integer"),
+                                              (2**70, RuntimeError, "prefill_tokens_with_context to fit in int64")])
+def test_prefill_tokens_with_context_not_an_int64(device, value, err, needle):
+    T, H, D = 4, 3, 16
+    pa, la, pb, lb = make_case(T, H, D, torch.bfloat16, device)
+    out = poison_(torch.empty(T, H, D, dtype=torch.bfloat16, device=device))
+    with pytest.raises(err, match=needle):
+        mla_ext.merge_attn_states(out, None, pa, la, pb, lb, value)
+    assert out.isnan().all()

@@ -851,6 +851,12 @@ def _bf16_cache(a, d):
     return torch.randn(4, 64, d, device=a["q"].device).to(torch.bfloat16)
 
 
+def _overlapping(t, strides):
+    """A view of t's shape with the given strides over a fresh NaN buffer just large enough."""
+    n = 1 + sum((sz - 1) * st for sz, st in zip(t.shape, strides))
+    return torch.full((n,), float("nan"), dtype=t.dtype, device=t.device).as_strided(t.shape, strides)
+
+
 ERROR_CASES = {
     "q dtype": (lambda a: a.update(q=a["q"].float()), "expected q to be bfloat16"),
     "q not 3-D": (lambda a: a.update(q=a["q"].flatten(1)), "expected q of shape"),
@@ -883,6 +889,12 @@ ERROR_CASES = {
     "output expanded": (lambda a: a.update(output=a["output"][:1].expand(a["output"].shape)),
                         "output to hold each element once"),
     "lse expanded": (lambda a: a.update(lse=a["lse"][:, :1].expand(a["lse"].shape)), "lse to hold each element once"),
+    # heads 256 elements apart with head_size 512: each head's second half is the next head's first
+    "output heads overlap": (lambda a: a.update(output=_overlapping(a["output"], (a["output"].shape[1] * 256, 256, 1))),
+                             r"output to hold each element once, got sizes \[4, 8, 512\] with strides \[2048, 256, 1\], whose elements share"),
+    "output tokens overlap": (lambda a: a.update(output=_overlapping(a["output"], (512, 512, 1))),
+                              "output to hold each element once"),
+    "lse overlap": (lambda a: a.update(lse=_overlapping(a["lse"], (1, 1))), "lse to hold each element once"),
     "indices stride": (lambda a: a.update(indices=a["indices"].repeat(1, 2)[:, ::2]), "indices to be contiguous"),
     "lengths dtype": (lambda a: a.update(lengths=a["lengths"].long()), "lengths to be int32"),
     "lengths shape": (lambda a: a.update(lengths=a["lengths"][:3]), "lengths of shape"),
@@ -968,6 +980,29 @@ def test_errors_before_write(device, case):
         mla_ext.sparse_mla_decode(args.pop("q"), args.pop("kv_cache"), args.pop("indices"), **args)
     assert torch.equal(out.isnan(), before[0].isnan()) and torch.equal(lse.isnan(), before[1].isnan())
     assert torch.equal(ws, before[2])
+
+
+@pytest.mark.parametrize("name", ["q", "kv_cache", "indices", "output", "workspace", "lengths", "lse"])
+def test_non_tensor_argument_named(device, name):
+    """A required tensor passed as None, or any tensor argument passed as a list: a TypeError that
+    names the argument (torch's own message for these does not), nothing written."""
+    args = _valid(device)
+    out, lse, ws = args["output"], args["lse"], args["workspace"]
+    before = (out.clone(), lse.clone(), ws.clone())
+    args[name] = None if name in ("q", "kv_cache", "indices", "output", "workspace") else [1, 2]
+    with pytest.raises(TypeError, match=f"sparse_mla_decode: expected {name} to be a torch.Tensor"):
+        mla_ext.sparse_mla_decode(args.pop("q"), args.pop("kv_cache"), args.pop("indices"), **args)
+    assert torch.equal(out.isnan(), before[0].isnan()) and torch.equal(lse.isnan(), before[1].isnan())
+    assert torch.equal(ws, before[2])
+
+
+@pytest.mark.parametrize("value", [True, 2.0, "2"])
+def test_num_splits_not_an_integer(device, value):
+    args = _valid(device)
+    args["num_splits"] = value
+    with pytest.raises(TypeError, match="expected num_splits to be an integer"):
+        mla_ext.sparse_mla_decode(args.pop("q"), args.pop("kv_cache"), args.pop("indices"), **args)
+    assert args["output"].isnan().all()
 
 
 def test_lse_in_output_row_padding_accepted(device):

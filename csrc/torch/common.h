@@ -13,7 +13,9 @@
 #include <stdexcept>
 #include <cstdio>
 #include <type_traits>
+#include <algorithm>
 #include <string>
+#include <vector>
 
 #include "mla_ext/merge_attn_states.h"
 
@@ -75,6 +77,12 @@ inline std::string shape_str(const Tensor& t) {
   return s + "]";
 }
 
+inline std::string strides_str(const Tensor& t) {
+  std::string s = "[";
+  for (int64_t i = 0; i < t.dim(); ++i) s += cat(i ? ", " : "", t.stride(i));
+  return s + "]";
+}
+
 inline std::string device_str(const Tensor& t) {
   if (t.is_cpu()) return "cpu";
   return cat(t.is_cuda() ? "cuda:" : "device:", int(t.get_device_index()));
@@ -91,13 +99,71 @@ template <typename... Args>
     if (!(cond)) ::mla_ext_torch::fail(op, ": ", __VA_ARGS__); \
   } while (0)
 
-// An output whose elements repeat (a dim of size > 1 with stride 0, e.g. from expand()) would
-// be written once per alias, the last write winning; refused, as torch's in-place ops do.
+// An output must hold each element once: written by many threads at once, elements that share
+// memory would get one of their writes each, in no fixed order. Refused: a dim of size > 1 with
+// stride 0 (an expand()ed view, as torch's in-place ops refuse) and every layout whose elements
+// share memory (e.g. heads 256 elements apart with head_size 512). First a test that proves
+// every ordinary layout (contiguous, sliced, padded, transposed) disjoint at no cost: with the
+// dims of size > 1 in order of stride, each stride exceeds the span the smaller-stride dims
+// cover (sum of (size - 1) * stride). Layouts it cannot prove disjoint (interleavings such as
+// sizes [3, 3, 2], strides [60, 40, 1]) are decided exactly by enumeration: the rows of the
+// stride-1 dim (or single elements) sorted by offset, each ending before the next starts, up to
+// kMaxOverlapRows rows; larger interleavings are refused, naming their strides.
+constexpr int64_t kMaxOverlapRows = int64_t(1) << 16;
+
 inline void check_no_repeats(const char* op, const Tensor& t, const char* name) {
-  for (int64_t d = 0; d < t.dim(); ++d)
-    MLA_CHECK(t.size(d) <= 1 || t.stride(d) != 0, op, "expected ", name,
-              " to hold each element once, got stride 0 in dim ", d, " of size ", t.size(d),
-              " (an expand()ed view); pass a tensor with its own storage");
+  constexpr int kMaxDims = 8;
+  const int64_t nd = t.dim();
+  int64_t size[kMaxDims], stride[kMaxDims];
+  int n = 0;
+  for (int64_t d = 0; d < nd; ++d) {
+    if (t.size(d) <= 1) continue;
+    MLA_CHECK(t.stride(d) != 0, op, "expected ", name, " to hold each element once, got stride 0 in dim ", d,
+              " of size ", t.size(d), " (an expand()ed view); pass a tensor with its own storage");
+    if (n == kMaxDims) return;  // (the ops' outputs have at most 3 dims)
+    int i = n++;  // insertion by stride
+    while (i > 0 && stride[i - 1] > t.stride(d)) {
+      size[i] = size[i - 1], stride[i] = stride[i - 1];
+      --i;
+    }
+    size[i] = t.size(d), stride[i] = t.stride(d);
+  }
+  int64_t span = 0;  // elements the smaller-stride dims cover, less one
+  bool proven = true;
+  for (int i = 0; i < n && proven; ++i) {
+    proven = stride[i] > span;
+    span += (size[i] - 1) * stride[i];
+  }
+  if (proven) return;
+  // Exact test: rows of the stride-1 dim (length len; 1 without such a dim), sorted by start.
+  const int first = (n > 0 && stride[0] == 1) ? 1 : 0;
+  const int64_t len = first ? size[0] : 1;
+  int64_t rows = 1;
+  for (int i = first; i < n; ++i) rows *= size[i];
+  bool disjoint = false;
+  if (rows <= kMaxOverlapRows) {
+    std::vector<int64_t> start(size_t(rows), 0);
+    int64_t filled = 1;
+    for (int i = first; i < n; ++i) {  // all combinations of the other dims' offsets
+      for (int64_t k = 1; k < size[i]; ++k)
+        for (int64_t r = 0; r < filled; ++r) start[size_t(k * filled + r)] = start[size_t(r)] + k * stride[i];
+      filled *= size[i];
+    }
+    std::sort(start.begin(), start.end());
+    disjoint = true;
+    for (size_t r = 1; r < start.size() && disjoint; ++r) disjoint = start[r] - start[r - 1] >= len;
+  }
+  MLA_CHECK(disjoint, op, "expected ", name, " to hold each element once, got sizes ", shape_str(t), " with strides ",
+            strides_str(t), (rows <= kMaxOverlapRows ? ", whose elements share memory" :
+                             ", an interleaving of more than 65536 rows this check does not decide"),
+            "; pass a tensor whose elements do not overlap");
+}
+
+// The merges return at once when there is nothing to merge; with head_size 0 but tokens and
+// heads, an output_lse would be left unwritten, so such a call is refused instead.
+inline void check_lse_needs_values(const char* op, int64_t T, int64_t H, int64_t D) {
+  MLA_CHECK(D > 0 || T == 0 || H == 0, op, "got head_size 0 with ", T, " tokens and ", H,
+            " heads: output_lse would not be written; pass output_lse=None or head_size >= 1");
 }
 
 // Bytes per element of the dtypes the ops accept (0: not one of them; the overlap test
@@ -314,6 +380,7 @@ inline mla_ext::MergeParams make_merge_params(const Tensor& output,
   if (output_lse.has_value()) {
     check_lse(*output_lse, "output_lse");
     check_no_repeats(op, *output_lse, "output_lse");
+    check_lse_needs_values(op, T, H, D);
   }
   if (output_scale.has_value()) {
     const Tensor& sc = *output_scale;
@@ -429,6 +496,7 @@ inline mla_ext::MergeNParams make_merge_n_params(const Tensor& output, const std
               shape_str(ol));
     check_same_device(op, output, "output", ol, "output_lse");
     check_no_repeats(op, ol, "output_lse");
+    check_lse_needs_values(op, T, H, D);
     p.output_lse = static_cast<float*>(ol.data_ptr());
     p.output_lse_stride_token = ol.stride(0);
     p.output_lse_stride_head = ol.stride(1);
