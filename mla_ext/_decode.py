@@ -11,20 +11,12 @@ from typing import Optional, Union
 
 import torch
 
-from ._ops import check_same_device
+from ._ops import check_same_device, explain_bad_tensor_args
+from ._ops import int_arg as _int_arg
 
 _ops = torch.ops.mla_ext
 
 __all__ = ["sparse_mla_decode", "sparse_mla_decode_workspace_size", "DecodeWorkspace"]
-
-
-def _int_arg(fn: str, name: str, value) -> int:
-    """``value`` as an int; a TypeError naming the argument for floats and other non-integers
-    (``int()`` would silently truncate 2.5 splits to 2)."""
-    try:
-        return operator.index(value)
-    except TypeError:
-        raise TypeError(f"{fn}: expected {name} to be an integer, got {value!r}") from None
 
 
 def _splits_arg(fn: str, value) -> int:
@@ -116,7 +108,8 @@ def sparse_mla_decode(
         softmax_scale: finite multiplier of ``q.K`` (V3.2: ``192**-0.5 * mscale**2``; V4:
             ``512**-0.5``; see :mod:`mla_ext.reference`).
         output: ``[num_tokens, num_heads, 512]`` bfloat16. **Mutated**: every element written.
-            Any token and head strides; last dim stride 1. ``output``, ``lse`` and
+            Any token and head strides whose elements do not overlap; last dim stride 1.
+            ``output``, ``lse`` and
             ``workspace`` share no memory with each other or with any other argument (not even
             ``q``, whose V4 shape is the same); disjoint parts of one buffer are fine.
         workspace: 1-D contiguous uint8 tensor on the same device, at least
@@ -135,8 +128,9 @@ def sparse_mla_decode(
             come together, ``extra_lengths [num_tokens]`` only with them.
         attn_sink: optional ``[num_heads]`` float32 (any stride) per-head sink logit (V4):
             adds ``exp(attn_sink[h] - m)`` to the denominator only.
-        lse: optional ``[num_tokens, num_heads]`` float32, any strides (e.g. a ``.T`` view of a
-            ``[num_heads, num_tokens]`` buffer). **Mutated**: the natural-log sum-exp of the
+        lse: optional ``[num_tokens, num_heads]`` float32, any strides whose elements do not
+            overlap (e.g. a ``.T`` view of a ``[num_heads, num_tokens]`` buffer). **Mutated**:
+            the natural-log sum-exp of the
             scores, sink excluded.
         num_splits: split-K count: 0 = automatic (from num_tokens, num_heads, ``W + W2``, the
             device's processor count and whether the call can take the balanced map below,
@@ -171,12 +165,22 @@ def sparse_mla_decode(
             different devices, ``num_splits`` outside 0..256, a non-finite ``softmax_scale``, a
             workspace smaller than needed (the message states the bytes needed) or not 16-byte
             aligned, ``output`` / ``lse`` / ``workspace`` sharing memory with each other or
-            with another argument, or (GPU) q or cache rows not 16-byte aligned.
-        TypeError: ``num_splits`` not an integer (e.g. a float).
+            with another argument, ``output`` / ``lse`` elements sharing memory among
+            themselves (e.g. heads closer than 512 elements; ``expand()`` views), or (GPU) q
+            or cache rows not 16-byte aligned.
+        TypeError: ``num_splits`` not an integer (a float, a bool), or a tensor argument that
+            is not a tensor (``None`` for a required one), naming it.
     """
-    _ops.sparse_mla_decode(q, kv_cache, indices, kv_format, float(softmax_scale), output, workspace,
-                           lengths, extra_kv_cache, extra_indices, extra_lengths, attn_sink, lse,
-                           _int_arg("sparse_mla_decode", "num_splits", num_splits))
+    splits = _int_arg("sparse_mla_decode", "num_splits", num_splits)
+    try:
+        _ops.sparse_mla_decode(q, kv_cache, indices, kv_format, float(softmax_scale), output, workspace,
+                               lengths, extra_kv_cache, extra_indices, extra_lengths, attn_sink, lse, splits)
+    except (RuntimeError, TypeError):
+        explain_bad_tensor_args(
+            "sparse_mla_decode", dict(q=q, kv_cache=kv_cache, indices=indices, output=output, workspace=workspace),
+            dict(lengths=lengths, extra_kv_cache=extra_kv_cache, extra_indices=extra_indices,
+                 extra_lengths=extra_lengths, attn_sink=attn_sink, lse=lse))
+        raise
 
 
 def _device_index(device: DeviceLike) -> int:

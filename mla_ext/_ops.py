@@ -12,6 +12,35 @@ _merge_op = torch.ops.mla_ext.merge_attn_states.default
 _merge_n_op = torch.ops.mla_ext.merge_attn_states_n.default
 
 
+def int_arg(fn: str, name: str, value) -> int:
+    """``value`` as an int: a TypeError naming the argument for floats, bools and other
+    non-integers (``int()`` would silently truncate 2.5 to 2; ``True`` is not a count), a
+    RuntimeError for values outside int64 (the ops' integer type)."""
+    if isinstance(value, bool):
+        raise TypeError(f"{fn}: expected {name} to be an integer, got {value!r}")
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{fn}: expected {name} to be an integer, got {value!r}") from None
+    if not -(2**63) <= v < 2**63:
+        raise RuntimeError(f"{fn}: expected {name} to fit in int64, got {v}")
+    return v
+
+
+def explain_bad_tensor_args(op: str, required: dict, optional: dict) -> None:
+    """After an op call failed: raise a TypeError naming the first argument that is not a tensor
+    (required) or neither None nor a tensor (optional), if any; torch's own messages for these
+    (e.g. from a None passed as a required tensor) do not name the argument. Returns otherwise,
+    and the caller re-raises the original error. Only runs on the error path (no host time on
+    successful calls)."""
+    for name, t in required.items():
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{op}: expected {name} to be a torch.Tensor, got {type(t).__name__}")
+    for name, t in optional.items():
+        if t is not None and not isinstance(t, torch.Tensor):
+            raise TypeError(f"{op}: expected {name} to be a torch.Tensor or None, got {type(t).__name__}")
+
+
 def check_same_device(op: str, **tensors) -> None:
     """Raise RuntimeError when the given tensors (None skipped) are not all on one device.
 
@@ -69,8 +98,8 @@ def merge_attn_states(
     Args:
         output: ``[num_tokens, num_heads, head_size]`` float32 / float16 / bfloat16
             (the inputs' dtype), or float8_e4m3fn / float8_e4m3fnuz together with
-            ``output_scale``. **Mutated**: fully written. Any token and head strides;
-            the last dim must have stride 1. May be the very same view as
+            ``output_scale``. **Mutated**: fully written. Any token and head strides whose
+            elements do not overlap; the last dim must have stride 1. May be the very same view as
             ``prefix_output`` or ``suffix_output`` (in place: same data pointer, dtype,
             shape and strides); any other overlap with an input, or with an LSE or
             ``output_scale``, is refused.
@@ -106,7 +135,8 @@ def merge_attn_states(
     Edge cases: an LSE of ``+inf`` or ``-inf`` marks an empty side; one empty
     side selects the other side's values exactly (NaN or garbage in the empty
     side's values cannot leak); both empty gives output 0 and LSE ``-inf``; a NaN
-    LSE gives NaN output and LSE. Zero tokens or heads return at once.
+    LSE gives NaN output and LSE. Zero tokens or heads return at once; so does head_size 0
+    without ``output_lse`` (with one it is refused: the LSE would not be written).
 
     Runs on the tensors' device (CPU or CUDA/ROCm), on the current stream,
     allocates nothing and never synchronises, so it can be captured in a CUDA
@@ -122,12 +152,24 @@ def merge_attn_states(
             ``output_scale``, an FP8 output comes
             without ``output_scale`` (or a scale with a non-FP8 output),
             ``output_scale`` is not float32 / not one element / on another device,
-            ``prefill_tokens_with_context < 0``, or head_size is 2^31 or more.
-        TypeError: ``prefill_tokens_with_context`` is not an integer (e.g. a float).
+            ``prefill_tokens_with_context < 0`` or beyond int64, head_size is 2^31 or more or
+            0 with an ``output_lse`` (and tokens and heads), or ``output`` / ``output_lse``
+            elements share memory among themselves (e.g. heads closer than head_size
+            elements apart; ``expand()`` views).
+        TypeError: ``prefill_tokens_with_context`` is not an integer (a float, a bool), or a
+            tensor argument is not a tensor (``None`` for a required one), naming it.
     """
-    _merge_op(output, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse,
-              None if prefill_tokens_with_context is None else operator.index(prefill_tokens_with_context),
-              output_scale)
+    ctx = (None if prefill_tokens_with_context is None
+           else int_arg("merge_attn_states", "prefill_tokens_with_context", prefill_tokens_with_context))
+    try:
+        _merge_op(output, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse, ctx, output_scale)
+    except (RuntimeError, TypeError):
+        explain_bad_tensor_args(
+            "merge_attn_states",
+            dict(output=output, prefix_output=prefix_output, prefix_lse=prefix_lse, suffix_output=suffix_output,
+                 suffix_lse=suffix_lse),
+            dict(output_lse=output_lse, output_scale=output_scale))
+        raise
 
 
 def merge_attn_states_n(
@@ -154,8 +196,8 @@ def merge_attn_states_n(
 
     Args:
         output: ``[num_tokens, num_heads, head_size]`` float32 / float16 / bfloat16.
-            **Mutated**: fully written. Any token and head strides, last dim stride 1.
-            May be the very same view as one state ``values[s]`` (in place: same data
+            **Mutated**: fully written. Any token and head strides whose elements do not
+            overlap, last dim stride 1. May be the very same view as one state ``values[s]`` (in place: same data
             pointer, shape and strides; every state is read before the output element is
             written); any other overlap with ``values``, ``lses``, ``output_lse`` or
             ``attn_sink`` is refused.
@@ -178,7 +220,8 @@ def merge_attn_states_n(
     not); exactly one non-empty state is selected exactly (its values copied bit for bit, its
     LSE) when there is no sink (or it is ``-inf``), and scaled by ``1 / (1 + exp(sink -
     lse))`` otherwise; any NaN LSE gives NaN output and LSE; a NaN sink gives NaN output.
-    Zero tokens, heads or head_size return at once.
+    Zero tokens or heads return at once; so does head_size 0 without ``output_lse`` (with
+    one it is refused: the LSE would not be written).
 
     Runs on the tensors' device (CPU or CUDA/ROCm), on the current stream, allocates
     nothing and never synchronises (CUDA-graph capturable). Offsets are 64-bit.
@@ -190,7 +233,15 @@ def merge_attn_states_n(
             the wrong shape, ``output_lse`` shares memory with ``lses`` or ``attn_sink``,
             ``output`` overlaps ``values`` other than as one state's very same view or
             shares memory with ``lses`` / ``output_lse`` / ``attn_sink``, a last dim is not
-            contiguous, ``attn_sink`` is not float32 ``[num_heads]``, or tensors are on
-            different devices.
+            contiguous, ``attn_sink`` is not float32 ``[num_heads]``, tensors are on
+            different devices, ``output`` / ``output_lse`` elements share memory among
+            themselves, or head_size is 0 with an ``output_lse`` (and tokens and heads).
+        TypeError: a tensor argument that is not a tensor (``None`` for a required one),
+            naming it.
     """
-    _merge_n_op(output, output_lse, values, lses, attn_sink)
+    try:
+        _merge_n_op(output, output_lse, values, lses, attn_sink)
+    except (RuntimeError, TypeError):
+        explain_bad_tensor_args("merge_attn_states_n", dict(output=output, values=values, lses=lses),
+                                dict(output_lse=output_lse, attn_sink=attn_sink))
+        raise
