@@ -17,7 +17,7 @@ inputs), :mod:`mla_ext.models` (DeepSeek presets), :mod:`mla_ext.bench`, :mod:`m
 (context-parallel decode over torch.distributed).
 
 The contract (math, byte layouts, index rules) is restated in the docstrings of the ops and of
-:mod:`mla_ext.formats`; the project's design document is DESIGN.md in the development tree.
+:mod:`mla_ext.formats`; the project's design document is docs/DESIGN.md in the source tree.
 """
 from ._load import load_extension as _load_extension
 
