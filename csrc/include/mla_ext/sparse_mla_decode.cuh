@@ -120,10 +120,10 @@ struct Fmt<KvFormat::kFP8DsMlaV4, 512> {
 // rows, which dequantises tile j + 1 into one stage while the P.V wgmmas of
 // tile j read the other; S then lives in the stage that is free during Q.K and
 // the softmax. H200, V4 C128 at 64-128 heads x 16-128 tokens: -2..-4%. Not in
-// the uniform-map warpgroup kernels, where it measured +3..7% (window and C4
-// layers at 64-128 heads x >= 64 tokens): at 209 KB of shared memory the L1
+// the uniform-map warpgroup kernels, where it measured +2.7..7.5% (window and
+// C4 layers at 64-128 heads x >= 64 tokens): at 209 KB of shared memory the L1
 // cache shrinks (the carveout goes from 196 to 228 KB), and the one-stage
-// kernel with its carveout forced to the maximum loses the same 3..7.5%
+// kernel with its carveout forced to the maximum loses about as much, 0..7.5%
 // (benchmarks/NOTES.md, sixteenth session); nor at d_qk 576 or with
 // fp8_ds_mla's P copies (a second stage does not fit in 227 KB).
 MLA_EXT_HD constexpr bool decode_two_stages(KvFormat f, int d_qk, bool wg, bool bal) {
