@@ -6,7 +6,6 @@ split-K scratch buffer reused across layers and decode steps. Contract: DESIGN.m
 """
 from __future__ import annotations
 
-import operator
 from typing import Optional, Union
 
 import torch
