@@ -603,7 +603,8 @@ __device__ __forceinline__ void wgmma_m64n128k16_bt(float (&d)[64], uint64_t da,
 // 2 (t / 8) + (t / 4) % 2 and quarter q = t % 4 of it: FP8 chunks q + 4 k
 // (V4: k = the chunk's 64-dim scale group, so one 8-byte load brings all of a
 // row's scales; V3.2: thread q loads the fp32 scale of 128-dim group q) and
-// RoPE chunks 2 q, 2 q + 1. One row pointer per thread and
+// the RoPE chunks of rope_chunk (padded tile: 64 contiguous bytes per load
+// instruction and row; SWZ, the swizzled tile: 2 q, 2 q + 1). One row pointer per thread and
 // tile instead of one per unit, no per-unit index arithmetic, and each 16-byte
 // store phase (8 lanes) covers 4 chunks of a row pair: conflict-free in the
 // padded tile of the mma.sync kernels, whose second row lies 16 bytes further
@@ -611,7 +612,8 @@ __device__ __forceinline__ void wgmma_m64n128k16_bt(float (&d)[64], uint64_t da,
 // 832 instead of 448 wavefronts per tile), and in the swizzled tile, where the
 // pair's rows have opposite swizzle parity. H200: up to -9% on V4 calls, +2%
 // on the window layer at 64 tokens (benchmarks/NOTES.md, fourteenth session).
-template <KvFormat F, int DQK, int BN, bool SPLIT = true, bool PAIRED = false, bool QUARTERS = false>
+template <KvFormat F, int DQK, int BN, bool SPLIT = true, bool PAIRED = false, bool QUARTERS = false,
+          bool SWZ = false>
 struct Gather {
   static constexpr KvFormat kLayout = kv_layout(F);  // fnuz formats: their e4m3fn twin's bytes
   using FT = Fmt<kLayout, DQK>;
@@ -659,6 +661,25 @@ struct Gather {
   static_assert(!kQuarters || (kThreads == 4 * BN && kNF % 4 == 0 && kNR == 8 && kUF == kNF / 4 && kUR == 2),
                 "row quarters: 4 threads per row, kNF / 4 FP8 + 2 RoPE chunks each");
   static __device__ __forceinline__ int quarter_row(int tid) { return 2 * (tid >> 3) + ((tid >> 2) & 1); }
+  // RoPE chunk (0..7) of quarter q's unit k in `row`. Padded tile (mma.sync
+  // kernels): each load instruction reads 64 contiguous bytes of a row (chunks
+  // 4k..4k+3 up to a rotation), so its sectors are whole; with chunks 2q, 2q + 1
+  // an instruction read four 16-byte pieces 32 bytes apart and every RoPE sector
+  // was fetched twice, half used each time. The odd row of a store phase's row
+  // pair (slot = row + chunk mod 8, rows 1040 bytes apart) takes chunks q + 3,
+  // then q + 7 mod 8, so the phase's 8 stores stay on 8 different 16-byte slots
+  // (3 sectors per instruction, 6 for that row instead of 4). H200: -1..2.5% at
+  // 16 heads (C4, C128, straggler batch). SWZ (swizzled tile of the warpgroup
+  // kernels) keeps 2q, 2q + 1: the whole-sector order there (chunks q + 4 k, the
+  // odd row the other half first) measured +-1% on the uniform map and +4% on
+  // the balanced one at 64 heads (benchmarks/NOTES.md, seventeenth session).
+  static __device__ __forceinline__ int rope_chunk(int q, int k, int row) {
+    if constexpr (SWZ) {
+      return 2 * q + k;
+    } else {
+      return (row & 1) ? ((q + 3 + 4 * k) & 7) : q + 4 * k;
+    }
+  }
 
   // Only loads here: nothing consumes a loaded value before store(), so every
   // load of the tile is in flight at once (no per-load latency chain).
@@ -688,7 +709,7 @@ struct Gather {
     }
 #pragma unroll
     for (int k = 0; k < kUR; ++k)
-      raw[kUF + k] = *reinterpret_cast<const uint4*>(d + FT::kRopeByte + 16 * (2 * q + k));
+      raw[kUF + k] = *reinterpret_cast<const uint4*>(d + FT::kRopeByte + 16 * rope_chunk(q, k, row));
   }
   __device__ __forceinline__ void load_units(const uint8_t* const* data, const uint8_t* const* scale, int tid) {
 #pragma unroll
@@ -743,23 +764,30 @@ struct Gather {
   }
   template <bool SKIP>
   __device__ __forceinline__ void store_quarters(uint16_t* K, int kst, float* ksc, int tid, int live) const {
-    const int row = quarter_row(tid), q = tid & 3;
+    const int row = quarter_row(tid);
     if (SKIP && row >= ((live + 15) & ~15)) return;  // past the last live 16-row block: not read
-    const uint4 z = make_uint4(0u, 0u, 0u, 0u);
     uint16_t* krow = K + size_t(row) * kst;
-    const bool dead = SKIP && row >= live;
+    store_quarter_row([&](int ch, const uint4& v) { *reinterpret_cast<uint4*>(krow + 8 * ch) = v; }, ksc, tid,
+                      SKIP && row >= live);
+  }
+  // This thread's quarter of its row (quarter_row(tid)): scale (kScaled), FP8
+  // chunks dequantised, RoPE chunks copied, zeros where dead; put(ch, v) stores
+  // 16-byte chunk ch of the row (padded or swizzled tile).
+  template <class PUT>
+  __device__ __forceinline__ void store_quarter_row(const PUT& put, float* ksc, int tid, bool dead) const {
+    const int row = quarter_row(tid), q = tid & 3;
+    const uint4 z = make_uint4(0u, 0u, 0u, 0u);
     if constexpr (kScaled) ksc[q * BN + row] = dead ? 0.f : bits_to_float(sraw[0]);
 #pragma unroll
     for (int k = 0; k < kUF; ++k) {
       const int c = q + 4 * k;
       uint4 lo = z, hi = z;
       if (!dead) dequant_unit(k, c, row, ksc, lo, hi);
-      *reinterpret_cast<uint4*>(krow + 16 * c) = lo;
-      *reinterpret_cast<uint4*>(krow + 16 * c + 8) = hi;
+      put(2 * c, lo);
+      put(2 * c + 1, hi);
     }
 #pragma unroll
-    for (int k = 0; k < kUR; ++k)
-      *reinterpret_cast<uint4*>(krow + FT::kRopeDim + 8 * (2 * q + k)) = dead ? z : raw[kUF + k];
+    for (int k = 0; k < kUR; ++k) put(FT::kRopeDim / 8 + rope_chunk(q, k, row), dead ? z : raw[kUF + k]);
   }
   template <bool SKIP>
   __device__ __forceinline__ void store_units(uint16_t* K, int kst, float* ksc, int tid, int live) const {
@@ -823,20 +851,8 @@ struct Gather {
     if constexpr (kQuarters) {
       // Row quarters: every store phase (8 lanes: 4 chunks of a row pair) hits 8
       // slots, the pair's rows having opposite swizzle parity.
-      const uint4 z = make_uint4(0u, 0u, 0u, 0u);
-      const int row = quarter_row(tid), q = tid & 3;
-      const bool dead = row >= live;
-      if constexpr (kScaled) ksc[q * BN + row] = dead ? 0.f : bits_to_float(sraw[0]);
-#pragma unroll
-      for (int k = 0; k < kUF; ++k) {
-        const int c = q + 4 * k;
-        uint4 lo = z, hi = z;
-        if (!dead) dequant_unit(k, c, row, ksc, lo, hi);
-        put(row, 2 * c, lo);
-        put(row, 2 * c + 1, hi);
-      }
-#pragma unroll
-      for (int k = 0; k < kUR; ++k) put(row, FT::kRopeDim / 8 + 2 * q + k, dead ? z : raw[kUF + k]);
+      const int row = quarter_row(tid);
+      store_quarter_row([&](int ch, const uint4& v) { put(row, ch, v); }, ksc, tid, row >= live);
     } else {
       store_swizzled_units(put, ksc, tid, live);
     }
@@ -952,7 +968,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
   // session).
   constexpr bool kQuartersK =
       MMA && (kv_layout(F) == KvFormat::kFP8DsMlaV4 || (WG && kv_layout(F) == KvFormat::kFP8DsMla));
-  using G = Gather<F, DQK, C::BN, !(SC && MT == 4 && !WG), kWholeK, kQuartersK>;
+  using G = Gather<F, DQK, C::BN, !(SC && MT == 4 && !WG), kWholeK, kQuartersK, WG>;
   constexpr int HTp = C::HTp, BN = C::BN, KST = C::KST, SST = C::SST, PST = C::PST;
   constexpr int TPR = C::TPR, CPT = C::CPT;
   static_assert(!SC || MT > 2 || TPR % 2 == 0, "SC P-pair writes need an even number of threads per softmax row");
