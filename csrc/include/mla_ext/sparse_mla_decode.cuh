@@ -789,6 +789,9 @@ struct Gather {
 #pragma unroll
     for (int k = 0; k < kUR; ++k) put(FT::kRopeDim / 8 + rope_chunk(q, k, row), dead ? z : raw[kUF + k]);
   }
+  // FP8 units dealt one row per warp (V3.2's 32 FP8 chunks per row, row-major
+  // dealing: c = lane): see store_units.
+  static constexpr bool kPhaseSwap = kFp8 && SPLIT && !kRuns && kNF == 32 && kThreads % 32 == 0;
   template <bool SKIP>
   __device__ __forceinline__ void store_units(uint16_t* K, int kst, float* ksc, int tid, int live) const {
     const int zero_end = (live + 15) & ~15;
@@ -819,9 +822,21 @@ struct Gather {
         continue;
       }
       uint4 lo, hi;
-      dequant_unit(k, c, row, ksc, lo, hi);
-      *reinterpret_cast<uint4*>(krow + 16 * c) = lo;
-      *reinterpret_cast<uint4*>(krow + 16 * c + 8) = hi;
+      if constexpr (kPhaseSwap) {
+        // A store phase (8 lanes) holds chunks c = 8 m .. 8 m + 7 of one row,
+        // whose low halves lie on 16-byte slots 2 c (4 distinct of 8 mod 128
+        // bytes: 2-way conflicts) and high halves on 2 c + 1. Lanes with c & 4
+        // dequantise and store their high half first (the raw words swapped),
+        // so each of the two stores covers 8 slots.
+        const bool sw = (c & 4) != 0;
+        dequant_unit<true>(k, c, row, ksc, lo, hi, sw);
+        *reinterpret_cast<uint4*>(krow + 16 * c + (sw ? 8 : 0)) = lo;
+        *reinterpret_cast<uint4*>(krow + 16 * c + (sw ? 0 : 8)) = hi;
+      } else {
+        dequant_unit(k, c, row, ksc, lo, hi);
+        *reinterpret_cast<uint4*>(krow + 16 * c) = lo;
+        *reinterpret_cast<uint4*>(krow + 16 * c + 8) = hi;
+      }
     }
 #pragma unroll
     for (int k = 0; k < kUR; ++k) {
@@ -892,7 +907,10 @@ struct Gather {
   // FP8 unit k (chunk c of row `row`) dequantised into two 16-byte bf16 chunks;
   // kScaled: its fp32 scale goes to ksc instead (the raw values are exact in bf16).
   // Invalid rows: raw bytes and scale bits are 0 -> +0 * 2^-127 = 0.
-  __device__ __forceinline__ void dequant_unit(int k, int c, int row, float* ksc, uint4& lo, uint4& hi) const {
+  // SWAP: the chunk's two halves exchanged (hi dequantised into lo and back).
+  template <bool SWAP = false>
+  __device__ __forceinline__ void dequant_unit(int k, int c, int row, float* ksc, uint4& lo, uint4& hi,
+                                               bool swap = false) const {
     // V4 row quarters: unit k's scale is byte k of the row's 8 scale bytes.
     // V3.2 with kRowScales or quarters: the scale went to ksc in store, sb unused.
     uint32_t sb = 0u;
@@ -909,10 +927,12 @@ struct Gather {
       sc = 1.f;
     }
     constexpr bool kFnuz = kv_is_fnuz(F);
-    dequant4<kFnuz, !kScaled>(raw[k].x, sc, lo.x, lo.y);
-    dequant4<kFnuz, !kScaled>(raw[k].y, sc, lo.z, lo.w);
-    dequant4<kFnuz, !kScaled>(raw[k].z, sc, hi.x, hi.y);
-    dequant4<kFnuz, !kScaled>(raw[k].w, sc, hi.z, hi.w);
+    uint4 r = raw[k];
+    if (SWAP && swap) r = make_uint4(r.z, r.w, r.x, r.y);
+    dequant4<kFnuz, !kScaled>(r.x, sc, lo.x, lo.y);
+    dequant4<kFnuz, !kScaled>(r.y, sc, lo.z, lo.w);
+    dequant4<kFnuz, !kScaled>(r.z, sc, hi.x, hi.y);
+    dequant4<kFnuz, !kScaled>(r.w, sc, hi.z, hi.w);
   }
 
 
