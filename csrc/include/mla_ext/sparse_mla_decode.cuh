@@ -613,7 +613,7 @@ __device__ __forceinline__ void wgmma_m64n128k16_bt(float (&d)[64], uint64_t da,
 // pair's rows have opposite swizzle parity. H200: up to -9% on V4 calls, +2%
 // on the window layer at 64 tokens (benchmarks/NOTES.md, fourteenth session).
 template <KvFormat F, int DQK, int BN, bool SPLIT = true, bool PAIRED = false, bool QUARTERS = false,
-          bool SWZ = false>
+          bool SWZ = false, bool PHASES = false>
 struct Gather {
   static constexpr KvFormat kLayout = kv_layout(F);  // fnuz formats: their e4m3fn twin's bytes
   using FT = Fmt<kLayout, DQK>;
@@ -790,8 +790,10 @@ struct Gather {
     for (int k = 0; k < kUR; ++k) put(FT::kRopeDim / 8 + rope_chunk(q, k, row), dead ? z : raw[kUF + k]);
   }
   // FP8 units dealt one row per warp (V3.2's 32 FP8 chunks per row, row-major
-  // dealing: c = lane): see store_units.
-  static constexpr bool kPhaseSwap = kFp8 && SPLIT && !kRuns && kNF == 32 && kThreads % 32 == 0;
+  // dealing: c = lane), stores in full phases (PHASES: the 16-head mma.sync
+  // tile, -2..3% at 8-16 heads x >= 64 tokens; the 32-head tile measured +3..4%
+  // with it, seventeenth session): see store_units.
+  static constexpr bool kPhaseSwap = PHASES && kFp8 && SPLIT && !kRuns && kNF == 32 && kThreads % 32 == 0;
   template <bool SKIP>
   __device__ __forceinline__ void store_units(uint16_t* K, int kst, float* ksc, int tid, int live) const {
     const int zero_end = (live + 15) & ~15;
@@ -988,7 +990,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
   // session).
   constexpr bool kQuartersK =
       MMA && (kv_layout(F) == KvFormat::kFP8DsMlaV4 || (WG && kv_layout(F) == KvFormat::kFP8DsMla));
-  using G = Gather<F, DQK, C::BN, !(SC && MT == 4 && !WG), kWholeK, kQuartersK, WG>;
+  using G = Gather<F, DQK, C::BN, !(SC && MT == 4 && !WG), kWholeK, kQuartersK, WG, MMA && !WG && MT == 1>;
   constexpr int HTp = C::HTp, BN = C::BN, KST = C::KST, SST = C::SST, PST = C::PST;
   constexpr int TPR = C::TPR, CPT = C::CPT;
   static_assert(!SC || MT > 2 || TPR % 2 == 0, "SC P-pair writes need an even number of threads per softmax row");
