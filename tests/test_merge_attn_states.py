@@ -946,6 +946,28 @@ def test_non_tensor_argument_named(device, name):
         mla_ext.merge_attn_states(out, [0.0], pa, la, pb, lb)
 
 
+@pytest.mark.parametrize("name", ["output", "prefix_output", "prefix_lse", "suffix_output", "suffix_lse"])
+def test_op_none_tensor_refused(device, name):
+    """None for a required tensor straight into torch.ops (no Python wrapper): torch passes it as an
+    undefined tensor, which the op refuses by name before touching anything (torch 2.11 crashed)."""
+    T, H, D = 4, 3, 16
+    pa, la, pb, lb = make_case(T, H, D, torch.bfloat16, device)
+    out = poison_(torch.empty(T, H, D, dtype=torch.bfloat16, device=device))
+    out_lse = poison_(torch.empty(T, H, device=device))
+    args = dict(output=out, output_lse=out_lse, prefix_output=pa, prefix_lse=la, suffix_output=pb, suffix_lse=lb)
+    args[name] = None
+    with pytest.raises(RuntimeError, match=f"merge_attn_states: expected {name} to be a tensor, got None"):
+        torch.ops.mla_ext.merge_attn_states(*args.values())
+    assert out.isnan().all() and out_lse.isnan().all()
+    values, lses = torch.stack([pa, pb]), torch.stack([la, lb])
+    n_args = dict(output=out, output_lse=out_lse, values=values, lses=lses)
+    if name in n_args:
+        n_args[name] = None
+        with pytest.raises(RuntimeError, match=f"merge_attn_states_n: expected {name} to be a tensor, got None"):
+            torch.ops.mla_ext.merge_attn_states_n(*n_args.values())
+        assert out.isnan().all() and out_lse.isnan().all()
+
+
 @pytest.mark.parametrize("value,err,needle", [(2.5, TypeError, "prefill_tokens_with_context to be an integer"),
                                               (True, TypeError, "prefill_tokens_with_context to be an integer"),
                                               (2**70, RuntimeError, "prefill_tokens_with_context to fit in int64")])

@@ -996,6 +996,20 @@ def test_non_tensor_argument_named(device, name):
     assert torch.equal(ws, before[2])
 
 
+@pytest.mark.parametrize("name", ["q", "kv_cache", "indices", "output", "workspace"])
+def test_op_none_tensor_refused(device, name):
+    """None for a required tensor straight into torch.ops (no Python wrapper): torch passes it as an
+    undefined tensor, which the op refuses by name before touching anything (torch 2.11 crashed)."""
+    args = _valid(device)
+    out, lse, ws = args["output"], args["lse"], args["workspace"]
+    before = (out.clone(), lse.clone(), ws.clone())
+    args[name] = None
+    with pytest.raises(RuntimeError, match=f"sparse_mla_decode: expected {name} to be a tensor, got None"):
+        torch.ops.mla_ext.sparse_mla_decode(*args.values())
+    assert torch.equal(out.isnan(), before[0].isnan()) and torch.equal(lse.isnan(), before[1].isnan())
+    assert torch.equal(ws, before[2])
+
+
 @pytest.mark.parametrize("value", [True, 2.0, "2"])
 def test_num_splits_not_an_integer(device, value):
     args = _valid(device)

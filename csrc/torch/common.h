@@ -99,6 +99,18 @@ template <typename... Args>
     if (!(cond)) ::mla_ext_torch::fail(op, ": ", __VA_ARGS__); \
   } while (0)
 
+// torch hands None for a (non-optional) Tensor argument to the op as an
+// undefined tensor, and any query on one is undefined behaviour in the stable
+// shim (torch 2.11 on the GPU crashed in the first one); checked before
+// anything else, naming the argument.
+inline void check_defined(const char* op, const Tensor& t, const char* name) {
+  MLA_CHECK(t.defined(), op, "expected ", name, " to be a tensor, got None (an undefined tensor)");
+}
+inline void check_defined(const char* op, const std::optional<Tensor>& t, const char* name) {
+  MLA_CHECK(!t.has_value() || t->defined(), op, "expected ", name,
+            " to be a tensor or None, got an undefined tensor inside a value");
+}
+
 // An output must hold each element once: written by many threads at once, elements that share
 // memory would get one of their writes each, in no fixed order. Refused: a dim of size > 1 with
 // stride 0 (an expand()ed view, as torch's in-place ops refuse) and every layout whose elements
@@ -323,6 +335,13 @@ inline mla_ext::MergeParams make_merge_params(const Tensor& output,
                                               std::optional<int64_t> prefill_tokens_with_context = std::nullopt,
                                               const std::optional<Tensor>& output_scale = std::nullopt) {
   const char* op = "merge_attn_states";
+  check_defined(op, output, "output");
+  check_defined(op, output_lse, "output_lse");
+  check_defined(op, prefix_output, "prefix_output");
+  check_defined(op, prefix_lse, "prefix_lse");
+  check_defined(op, suffix_output, "suffix_output");
+  check_defined(op, suffix_lse, "suffix_lse");
+  check_defined(op, output_scale, "output_scale");
   MLA_CHECK(output.dim() == 3, op,
             "expected output to be 3-D [num_tokens, num_heads, head_size], got shape ",
             shape_str(output));
@@ -463,6 +482,11 @@ inline mla_ext::MergeNParams make_merge_n_params(const Tensor& output, const std
                                                  const Tensor& values, const Tensor& lses,
                                                  const std::optional<Tensor>& attn_sink = std::nullopt) {
   const char* op = "merge_attn_states_n";
+  check_defined(op, output, "output");
+  check_defined(op, output_lse, "output_lse");
+  check_defined(op, values, "values");
+  check_defined(op, lses, "lses");
+  check_defined(op, attn_sink, "attn_sink");
   MLA_CHECK(output.dim() == 3, op,
             "expected output to be 3-D [num_tokens, num_heads, head_size], got shape ", shape_str(output));
   const int64_t T = output.size(0), H = output.size(1), D = output.size(2);

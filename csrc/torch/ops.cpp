@@ -127,11 +127,12 @@ void sparse_mla_decode_cuda(Tensor q, Tensor kv_cache, Tensor indices, std::stri
                             std::optional<Tensor> lengths, std::optional<Tensor> extra_kv_cache,
                             std::optional<Tensor> extra_indices, std::optional<Tensor> extra_lengths,
                             std::optional<Tensor> attn_sink, std::optional<Tensor> lse, int64_t num_splits) {
-  const int32_t dev = q.get_device_index();
+  // q is queried only after make_decode_params checked it is defined (None).
   const mla_ext::SparseDecodeParams p = make_decode_params(
       q, kv_cache, indices, kv_format, softmax_scale, output, workspace, lengths, extra_kv_cache,
       extra_indices, extra_lengths, attn_sink, lse, num_splits,
-      [&] { return mla_ext_gpu::processor_count(dev); });
+      [&] { return mla_ext_gpu::processor_count(q.get_device_index()); });
+  const int32_t dev = q.get_device_index();
   if (p.num_tokens == 0 || p.num_heads == 0) return;
   check_decode_gpu_alignment(p);
   const DeviceGuardIfNeeded guard(dev);
@@ -143,6 +144,7 @@ void sparse_mla_decode_cuda(Tensor q, Tensor kv_cache, Tensor indices, std::stri
 // Test only: see mla_ext_gpu::launch_test_late_fill.
 void test_late_fill_cuda(Tensor out, double value, int64_t delay_ns) {
   const char* op = "_test_late_fill";
+  check_defined(op, out, "out");
   MLA_CHECK(out.scalar_type() == ScalarType::Float && out.is_contiguous(), op,
             "expected a contiguous float32 out");
   MLA_CHECK(delay_ns >= 0 && delay_ns <= 1000000000, op, "expected 0 <= delay_ns <= 1e9, got ", delay_ns);
