@@ -110,6 +110,13 @@ inline void check_defined(const char* op, const std::optional<Tensor>& t, const 
   MLA_CHECK(!t.has_value() || t->defined(), op, "expected ", name,
             " to be a tensor or None, got an undefined tensor inside a value");
 }
+// check_defined over (name, tensor) pairs: check_all_defined(op, "a", a, "b", b, ...).
+inline void check_all_defined(const char*) {}
+template <typename T, typename... Rest>
+inline void check_all_defined(const char* op, const char* name, const T& t, const Rest&... rest) {
+  check_defined(op, t, name);
+  check_all_defined(op, rest...);
+}
 
 // An output must hold each element once: written by many threads at once, elements that share
 // memory would get one of their writes each, in no fixed order. Refused: a dim of size > 1 with
@@ -335,13 +342,9 @@ inline mla_ext::MergeParams make_merge_params(const Tensor& output,
                                               std::optional<int64_t> prefill_tokens_with_context = std::nullopt,
                                               const std::optional<Tensor>& output_scale = std::nullopt) {
   const char* op = "merge_attn_states";
-  check_defined(op, output, "output");
-  check_defined(op, output_lse, "output_lse");
-  check_defined(op, prefix_output, "prefix_output");
-  check_defined(op, prefix_lse, "prefix_lse");
-  check_defined(op, suffix_output, "suffix_output");
-  check_defined(op, suffix_lse, "suffix_lse");
-  check_defined(op, output_scale, "output_scale");
+  check_all_defined(op, "output", output, "output_lse", output_lse, "prefix_output", prefix_output, "prefix_lse",
+                    prefix_lse, "suffix_output", suffix_output, "suffix_lse", suffix_lse, "output_scale",
+                    output_scale);
   MLA_CHECK(output.dim() == 3, op,
             "expected output to be 3-D [num_tokens, num_heads, head_size], got shape ",
             shape_str(output));
@@ -482,11 +485,8 @@ inline mla_ext::MergeNParams make_merge_n_params(const Tensor& output, const std
                                                  const Tensor& values, const Tensor& lses,
                                                  const std::optional<Tensor>& attn_sink = std::nullopt) {
   const char* op = "merge_attn_states_n";
-  check_defined(op, output, "output");
-  check_defined(op, output_lse, "output_lse");
-  check_defined(op, values, "values");
-  check_defined(op, lses, "lses");
-  check_defined(op, attn_sink, "attn_sink");
+  check_all_defined(op, "output", output, "output_lse", output_lse, "values", values, "lses", lses, "attn_sink",
+                    attn_sink);
   MLA_CHECK(output.dim() == 3, op,
             "expected output to be 3-D [num_tokens, num_heads, head_size], got shape ", shape_str(output));
   const int64_t T = output.size(0), H = output.size(1), D = output.size(2);

@@ -165,28 +165,6 @@ inline mla_ext::KvFormat parse_kv_format(const std::string& s) {
 
 // Validates every argument and returns the params with num_splits resolved.
 // `processor_count` is called (after the device checks) only for num_splits == 0.
-// Every tensor argument defined (None for a required one reaches the op as an
-// undefined tensor); the first check of make_decode_params.
-inline void check_decode_defined(const Tensor& q, const Tensor& kv_cache, const Tensor& indices,
-                                 const Tensor& output, const Tensor& workspace,
-                                 const std::optional<Tensor>& lengths, const std::optional<Tensor>& extra_kv_cache,
-                                 const std::optional<Tensor>& extra_indices,
-                                 const std::optional<Tensor>& extra_lengths, const std::optional<Tensor>& attn_sink,
-                                 const std::optional<Tensor>& lse) {
-  const char* op = decode_detail::kOp;
-  check_defined(op, q, "q");
-  check_defined(op, kv_cache, "kv_cache");
-  check_defined(op, indices, "indices");
-  check_defined(op, output, "output");
-  check_defined(op, workspace, "workspace");
-  check_defined(op, lengths, "lengths");
-  check_defined(op, extra_kv_cache, "extra_kv_cache");
-  check_defined(op, extra_indices, "extra_indices");
-  check_defined(op, extra_lengths, "extra_lengths");
-  check_defined(op, attn_sink, "attn_sink");
-  check_defined(op, lse, "lse");
-}
-
 inline mla_ext::SparseDecodeParams make_decode_params(
     const Tensor& q, const Tensor& kv_cache, const Tensor& indices, const std::string& kv_format,
     double softmax_scale, const Tensor& output, const Tensor& workspace,
@@ -196,8 +174,10 @@ inline mla_ext::SparseDecodeParams make_decode_params(
     const std::function<int()>& processor_count) {
   using namespace decode_detail;
   mla_ext::SparseDecodeParams p;
-  check_decode_defined(q, kv_cache, indices, output, workspace, lengths, extra_kv_cache, extra_indices,
-                       extra_lengths, attn_sink, lse);
+  // Every tensor argument defined first (None for a required one reaches the op as an undefined tensor).
+  check_all_defined(kOp, "q", q, "kv_cache", kv_cache, "indices", indices, "output", output, "workspace", workspace,
+                    "lengths", lengths, "extra_kv_cache", extra_kv_cache, "extra_indices", extra_indices,
+                    "extra_lengths", extra_lengths, "attn_sink", attn_sink, "lse", lse);
 
   // q
   MLA_CHECK(q.scalar_type() == ScalarType::BFloat16, kOp, "expected q to be bfloat16, got ",
