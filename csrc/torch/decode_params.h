@@ -100,6 +100,13 @@ inline void fill_cache(const Tensor& q, const Tensor& c, const char* name, mla_e
   MLA_CHECK(page_size >= 1, kOp, "expected ", name, " to have page_size >= 1, got shape ", shape_str(c));
   const int64_t esize = int64_t(c.element_size());
   if (layout == mla_ext::KvFormat::kFP8DsMlaV4) {
+    // A page is one block of page_size * 584 bytes (data rows at a 576-byte
+    // pitch, then the scale rows): the kernels never read by stride(1), so a
+    // view whose rows are not packed would be read past its own bytes.
+    MLA_CHECK(page_size <= 1 || c.stride(1) == mla_ext::kFP8DsMlaV4RowBytes, kOp, "expected ", name,
+              " token stride (stride(1)) == 584 for kv_format \"", fmt_name,
+              "\" (a page is one block of page_size * 584 bytes: data rows, then scale rows), got ",
+              c.stride(1));
     const int64_t need = page_size * mla_ext::kFP8DsMlaV4RowBytes;
     MLA_CHECK(num_pages <= 1 || c.stride(0) >= need, kOp, "expected ", name,
               " page stride (stride(0), bytes) >= page_size*584 = ", need,
@@ -263,7 +270,9 @@ inline mla_ext::SparseDecodeParams make_decode_params(
             "expected workspace to be contiguous, got stride ", workspace.stride(0));
 
   // scalars
-  MLA_CHECK(std::isfinite(softmax_scale), kOp, "expected softmax_scale to be finite, got ", softmax_scale);
+  // Finite as the float32 the kernels use (1e39 is a finite double but +inf as a float).
+  MLA_CHECK(std::isfinite(softmax_scale) && std::isfinite(float(softmax_scale)), kOp,
+            "expected softmax_scale to be finite as a float32 (|softmax_scale| <= 3.4e38), got ", softmax_scale);
   MLA_CHECK(num_splits >= 0 && num_splits <= mla_ext::kMaxSplits, kOp,
             "expected num_splits to be 0 (automatic) or 1..", mla_ext::kMaxSplits, ", got ", num_splits);
 
