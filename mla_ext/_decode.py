@@ -10,7 +10,7 @@ from typing import Optional, Union
 
 import torch
 
-from ._ops import check_same_device, explain_bad_tensor_args
+from ._ops import check_same_device, explain_bad_tensor_args, mark_written
 from ._ops import int_arg as _int_arg
 
 _ops = torch.ops.mla_ext
@@ -90,7 +90,8 @@ def sparse_mla_decode(
             4 fp32 scales, one per 128 elements + 64 bf16 RoPE values).
             ``"fp8_ds_mla_v4"`` (DeepSeek V4): uint8 view with row = 584 whose page stride
             ``stride(0)`` (bytes, >= ``page_size * 584``, usually padded to a multiple of 576)
-            is honoured; inside a page, ``page_size`` data rows of 576 bytes (448 e4m3fn + 64
+            is honoured and whose token stride ``stride(1)`` is 584 (a page is one block of
+            bytes); inside a page, ``page_size`` data rows of 576 bytes (448 e4m3fn + 64
             bf16 RoPE) then ``page_size`` groups of 8 bytes (7 UE8M0 scales, one per 64
             elements, + 1 pad).
             ``"fp8_ds_mla_fnuz"`` / ``"fp8_ds_mla_v4_fnuz"``: the same two layouts byte for
@@ -148,6 +149,9 @@ def sparse_mla_decode(
     Runs on the tensors' device (CPU with OpenMP, or CUDA/ROCm on the current stream); no
     allocation, no host synchronisation, CUDA-graph capturable. Offsets are 64-bit.
 
+    Not differentiable. With grad mode on, the written tensors' version counters are bumped as
+    by torch's in-place ops (autograd then refuses a backward through a tensor this overwrote).
+
     Precision: the CPU computes in fp32 from exactly dequantised keys. The GPU's tensor-core path
     feeds keys and probabilities to the MMA as bf16 with fp32 accumulation. Keys are exact there:
     bf16 caches and V4 keys (e4m3 times a power of two) are bf16 values, and V3.2 keys enter as
@@ -160,10 +164,10 @@ def sparse_mla_decode(
         RuntimeError: before anything is written (``output``, ``lse`` and ``workspace`` are
             left untouched), naming the argument: wrong dtype / shape / strides of any tensor,
             unknown ``kv_format``, a cache row that does not match the format or q's d_qk, a V4
-            page stride below ``page_size * 584`` bytes, an incomplete extra set, tensors on
-            different devices, ``num_splits`` outside 0..256, a non-finite ``softmax_scale``, a
-            workspace smaller than needed (the message states the bytes needed) or not 16-byte
-            aligned, ``output`` / ``lse`` / ``workspace`` sharing memory with each other or
+            page stride below ``page_size * 584`` bytes or a V4 token stride other than 584, an
+            incomplete extra set, tensors on different devices, ``num_splits`` outside 0..256, a
+            ``softmax_scale`` not finite as a float32 (beyond 3.4e38), a workspace smaller than
+            needed (the message states the bytes needed) or not 16-byte aligned, ``output`` / ``lse`` / ``workspace`` sharing memory with each other or
             with another argument, ``output`` / ``lse`` elements sharing memory among
             themselves (e.g. heads closer than 512 elements; ``expand()`` views), or (GPU) q
             or cache rows not 16-byte aligned.
@@ -180,6 +184,7 @@ def sparse_mla_decode(
             dict(lengths=lengths, extra_kv_cache=extra_kv_cache, extra_indices=extra_indices,
                  extra_lengths=extra_lengths, attn_sink=attn_sink, lse=lse))
         raise
+    mark_written(output, lse, workspace)
 
 
 def _device_index(device: DeviceLike) -> int:

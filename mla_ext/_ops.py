@@ -5,6 +5,7 @@ import operator
 from typing import Optional
 
 import torch
+from torch.autograd.graph import increment_version
 
 _ops = torch.ops.mla_ext
 # Resolved overloads: calling .default skips the overload lookup on every call (host time).
@@ -39,6 +40,16 @@ def explain_bad_tensor_args(op: str, required: dict, optional: dict) -> None:
     for name, t in optional.items():
         if t is not None and not isinstance(t, torch.Tensor):
             raise TypeError(f"{op}: expected {name} to be a torch.Tensor or None, got {type(t).__name__}")
+
+
+def mark_written(*tensors) -> None:
+    """Record in autograd that the op wrote these tensors in place (their version counters, as
+    torch's own in-place ops do), so that a tensor saved for backward and overwritten by the op
+    makes backward fail instead of using the new values. Only with grad mode on: engines call the
+    ops under ``no_grad`` / ``inference_mode``, where this costs one ``is_grad_enabled()``; and not
+    while torch.compile traces (functionalization records the mutation there). ``None`` skipped."""
+    if torch.is_grad_enabled() and not torch.compiler.is_compiling():
+        increment_version([t for t in tensors if t is not None])
 
 
 def check_same_device(op: str, **tensors) -> None:
@@ -142,6 +153,9 @@ def merge_attn_states(
     allocates nothing and never synchronises, so it can be captured in a CUDA
     graph. Element offsets are 64-bit.
 
+    Not differentiable. With grad mode on, the written tensors' version counters are bumped as
+    by torch's in-place ops (autograd then refuses a backward through a tensor this overwrote).
+
     Raises:
         RuntimeError: before anything is written, naming the argument, when value
             dtypes differ or are not float32/float16/bfloat16 (output: or FP8), an
@@ -170,6 +184,7 @@ def merge_attn_states(
                  suffix_lse=suffix_lse),
             dict(output_lse=output_lse, output_scale=output_scale))
         raise
+    mark_written(output, output_lse)
 
 
 def merge_attn_states_n(
@@ -226,6 +241,9 @@ def merge_attn_states_n(
     Runs on the tensors' device (CPU or CUDA/ROCm), on the current stream, allocates
     nothing and never synchronises (CUDA-graph capturable). Offsets are 64-bit.
 
+    Not differentiable. With grad mode on, the written tensors' version counters are bumped as
+    by torch's in-place ops (autograd then refuses a backward through a tensor this overwrote).
+
     Raises:
         RuntimeError: before anything is written, naming the argument, when ``values`` is
             not 4-D ``[num_states, *output.shape]`` or has no state, dtypes differ or are
@@ -245,3 +263,4 @@ def merge_attn_states_n(
         explain_bad_tensor_args("merge_attn_states_n", dict(output=output, values=values, lses=lses),
                                 dict(output_lse=output_lse, attn_sink=attn_sink))
         raise
+    mark_written(output, output_lse)

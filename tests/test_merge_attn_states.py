@@ -555,6 +555,46 @@ def test_vllm_compat_lse_not_2d_message():
                                               torch.zeros(3, 8), torch.zeros(3))
 
 
+@pytest.mark.parametrize("name", ["output", "prefix_output", "prefix_lse", "suffix_output", "suffix_lse"])
+def test_vllm_compat_non_tensor_named(name):
+    """The vLLM-layout wrapper names a None / non-tensor argument (a TypeError, as the main
+    wrapper), instead of failing on the transposition with an AttributeError."""
+    T, H, D = 5, 3, 16
+    pa, la, pb, lb = make_case(T, H, D, torch.bfloat16, "cpu", gen_seed=6)
+    out = poison_(torch.empty(T, H, D, dtype=torch.bfloat16))
+    args = dict(output=out, prefix_output=pa, prefix_lse=la.T, suffix_output=pb, suffix_lse=lb.T)
+    args[name] = None
+    with pytest.raises(TypeError, match=f"expected {name} to be a torch.Tensor, got NoneType"):
+        mla_ext.compat.vllm.merge_attn_states(**args)
+    assert out.isnan().all()
+
+
+@pytest.mark.parametrize("n_way", [False, True])
+def test_written_tensors_bump_autograd_versions(n_way):
+    """With grad mode on, the outputs' version counters move as with torch's in-place ops, so a
+    backward through a tensor the merge overwrote fails instead of using the new values; under
+    no_grad nothing is recorded (and the merge is still correct)."""
+    T, H, D = 4, 3, 8
+    pa, la, pb, lb = make_case(T, H, D, torch.float32, "cpu", gen_seed=21)
+    merge = ((lambda o, ol: mla_ext.merge_attn_states_n(o, ol, torch.stack([pa, pb]), torch.stack([la, lb])))
+             if n_way else (lambda o, ol: mla_ext.merge_attn_states(o, ol, pa, la, pb, lb)))
+    a = torch.randn(T, H, D, requires_grad=True)
+    saved = a.exp()  # exp saves its result for backward
+    out_lse = torch.empty(T, H)
+    v0, l0 = saved._version, out_lse._version
+    merge(saved, out_lse)
+    assert saved._version > v0 and out_lse._version > l0
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        saved.sum().backward()
+    with torch.no_grad():
+        out = torch.empty(T, H, D)
+        v0 = out._version
+        merge(out, None)
+        assert out._version == v0
+    want, _ = reference.merge_attn_states(pa, la, pb, lb)
+    assert_close_rel(out, want, torch.float32)
+
+
 def test_prefill_tokens_with_context_must_be_an_integer():
     T, H, D = 5, 3, 16
     pa, la, pb, lb = make_case(T, H, D, torch.float32, "cpu", gen_seed=8)

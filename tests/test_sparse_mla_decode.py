@@ -1010,6 +1010,55 @@ def test_op_none_tensor_refused(device, name):
     assert torch.equal(ws, before[2])
 
 
+@pytest.mark.parametrize("which", ["kv_cache", "extra_kv_cache"])
+@pytest.mark.parametrize("view", ["expanded", "strided_rows"])
+def test_v4_cache_rows_must_be_packed(device, which, view):
+    """A V4 page is one block of page_size * 584 bytes (data rows, then scales): the kernels read
+    it at fixed pitches, never by stride(1), so a view whose rows are not packed (an expanded
+    single row; rows 576 bytes apart) would be read past its own bytes. Refused by name."""
+    args = _valid(device)
+    out, lse, ws = args["output"], args["lse"], args["workspace"]
+    before = (out.clone(), lse.clone(), ws.clone())
+    c = args[which]
+    P, ps = c.shape[0], c.shape[1]
+    base = torch.zeros(P, 1, 584, dtype=torch.uint8, device=device)
+    args[which] = (base.expand(P, ps, 584) if view == "expanded"
+                   else torch.zeros(P * ps * 584, dtype=torch.uint8, device=device).as_strided(
+                       (P, ps, 584), (ps * 584, 576, 1)))
+    with pytest.raises(RuntimeError, match=f"expected {which} token stride \\(stride\\(1\\)\\) == 584"):
+        mla_ext.sparse_mla_decode(args.pop("q"), args.pop("kv_cache"), args.pop("indices"), **args)
+    assert torch.equal(out.isnan(), before[0].isnan()) and torch.equal(lse.isnan(), before[1].isnan())
+    assert torch.equal(ws, before[2])
+
+
+@pytest.mark.parametrize("scale", [1e39, -1e39, float("inf"), float("nan")])
+def test_softmax_scale_beyond_float32_refused(device, scale):
+    """The kernels use softmax_scale as a float32: 1e39 is a finite double but inf as a float (every
+    output would be NaN), so it is refused like a non-finite one, nothing written."""
+    args = _valid(device)
+    out, lse = args["output"], args["lse"]
+    args["softmax_scale"] = scale
+    with pytest.raises(RuntimeError, match="expected softmax_scale to be finite as a float32"):
+        mla_ext.sparse_mla_decode(args.pop("q"), args.pop("kv_cache"), args.pop("indices"), **args)
+    assert out.isnan().all() and lse.isnan().all()
+
+
+def test_decode_bumps_autograd_versions(device):
+    """With grad mode on the written output, lse and workspace get new version counters (as with
+    torch's in-place ops); under inference_mode none are recorded."""
+    args = _valid(device)
+    out, lse, ws = args["output"], args["lse"], args["workspace"]
+    v = (out._version, lse._version, ws._version)
+    q, cache, idx = args.pop("q"), args.pop("kv_cache"), args.pop("indices")
+    mla_ext.sparse_mla_decode(q, cache, idx, **args)
+    assert out._version > v[0] and lse._version > v[1] and ws._version > v[2]
+    assert not out.isnan().any()
+    v = (out._version, lse._version, ws._version)
+    with torch.inference_mode():
+        mla_ext.sparse_mla_decode(q, cache, idx, **args)
+    assert (out._version, lse._version, ws._version) == v
+
+
 @pytest.mark.parametrize("value", [True, 2.0, "2"])
 def test_num_splits_not_an_integer(device, value):
     args = _valid(device)

@@ -9,6 +9,7 @@ from typing import Optional
 
 import torch
 
+from .._ops import explain_bad_tensor_args
 from .._ops import merge_attn_states as _merge
 
 
@@ -39,7 +40,15 @@ def merge_attn_states(
     Raises:
         RuntimeError: as :func:`mla_ext.merge_attn_states` (shapes are checked on
             the transposed ``[num_tokens, num_heads]`` views).
+        TypeError: a tensor argument that is not a tensor (``None`` for a required one),
+            naming it.
     """
+    # Non-tensors first, named (the transposes below would fail on them with an AttributeError).
+    explain_bad_tensor_args(
+        "merge_attn_states (vLLM layout)",
+        dict(output=output, prefix_output=prefix_output, prefix_lse=prefix_lse, suffix_output=suffix_output,
+             suffix_lse=suffix_lse),
+        dict(output_lse=output_lse, output_scale=output_scale))
     for name, lse in (("prefix_lse", prefix_lse), ("suffix_lse", suffix_lse), ("output_lse", output_lse)):
         if lse is not None and lse.dim() != 2:
             raise RuntimeError(f"merge_attn_states (vLLM layout): expected {name} to be 2-D "
