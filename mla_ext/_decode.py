@@ -184,7 +184,7 @@ def sparse_mla_decode(
             dict(lengths=lengths, extra_kv_cache=extra_kv_cache, extra_indices=extra_indices,
                  extra_lengths=extra_lengths, attn_sink=attn_sink, lse=lse))
         raise
-    mark_written(output, lse, workspace)
+    mark_written((output, workspace) if lse is None else (output, workspace, lse))
 
 
 def _device_index(device: DeviceLike) -> int:

@@ -42,14 +42,19 @@ def explain_bad_tensor_args(op: str, required: dict, optional: dict) -> None:
             raise TypeError(f"{op}: expected {name} to be a torch.Tensor or None, got {type(t).__name__}")
 
 
-def mark_written(*tensors) -> None:
-    """Record in autograd that the op wrote these tensors in place (their version counters, as
+def mark_written(tensors: tuple) -> None:
+    """Record in autograd that the op wrote ``tensors`` in place (their version counters, as
     torch's own in-place ops do), so that a tensor saved for backward and overwritten by the op
     makes backward fail instead of using the new values. Only with grad mode on: engines call the
-    ops under ``no_grad`` / ``inference_mode``, where this costs one ``is_grad_enabled()``; and not
-    while torch.compile traces (functionalization records the mutation there). ``None`` skipped."""
-    if torch.is_grad_enabled() and not torch.compiler.is_compiling():
-        increment_version([t for t in tensors if t is not None])
+    ops under ``no_grad`` / ``inference_mode``, where this costs one ``is_grad_enabled()`` (~0.1
+    us); ~0.3-0.5 us with it on. Not while torch.compile traces (functionalization records the
+    mutation there). A tuple of tensors, no ``None``."""
+    if _grad_enabled() and not _is_compiling():
+        increment_version(tensors)
+
+
+_grad_enabled = torch.is_grad_enabled
+_is_compiling = torch.compiler.is_compiling
 
 
 def check_same_device(op: str, **tensors) -> None:
@@ -184,7 +189,7 @@ def merge_attn_states(
                  suffix_lse=suffix_lse),
             dict(output_lse=output_lse, output_scale=output_scale))
         raise
-    mark_written(output, output_lse)
+    mark_written((output,) if output_lse is None else (output, output_lse))
 
 
 def merge_attn_states_n(
@@ -263,4 +268,4 @@ def merge_attn_states_n(
         explain_bad_tensor_args("merge_attn_states_n", dict(output=output, values=values, lses=lses),
                                 dict(output_lse=output_lse, attn_sink=attn_sink))
         raise
-    mark_written(output, output_lse)
+    mark_written((output,) if output_lse is None else (output, output_lse))
