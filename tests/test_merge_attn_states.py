@@ -173,6 +173,13 @@ def test_output_overlap_refused(device):
     ref_o, _ = reference.merge_attn_states(pa.cpu(), la.cpu(), pb.cpu(), lb.cpu())
     assert_close_rel(both[:, :, 0], ref_o, torch.float32)
     assert torch.equal(both[:, :, 1], pa)
+    # disjoint fields of one [T, F, H, D] buffer (their gap is a multiple of every stride's gcd,
+    # so only the exact test clears them): output in field 0, prefix in field 2
+    fields = poison_(torch.empty(T, 3, H, D, device=device))
+    fields[:, 2] = pa
+    mla_ext.merge_attn_states(fields[:, 0], None, fields[:, 2], la, pb, lb)
+    assert_close_rel(fields[:, 0], ref_o, torch.float32)
+    assert torch.equal(fields[:, 2], pa) and fields[:, 1].isnan().all()
 
 
 def test_overlap_rows_of_different_lengths(device):
@@ -209,8 +216,8 @@ def _byte_set(t):
 
 
 def test_overlap_check_never_misses_random_views():
-    """Random strided output / LSE views of one float32 buffer: whenever they truly share a byte
-    the op refuses (the check may refuse more, never less), an output whose own elements share
+    """Random strided output / LSE views of one float32 buffer: the op refuses exactly when they
+    truly share a byte (small views are decided exactly), an output whose own elements share
     bytes is refused as such and no disjoint one is, and a refused call writes nothing."""
     g = torch.Generator().manual_seed(21)
     buf = torch.zeros(4096)
@@ -241,9 +248,10 @@ def test_overlap_check_never_misses_random_views():
                 self_refused += 1
             else:
                 assert "not to share memory with prefix_lse" in str(e)
+                assert shares, (T, H, D, out.stride(), out.storage_offset(), lse.stride(), lse.storage_offset())
                 refused += 1
             assert torch.equal(buf, before)
-    assert refused > 20 and accepted > 20 and self_refused > 20  # every outcome exercised
+    assert refused > 10 and accepted > 20 and self_refused > 20  # every outcome exercised
 
 
 def test_empty_batch(device):

@@ -262,6 +262,23 @@ def test_in_place_state_overlapping_another_refused(device):
         assert torch.equal(vals, vals_before) and args["output"].isnan().all()
 
 
+def test_in_place_state_of_token_interleaved_values(device):
+    """States interleaved per token (values a [T, S, H, D] buffer viewed as [S, T, H, D]): output
+    may be values[s] in place, as with the usual [S, T, H, D] layout (the other states are
+    disjoint fields of the same buffer, cleared by the exact overlap test)."""
+    args = _valid(device, S=3)
+    vals = args["values"]
+    S, T, H, D = vals.shape
+    buf = vals.permute(1, 0, 2, 3).contiguous()  # [T, S, H, D]
+    values = buf.permute(1, 0, 2, 3)
+    ref_o, ref_l = reference.merge_attn_states_n(vals.cpu(), args["lses"].cpu())
+    mla_ext.merge_attn_states_n(values[1], args["output_lse"], values, args["lses"])
+    tol = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}[vals.dtype]
+    out = values[1].double().cpu()
+    assert ((out - ref_o).abs().max() / ref_o.abs().max()).item() < tol
+    assert torch.equal(values[0], vals[0]) and torch.equal(values[2], vals[2])
+
+
 def test_output_lse_sharing_lses(device):
     """output_lse may not share elements with lses (e.g. lses[1] in place): a clear error, nothing
     written; a disjoint slot of the same buffer is accepted."""

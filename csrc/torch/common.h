@@ -251,12 +251,37 @@ inline Span span_of(const Tensor& t) {
   return v;
 }
 
+// Sorted start addresses (bytes) of a span's rows (as_rows: its last dim is the row) or
+// elements: every combination of the other dims' offsets. False (nothing filled) when there
+// are more than kMaxOverlapRows of them.
+inline bool span_row_starts(const Span& t, bool as_rows, std::vector<int64_t>& out) {
+  const int64_t es = t.esize > 0 ? t.esize : 1;
+  const int nd = as_rows ? t.dims - 1 : t.dims;
+  int64_t n = 1;
+  for (int d = 0; d < nd; ++d) {
+    n *= t.size[d];
+    if (n > kMaxOverlapRows) return false;
+  }
+  out.assign(size_t(n), int64_t(t.ptr));
+  int64_t filled = 1;
+  for (int d = 0; d < nd; ++d) {
+    for (int64_t k = 1; k < t.size[d]; ++k)
+      for (int64_t r = 0; r < filled; ++r) out[size_t(k * filled + r)] = out[size_t(r)] + k * t.stride[d] * es;
+    filled *= t.size[d];
+  }
+  std::sort(out.begin(), out.end());
+  return true;
+}
+
 // Whether two spans may share a byte of memory (O(dims)). A span is taken as rows of its last
 // dim when that dim has stride 1 (a row of size elements is one contiguous extent), else as
 // single elements. False when the address ranges are apart, or when the gap between the first
 // rows, modulo the gcd g of the byte strides of every other dim that moves, leaves no row of
 // one inside a row of the other (so e.g. the fields of one interleaved [T, H, 2, D] buffer
-// pass as disjoint). A sufficient test for disjointness: an ambiguous pair counts as sharing.
+// pass as disjoint). What that test cannot clear (e.g. the fields of a [T, F, H, D] buffer,
+// whose gap is a multiple of the gcd) is decided exactly by enumeration: both spans' rows
+// sorted by address, no row of one meeting a row of the other, up to kMaxOverlapRows rows each
+// (host time only on this path); larger ambiguous pairs count as sharing.
 inline bool may_share_bytes(const Span& a, const Span& b) {
   // Rows: the last dim when it has stride 1 (or the span's element size is unknown).
   auto rows = [](const Span& t) {
@@ -289,9 +314,25 @@ inline bool may_share_bytes(const Span& a, const Span& b) {
   const int64_t gap = int64_t(a.ptr) - int64_t(b.ptr);
   // Rows [x, x + xa) of a and [y, y + xb) of b meet iff -xa < x - y < xb, and x - y = gap (mod g).
   if (g == 0) return gap > -xa && gap < xb;  // one row each
-  if (g < (xa > xb ? xa : xb)) return true;  // rows longer than the period: not resolved here
-  const int64_t r = ((gap % g) + g) % g;     // x - y is r or r - g (mod g)
-  return r < xb || r > g - xa;
+  if (g >= (xa > xb ? xa : xb)) {            // rows shorter than the period: the residues decide
+    const int64_t r = ((gap % g) + g) % g;   // x - y is r or r - g (mod g)
+    if (!(r < xb || r > g - xa)) return false;
+  }
+  // Exact: the two sorted row lists, no pair meeting (each list's rows have one length, so a
+  // row ending before the other list's current row starts can be passed by).
+  std::vector<int64_t> ra, rb;
+  if (!span_row_starts(a, rows(a), ra) || !span_row_starts(b, rows(b), rb)) return true;
+  size_t i = 0, j = 0;
+  while (i < ra.size() && j < rb.size()) {
+    if (ra[i] + xa <= rb[j]) {
+      ++i;
+    } else if (rb[j] + xb <= ra[i]) {
+      ++j;
+    } else {
+      return true;
+    }
+  }
+  return false;
 }
 
 // Whether two spans are the very same view: pointer, element size, sizes and strides.
