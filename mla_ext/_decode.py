@@ -10,6 +10,7 @@ from typing import Optional, Union
 
 import torch
 
+from . import _fake_checks
 from ._ops import check_same_device, explain_bad_tensor_args, mark_written
 from ._ops import int_arg as _int_arg
 
@@ -36,6 +37,8 @@ def _sparse_mla_decode_fake(q, kv_cache, indices, kv_format, softmax_scale, outp
     check_same_device("sparse_mla_decode", q=q, kv_cache=kv_cache, indices=indices, output=output,
                       workspace=workspace, lengths=lengths, extra_kv_cache=extra_kv_cache,
                       extra_indices=extra_indices, extra_lengths=extra_lengths, attn_sink=attn_sink, lse=lse)
+    _fake_checks.check_decode(q, kv_cache, indices, kv_format, softmax_scale, output, workspace, lengths,
+                              extra_kv_cache, extra_indices, extra_lengths, attn_sink, lse, num_splits)
     return None
 
 

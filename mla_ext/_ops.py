@@ -7,6 +7,8 @@ from typing import Optional
 import torch
 from torch.autograd.graph import increment_version
 
+from . import _fake_checks
+
 _ops = torch.ops.mla_ext
 # Resolved overloads: calling .default skips the overload lookup on every call (host time).
 _merge_op = torch.ops.mla_ext.merge_attn_states.default
@@ -79,6 +81,8 @@ def _merge_attn_states_fake(output, output_lse, prefix_output, prefix_lse, suffi
     check_same_device("merge_attn_states", output=output, output_lse=output_lse, prefix_output=prefix_output,
                       prefix_lse=prefix_lse, suffix_output=suffix_output, suffix_lse=suffix_lse,
                       output_scale=output_scale)
+    _fake_checks.check_merge(output, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse,
+                             prefill_tokens_with_context, output_scale)
     return None
 
 
@@ -86,6 +90,7 @@ def _merge_attn_states_fake(output, output_lse, prefix_output, prefix_lse, suffi
 def _merge_attn_states_n_fake(output, output_lse, values, lses, attn_sink=None):
     check_same_device("merge_attn_states_n", output=output, output_lse=output_lse, values=values, lses=lses,
                       attn_sink=attn_sink)
+    _fake_checks.check_merge_n(output, output_lse, values, lses, attn_sink)
     return None
 
 

@@ -1,4 +1,5 @@
 """merge_attn_states against a float64 reference on fresh random inputs (CPU always, GPU when present)."""
+import re
 import shutil
 import subprocess
 
@@ -601,6 +602,54 @@ def test_written_tensors_bump_autograd_versions(n_way):
         assert out._version == v0
     want, _ = reference.merge_attn_states(pa, la, pb, lb)
     assert_close_rel(out, want, torch.float32)
+
+
+_MERGE_FAKE_REFUSALS = [
+    (dict(prefix_output=lambda a: a["prefix_output"].double()), "expected prefix_output to have output's dtype"),
+    (dict(suffix_output=lambda a: a["suffix_output"][:, :2]), "expected output and suffix_output to have the same shape"),
+    (dict(prefix_lse=lambda a: a["prefix_lse"][:3]), "expected prefix_lse of shape [num_tokens, num_heads]"),
+    (dict(output_lse=lambda a: a["output_lse"].half()), "expected output_lse to be float32"),
+    (dict(output=lambda a: a["output"][0]), "expected output to be 3-D"),
+    (dict(output_scale=lambda a: torch.ones(1, device=a["output"].device)), "expected output_scale to be None"),
+    (dict(ctx=lambda a: -1), "expected prefill_tokens_with_context >= 0"),
+]
+
+
+@pytest.mark.parametrize("i", range(len(_MERGE_FAKE_REFUSALS)))
+def test_fake_kernel_refuses_like_the_op(i):
+    """The same bad call on CPU and on meta tensors (the fake kernel torch.compile traces with):
+    both refused with the same words; the valid call passes on meta."""
+    changes, words = _MERGE_FAKE_REFUSALS[i]
+    T, H, D = 4, 3, 16
+    pa, la, pb, lb = make_case(T, H, D, torch.float32, "cpu", gen_seed=12)
+    cpu = dict(output=torch.empty(T, H, D), output_lse=torch.empty(T, H), prefix_output=pa, prefix_lse=la,
+               suffix_output=pb, suffix_lse=lb, ctx=None, output_scale=None)
+    meta = {k: (v.to("meta") if isinstance(v, torch.Tensor) else v) for k, v in cpu.items()}
+    op = torch.ops.mla_ext.merge_attn_states
+    op(*meta.values())
+    for args in (cpu, meta):
+        bad = dict(args)
+        for k, f in changes.items():
+            bad[k] = f(args)
+        with pytest.raises(RuntimeError, match=re.escape(words)):
+            op(*bad.values())
+
+
+def test_fake_kernel_refuses_like_the_op_n_way():
+    """merge_attn_states_n: values of another dtype, lses of the wrong shape and zero states are
+    refused on meta tensors as on CPU ones."""
+    T, H, D = 4, 3, 16
+    pa, la, pb, lb = make_case(T, H, D, torch.float32, "cpu", gen_seed=13)
+    for dev in ("cpu", "meta"):
+        out = torch.empty(T, H, D, device=dev)
+        values, lses = torch.stack([pa, pb]).to(dev), torch.stack([la, lb]).to(dev)
+        if dev == "meta":
+            torch.ops.mla_ext.merge_attn_states_n(out, None, values, lses)  # the valid call
+        for v, ls, words in ((values.half(), lses, "expected values to have output's dtype"),
+                             (values, lses[:, :2], "expected lses of shape [num_states, num_tokens, num_heads]"),
+                             (values[:0], lses[:0], "expected at least one state")):
+            with pytest.raises(RuntimeError, match=re.escape(words)):
+                torch.ops.mla_ext.merge_attn_states_n(out, None, v, ls)
 
 
 def test_prefill_tokens_with_context_must_be_an_integer():

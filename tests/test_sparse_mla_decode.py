@@ -1059,6 +1059,43 @@ def test_decode_bumps_autograd_versions(device):
     assert (out._version, lse._version, ws._version) == v
 
 
+# (argument changes, words of the refusal): each made to a valid call; the fake (meta) kernel
+# must refuse it with the real op's words, so that torch.compile tracing fails where the op would.
+_FAKE_REFUSALS = [
+    (dict(q=lambda a: a["q"].float()), "expected q to be bfloat16"),
+    (dict(kv_format=lambda a: "nonsense"), "expected kv_format to be one of"),
+    (dict(kv_format=lambda a: "fp8_ds_mla"), "expected q's d_qk to be 576"),
+    (dict(kv_cache=lambda a: a["kv_cache"][..., :576]), "expected kv_cache rows of 584 bytes"),
+    (dict(indices=lambda a: a["indices"].long()), "expected indices to be int32"),
+    (dict(lengths=lambda a: a["lengths"][:2]), "expected lengths of shape [num_tokens]"),
+    (dict(extra_indices=lambda a: None, extra_lengths=lambda a: None),
+     "expected extra_kv_cache and extra_indices to be given together"),
+    (dict(attn_sink=lambda a: a["attn_sink"][:3]), "expected attn_sink of shape [num_heads]"),
+    (dict(output=lambda a: a["output"][..., :256]), "expected output of shape [num_tokens, num_heads, 512]"),
+    (dict(lse=lambda a: a["lse"].double()), "expected lse to be float32"),
+    (dict(workspace=lambda a: a["workspace"].view(torch.int32)), "expected workspace to be a 1-D uint8 tensor"),
+    (dict(softmax_scale=lambda a: 1e39), "expected softmax_scale to be finite as a float32"),
+    (dict(num_splits=lambda a: 999), "expected num_splits to be 0 (automatic) or 1..256"),
+]
+
+
+@pytest.mark.parametrize("i", range(len(_FAKE_REFUSALS)))
+def test_fake_kernel_refuses_like_the_op(i):
+    """The same bad call on CPU tensors and on meta tensors (the fake kernel torch.compile traces
+    with): both refused, naming the argument the same way; the valid call passes on meta."""
+    changes, words = _FAKE_REFUSALS[i]
+    cpu = _valid("cpu")
+    meta = {k: (v.to("meta") if isinstance(v, torch.Tensor) else v) for k, v in cpu.items()}
+    op = torch.ops.mla_ext.sparse_mla_decode
+    op(*meta.values())  # the valid call
+    for args in (cpu, meta):
+        bad = dict(args)
+        for k, f in changes.items():
+            bad[k] = f(args)
+        with pytest.raises(RuntimeError, match=re.escape(words)):
+            op(*bad.values())
+
+
 @pytest.mark.parametrize("value", [True, 2.0, "2"])
 def test_num_splits_not_an_integer(device, value):
     args = _valid(device)
