@@ -1,4 +1,6 @@
 """Shared test fixtures: devices (CPU always, CUDA when present), poisoning, tolerances."""
+import re
+
 import pytest
 import torch
 
@@ -51,3 +53,17 @@ def e4m3_reference_table(fnuz: bool) -> torch.Tensor:
         else:
             vals.append(sign * (1.0 + m / 8.0) * 2.0 ** (e - bias))
     return torch.tensor(vals, dtype=torch.float64)
+
+
+def assert_fake_refuses_like_op(op, cpu_args: dict, changes: dict, words: str) -> None:
+    """`op` (a torch.ops overload) on CPU tensors and on meta copies of them (its fake kernel, what
+    torch.compile traces with): the valid call passes on meta; with each argument in `changes`
+    replaced by f(args), both refuse with a RuntimeError containing `words`."""
+    meta = {k: (v.to("meta") if isinstance(v, torch.Tensor) else v) for k, v in cpu_args.items()}
+    op(*meta.values())
+    for args in (cpu_args, meta):
+        bad = dict(args)
+        for k, f in changes.items():
+            bad[k] = f(args)
+        with pytest.raises(RuntimeError, match=re.escape(words)):
+            op(*bad.values())

@@ -8,7 +8,7 @@ import torch
 
 import mla_ext
 from mla_ext import reference
-from conftest import assert_close_rel, poison_, requires_gpu
+from conftest import assert_close_rel, assert_fake_refuses_like_op, poison_, requires_gpu
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 INF = float("inf")
@@ -624,15 +624,7 @@ def test_fake_kernel_refuses_like_the_op(i):
     pa, la, pb, lb = make_case(T, H, D, torch.float32, "cpu", gen_seed=12)
     cpu = dict(output=torch.empty(T, H, D), output_lse=torch.empty(T, H), prefix_output=pa, prefix_lse=la,
                suffix_output=pb, suffix_lse=lb, ctx=None, output_scale=None)
-    meta = {k: (v.to("meta") if isinstance(v, torch.Tensor) else v) for k, v in cpu.items()}
-    op = torch.ops.mla_ext.merge_attn_states
-    op(*meta.values())
-    for args in (cpu, meta):
-        bad = dict(args)
-        for k, f in changes.items():
-            bad[k] = f(args)
-        with pytest.raises(RuntimeError, match=re.escape(words)):
-            op(*bad.values())
+    assert_fake_refuses_like_op(torch.ops.mla_ext.merge_attn_states, cpu, changes, words)
 
 
 def test_fake_kernel_refuses_like_the_op_n_way():

@@ -17,7 +17,8 @@ import torch
 
 import mla_ext
 from mla_ext import builders, formats, reference
-from conftest import HAS_GPU, assert_close_rel, e4m3_reference_table, poison_, requires_gpu
+from conftest import (HAS_GPU, assert_close_rel, assert_fake_refuses_like_op, e4m3_reference_table, poison_,
+                      requires_gpu)
 
 
 @contextlib.contextmanager
@@ -1084,16 +1085,7 @@ def test_fake_kernel_refuses_like_the_op(i):
     """The same bad call on CPU tensors and on meta tensors (the fake kernel torch.compile traces
     with): both refused, naming the argument the same way; the valid call passes on meta."""
     changes, words = _FAKE_REFUSALS[i]
-    cpu = _valid("cpu")
-    meta = {k: (v.to("meta") if isinstance(v, torch.Tensor) else v) for k, v in cpu.items()}
-    op = torch.ops.mla_ext.sparse_mla_decode
-    op(*meta.values())  # the valid call
-    for args in (cpu, meta):
-        bad = dict(args)
-        for k, f in changes.items():
-            bad[k] = f(args)
-        with pytest.raises(RuntimeError, match=re.escape(words)):
-            op(*bad.values())
+    assert_fake_refuses_like_op(torch.ops.mla_ext.sparse_mla_decode, _valid("cpu"), changes, words)
 
 
 @pytest.mark.parametrize("value", [True, 2.0, "2"])
