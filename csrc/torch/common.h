@@ -118,65 +118,8 @@ inline void check_all_defined(const char* op, const char* name, const T& t, cons
   check_all_defined(op, rest...);
 }
 
-// An output must hold each element once: written by many threads at once, elements that share
-// memory would get one of their writes each, in no fixed order. Refused: a dim of size > 1 with
-// stride 0 (an expand()ed view, as torch's in-place ops refuse) and every layout whose elements
-// share memory (e.g. heads 256 elements apart with head_size 512). First a test that proves
-// every ordinary layout (contiguous, sliced, padded, transposed) disjoint at no cost: with the
-// dims of size > 1 in order of stride, each stride exceeds the span the smaller-stride dims
-// cover (sum of (size - 1) * stride). Layouts it cannot prove disjoint (interleavings such as
-// sizes [3, 3, 2], strides [60, 40, 1]) are decided exactly by enumeration: the rows of the
-// stride-1 dim (or single elements) sorted by offset, each ending before the next starts, up to
-// kMaxOverlapRows rows; larger interleavings are refused, naming their strides.
+// Rows the exact overlap tests below enumerate at most (host time only on their path).
 constexpr int64_t kMaxOverlapRows = int64_t(1) << 16;
-
-inline void check_no_repeats(const char* op, const Tensor& t, const char* name) {
-  constexpr int kMaxDims = 8;
-  const int64_t nd = t.dim();
-  int64_t size[kMaxDims], stride[kMaxDims];
-  int n = 0;
-  for (int64_t d = 0; d < nd; ++d) {
-    if (t.size(d) <= 1) continue;
-    MLA_CHECK(t.stride(d) != 0, op, "expected ", name, " to hold each element once, got stride 0 in dim ", d,
-              " of size ", t.size(d), " (an expand()ed view); pass a tensor with its own storage");
-    if (n == kMaxDims) return;  // (the ops' outputs have at most 3 dims)
-    int i = n++;  // insertion by stride
-    while (i > 0 && stride[i - 1] > t.stride(d)) {
-      size[i] = size[i - 1], stride[i] = stride[i - 1];
-      --i;
-    }
-    size[i] = t.size(d), stride[i] = t.stride(d);
-  }
-  int64_t span = 0;  // elements the smaller-stride dims cover, less one
-  bool proven = true;
-  for (int i = 0; i < n && proven; ++i) {
-    proven = stride[i] > span;
-    span += (size[i] - 1) * stride[i];
-  }
-  if (proven) return;
-  // Exact test: rows of the stride-1 dim (length len; 1 without such a dim), sorted by start.
-  const int first = (n > 0 && stride[0] == 1) ? 1 : 0;
-  const int64_t len = first ? size[0] : 1;
-  int64_t rows = 1;
-  for (int i = first; i < n; ++i) rows *= size[i];
-  bool disjoint = false;
-  if (rows <= kMaxOverlapRows) {
-    std::vector<int64_t> start(size_t(rows), 0);
-    int64_t filled = 1;
-    for (int i = first; i < n; ++i) {  // all combinations of the other dims' offsets
-      for (int64_t k = 1; k < size[i]; ++k)
-        for (int64_t r = 0; r < filled; ++r) start[size_t(k * filled + r)] = start[size_t(r)] + k * stride[i];
-      filled *= size[i];
-    }
-    std::sort(start.begin(), start.end());
-    disjoint = true;
-    for (size_t r = 1; r < start.size() && disjoint; ++r) disjoint = start[r] - start[r - 1] >= len;
-  }
-  MLA_CHECK(disjoint, op, "expected ", name, " to hold each element once, got sizes ", shape_str(t), " with strides ",
-            strides_str(t), (rows <= kMaxOverlapRows ? ", whose elements share memory" :
-                             ", an interleaving of more than 65536 rows this check does not decide"),
-            "; pass a tensor whose elements do not overlap");
-}
 
 // The merges return at once when there is nothing to merge; with head_size 0 but tokens and
 // heads, an output_lse would be left unwritten, so such a call is refused instead.
@@ -271,6 +214,56 @@ inline bool span_row_starts(const Span& t, bool as_rows, std::vector<int64_t>& o
   }
   std::sort(out.begin(), out.end());
   return true;
+}
+
+// An output must hold each element once: written by many threads at once, elements that share
+// memory would get one of their writes each, in no fixed order. Refused: a dim of size > 1 with
+// stride 0 (an expand()ed view, as torch's in-place ops refuse) and every layout whose elements
+// share memory (e.g. heads 256 elements apart with head_size 512). First a test that proves
+// every ordinary layout (contiguous, sliced, padded, transposed) disjoint at no cost: with the
+// dims of size > 1 in order of stride, each stride exceeds the span the smaller-stride dims
+// cover (sum of (size - 1) * stride). Layouts it cannot prove disjoint (interleavings such as
+// sizes [3, 3, 2], strides [60, 40, 1]) are decided exactly by enumeration: the rows of the
+// stride-1 dim (or single elements) sorted by offset, each ending before the next starts, up to
+// kMaxOverlapRows rows; larger interleavings are refused, naming their strides.
+inline void check_no_repeats(const char* op, const Tensor& t, const char* name) {
+  constexpr int kMaxDims = 4;  // a Span's (the ops' outputs have at most 3 dims)
+  const int64_t nd = t.dim();
+  int64_t size[kMaxDims], stride[kMaxDims];
+  int n = 0;
+  for (int64_t d = 0; d < nd; ++d) {
+    if (t.size(d) <= 1) continue;
+    MLA_CHECK(t.stride(d) != 0, op, "expected ", name, " to hold each element once, got stride 0 in dim ", d,
+              " of size ", t.size(d), " (an expand()ed view); pass a tensor with its own storage");
+    if (n == kMaxDims) return;
+    int i = n++;  // insertion by stride
+    while (i > 0 && stride[i - 1] > t.stride(d)) {
+      size[i] = size[i - 1], stride[i] = stride[i - 1];
+      --i;
+    }
+    size[i] = t.size(d), stride[i] = t.stride(d);
+  }
+  int64_t span = 0;  // elements the smaller-stride dims cover, less one
+  bool proven = true;
+  for (int i = 0; i < n && proven; ++i) {
+    proven = stride[i] > span;
+    span += (size[i] - 1) * stride[i];
+  }
+  if (proven) return;
+  // Exact test: the rows of the stride-1 dim (length len; single elements without such a dim) as
+  // element offsets (a Span at address 0 of 1-byte elements, that dim last), sorted by start.
+  const bool as_rows = stride[0] == 1;
+  const int64_t len = as_rows ? size[0] : 1;
+  Span v{0, 1, n, {0, 0, 0, 0}, {0, 0, 0, 0}};
+  for (int i = 0; i < n; ++i) v.size[i] = size[n - 1 - i], v.stride[i] = stride[n - 1 - i];
+  std::vector<int64_t> start;
+  const bool decided = span_row_starts(v, as_rows, start);
+  bool disjoint = decided;
+  for (size_t r = 1; r < start.size() && disjoint; ++r) disjoint = start[r] - start[r - 1] >= len;
+  MLA_CHECK(disjoint, op, "expected ", name, " to hold each element once, got sizes ", shape_str(t), " with strides ",
+            strides_str(t), (decided ? ", whose elements share memory" :
+                             ", an interleaving of more than 65536 rows this check does not decide"),
+            "; pass a tensor whose elements do not overlap");
 }
 
 // Whether two spans may share a byte of memory (O(dims)). A span is taken as rows of its last
