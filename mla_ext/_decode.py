@@ -112,9 +112,9 @@ def sparse_mla_decode(
             ``512**-0.5``; see :mod:`mla_ext.reference`).
         output: ``[num_tokens, num_heads, 512]`` bfloat16. **Mutated**: every element written.
             Any token and head strides whose elements do not overlap; last dim stride 1.
-            ``output``, ``lse`` and
-            ``workspace`` share no memory with each other or with any other argument (not even
-            ``q``, whose V4 shape is the same); disjoint parts of one buffer are fine.
+            ``output``, ``lse`` and ``workspace`` share no memory with each other or with any
+            other argument (not even ``q``, whose V4 shape is the same); disjoint parts of one
+            buffer are fine.
         workspace: 1-D contiguous uint8 tensor on the same device, at least
             :func:`sparse_mla_decode_workspace_size` bytes (a :class:`DecodeWorkspace`'s
             ``.tensor``). **Mutated** (scratch for split-K partial results when more than one
@@ -133,8 +133,7 @@ def sparse_mla_decode(
             adds ``exp(attn_sink[h] - m)`` to the denominator only.
         lse: optional ``[num_tokens, num_heads]`` float32, any strides whose elements do not
             overlap (e.g. a ``.T`` view of a ``[num_heads, num_tokens]`` buffer). **Mutated**:
-            the natural-log sum-exp of the
-            scores, sink excluded.
+            the natural-log sum-exp of the scores, sink excluded.
         num_splits: split-K count: 0 = automatic (from num_tokens, num_heads, ``W + W2``, the
             device's processor count and whether the call can take the balanced map below,
             never from tensor contents, so a captured CUDA graph stays valid when indices and
@@ -170,10 +169,11 @@ def sparse_mla_decode(
             page stride below ``page_size * 584`` bytes or a V4 token stride other than 584, an
             incomplete extra set, tensors on different devices, ``num_splits`` outside 0..256, a
             ``softmax_scale`` not finite as a float32 (beyond 3.4e38), a workspace smaller than
-            needed (the message states the bytes needed) or not 16-byte aligned, ``output`` / ``lse`` / ``workspace`` sharing memory with each other or
-            with another argument, ``output`` / ``lse`` elements sharing memory among
-            themselves (e.g. heads closer than 512 elements; ``expand()`` views), or (GPU) q
-            or cache rows not 16-byte aligned.
+            needed (the message states the bytes needed) or not 16-byte aligned, ``output`` /
+            ``lse`` / ``workspace`` sharing memory with each other or with another argument,
+            ``output`` / ``lse`` elements sharing memory among themselves (e.g. heads closer
+            than 512 elements; ``expand()`` views), or (GPU) q or cache rows not 16-byte
+            aligned.
         TypeError: ``num_splits`` not an integer (a float, a bool), or a tensor argument that
             is not a tensor (``None`` for a required one), naming it.
     """

@@ -43,22 +43,25 @@ def merge_attn_states(
         TypeError: a tensor argument that is not a tensor (``None`` for a required one),
             naming it.
     """
-    # Non-tensors first, named (the transposes below would fail on them with an AttributeError).
-    explain_bad_tensor_args(
-        "merge_attn_states (vLLM layout)",
-        dict(output=output, prefix_output=prefix_output, prefix_lse=prefix_lse, suffix_output=suffix_output,
-             suffix_lse=suffix_lse),
-        dict(output_lse=output_lse, output_scale=output_scale))
-    for name, lse in (("prefix_lse", prefix_lse), ("suffix_lse", suffix_lse), ("output_lse", output_lse)):
-        if lse is not None and lse.dim() != 2:
-            raise RuntimeError(f"merge_attn_states (vLLM layout): expected {name} to be 2-D "
-                               f"[num_heads, num_tokens], got shape {list(lse.shape)}")
-    if output.dim() == 3:
-        want = (output.shape[1], output.shape[0])
+    try:
         for name, lse in (("prefix_lse", prefix_lse), ("suffix_lse", suffix_lse), ("output_lse", output_lse)):
-            if lse is not None and tuple(lse.shape) != want:
-                raise RuntimeError(f"merge_attn_states (vLLM layout): expected {name} of shape "
-                                   f"[num_heads, num_tokens] = [{want[0]}, {want[1]}], got {list(lse.shape)}")
-    _merge(output, None if output_lse is None else output_lse.transpose(0, 1),
-           prefix_output, prefix_lse.transpose(0, 1), suffix_output, suffix_lse.transpose(0, 1),
-           prefill_tokens_with_context, output_scale)
+            if lse is not None and lse.dim() != 2:
+                raise RuntimeError(f"merge_attn_states (vLLM layout): expected {name} to be 2-D "
+                                   f"[num_heads, num_tokens], got shape {list(lse.shape)}")
+        if output.dim() == 3:
+            want = (output.shape[1], output.shape[0])
+            for name, lse in (("prefix_lse", prefix_lse), ("suffix_lse", suffix_lse), ("output_lse", output_lse)):
+                if lse is not None and tuple(lse.shape) != want:
+                    raise RuntimeError(f"merge_attn_states (vLLM layout): expected {name} of shape "
+                                       f"[num_heads, num_tokens] = [{want[0]}, {want[1]}], got {list(lse.shape)}")
+        _merge(output, None if output_lse is None else output_lse.transpose(0, 1),
+               prefix_output, prefix_lse.transpose(0, 1), suffix_output, suffix_lse.transpose(0, 1),
+               prefill_tokens_with_context, output_scale)
+    except AttributeError:
+        # A non-tensor met the checks or transposes here: name it (error path only).
+        explain_bad_tensor_args(
+            "merge_attn_states (vLLM layout)",
+            dict(output=output, prefix_output=prefix_output, prefix_lse=prefix_lse, suffix_output=suffix_output,
+                 suffix_lse=suffix_lse),
+            dict(output_lse=output_lse, output_scale=output_scale))
+        raise
