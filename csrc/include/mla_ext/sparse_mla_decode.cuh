@@ -831,7 +831,7 @@ struct Gather {
         // dequantise and store their high half first (the raw words swapped),
         // so each of the two stores covers 8 slots.
         const bool sw = (c & 4) != 0;
-        dequant_unit<true>(k, c, row, ksc, lo, hi, sw);
+        dequant_unit(k, c, row, ksc, lo, hi, sw);
         *reinterpret_cast<uint4*>(krow + 16 * c + (sw ? 8 : 0)) = lo;
         *reinterpret_cast<uint4*>(krow + 16 * c + (sw ? 0 : 8)) = hi;
       } else {
@@ -909,8 +909,7 @@ struct Gather {
   // FP8 unit k (chunk c of row `row`) dequantised into two 16-byte bf16 chunks;
   // kScaled: its fp32 scale goes to ksc instead (the raw values are exact in bf16).
   // Invalid rows: raw bytes and scale bits are 0 -> +0 * 2^-127 = 0.
-  // SWAP: the chunk's two halves exchanged (hi dequantised into lo and back).
-  template <bool SWAP = false>
+  // swap: the chunk's two halves exchanged (hi dequantised into lo and back).
   __device__ __forceinline__ void dequant_unit(int k, int c, int row, float* ksc, uint4& lo, uint4& hi,
                                                bool swap = false) const {
     // V4 row quarters: unit k's scale is byte k of the row's 8 scale bytes.
@@ -930,7 +929,7 @@ struct Gather {
     }
     constexpr bool kFnuz = kv_is_fnuz(F);
     uint4 r = raw[k];
-    if (SWAP && swap) r = make_uint4(r.z, r.w, r.x, r.y);
+    if (swap) r = make_uint4(r.z, r.w, r.x, r.y);
     dequant4<kFnuz, !kScaled>(r.x, sc, lo.x, lo.y);
     dequant4<kFnuz, !kScaled>(r.y, sc, lo.z, lo.w);
     dequant4<kFnuz, !kScaled>(r.z, sc, hi.x, hi.y);
