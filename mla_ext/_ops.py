@@ -44,6 +44,15 @@ def explain_bad_tensor_args(op: str, required: dict, optional: dict) -> None:
             raise TypeError(f"{op}: expected {name} to be a torch.Tensor or None, got {type(t).__name__}")
 
 
+def explain_bad_merge_args(op: str, output, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse,
+                           output_scale) -> None:
+    """explain_bad_tensor_args for merge_attn_states' tensors (its own and the vLLM wrapper's)."""
+    explain_bad_tensor_args(
+        op, dict(output=output, prefix_output=prefix_output, prefix_lse=prefix_lse, suffix_output=suffix_output,
+                 suffix_lse=suffix_lse),
+        dict(output_lse=output_lse, output_scale=output_scale))
+
+
 def mark_written(tensors: tuple) -> None:
     """Record in autograd that the op wrote ``tensors`` in place (their version counters, as
     torch's own in-place ops do), so that a tensor saved for backward and overwritten by the op
@@ -188,11 +197,8 @@ def merge_attn_states(
     try:
         _merge_op(output, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse, ctx, output_scale)
     except (RuntimeError, TypeError):
-        explain_bad_tensor_args(
-            "merge_attn_states",
-            dict(output=output, prefix_output=prefix_output, prefix_lse=prefix_lse, suffix_output=suffix_output,
-                 suffix_lse=suffix_lse),
-            dict(output_lse=output_lse, output_scale=output_scale))
+        explain_bad_merge_args("merge_attn_states", output, output_lse, prefix_output, prefix_lse, suffix_output,
+                               suffix_lse, output_scale)
         raise
     mark_written((output,) if output_lse is None else (output, output_lse))
 

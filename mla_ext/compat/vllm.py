@@ -9,7 +9,7 @@ from typing import Optional
 
 import torch
 
-from .._ops import explain_bad_tensor_args
+from .._ops import explain_bad_merge_args
 from .._ops import merge_attn_states as _merge
 
 
@@ -59,9 +59,6 @@ def merge_attn_states(
                prefill_tokens_with_context, output_scale)
     except AttributeError:
         # A non-tensor met the checks or transposes here: name it (error path only).
-        explain_bad_tensor_args(
-            "merge_attn_states (vLLM layout)",
-            dict(output=output, prefix_output=prefix_output, prefix_lse=prefix_lse, suffix_output=suffix_output,
-                 suffix_lse=suffix_lse),
-            dict(output_lse=output_lse, output_scale=output_scale))
+        explain_bad_merge_args("merge_attn_states (vLLM layout)", output, output_lse, prefix_output, prefix_lse,
+                               suffix_output, suffix_lse, output_scale)
         raise
