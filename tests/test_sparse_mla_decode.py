@@ -1185,7 +1185,8 @@ def _check_64_head_kernel_kind(fn, mma_sync):
         return
     names = _split_kernel_names(fn)
     if names:
-        wg = [n for n in names if re.search(r"decode_split_mma_kernel<4,.*\btrue>\(", n)]
+        # template arguments MT, DQK, F, BAL, WG(, ASYM)
+        wg = [n for n in names if re.search(r"decode_split_mma_kernel<4, [^,]+, [^,]+, (?:true|false), true\b", n)]
         assert bool(wg) == (not mma_sync), names
 
 

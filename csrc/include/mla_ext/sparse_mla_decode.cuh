@@ -130,7 +130,7 @@ MLA_EXT_HD constexpr bool decode_two_stages(KvFormat f, int d_qk, bool wg, bool 
   return wg && bal && kv_layout(f) == KvFormat::kFP8DsMlaV4 && d_qk == 512;
 }
 
-template <int MT, int DQK, bool MMA, bool SCALED = false, bool WG = false, bool STAGES2 = false>
+template <int MT, int DQK, bool MMA, bool SCALED = false, bool WG = false, bool STAGES2 = false, bool ASYM = false>
 struct Cfg {
   static_assert(!WG || (MMA && MT == 4), "the warpgroup layout is for the 64-head tile");
   static constexpr int HTp = 16 * MT;         // padded head rows
@@ -157,9 +157,10 @@ struct Cfg {
   static_assert(kStages == 1 || size_t(kSParts) * HTp * SST * 4 <= kStageBytes, "S copies fit in a K stage");
   static constexpr size_t pOff = kStages == 2 ? qEnd : sOff + size_t(kSParts) * HTp * SST * 4;
   static_assert(!WG || (qOff % 1024 == 0 && sOff % 1024 == 0 && pOff % 1024 == 0), "swizzle atoms");
-  static constexpr int kPCopies = SCALED ? 4 : 1;  // P copies (one per V scale group)
+  // P copies (one per V scale group); ASYM: two P buffers (tiles j and j + 1)
+  static constexpr int kPCopies = SCALED ? 4 : ASYM ? 2 : 1;
   static constexpr size_t aOff = pOff + (MMA ? size_t(kPCopies) * HTp * PST * 2 : 0);
-  static constexpr size_t invOff = aOff + size_t(HTp) * 4;
+  static constexpr size_t invOff = aOff + size_t(ASYM ? 2 : 1) * HTp * 4;  // ASYM: alpha of tiles j, j + 1
   static constexpr size_t metaOff = invOff + size_t(HTp) * 4;
   // Row-address slots (data and scale pointers of a tile's rows): two, three
   // with two K stages (tiles j, j + 1, j + 2 in flight: decode_body).
@@ -512,6 +513,23 @@ __device__ __forceinline__ void wg_fence_operands(float (&r)[N]) {
 // accumulators, nor the shared memory the wgmmas read) runs between them.
 __device__ __forceinline__ void wg_commit() { MLA_EXT_WG_ASM("wgmma.commit_group.sync.aligned;\n"); }
 __device__ __forceinline__ void wg_wait_all() { MLA_EXT_WG_ASM("wgmma.wait_group.sync.aligned 0;\n"); }
+// Named barriers (ASYM warpgroup roles, decode_body): `n` threads in all, some
+// arriving (no wait, release) and some waiting (acquire), id 1..15 (0 is
+// __syncthreads).
+__device__ __forceinline__ void named_bar_sync(int id, int n) {
+#if defined(MLA_EXT_DECODE_WGMMA)
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+#else
+  (void)id; (void)n;
+#endif
+}
+__device__ __forceinline__ void named_bar_arrive(int id, int n) {
+#if defined(MLA_EXT_DECODE_WGMMA)
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+#else
+  (void)id; (void)n;
+#endif
+}
 __device__ __forceinline__ void wg_commit_wait() {
   wg_commit();
   wg_wait_all();
@@ -559,6 +577,23 @@ __device__ __forceinline__ void wgmma_m64n256k16_bt(float (&d)[128], uint64_t da
       : "l"(da), "l"(db), "r"(1));
 #else
   (void)d; (void)da; (void)db;
+#endif
+}
+
+// D[64 x 256] += A[64 x 16] B[16 x 256]: A from registers (4 bf16 pairs per
+// thread in the m16n8k16 A-fragment layout of the thread's warp rows: the
+// layout a m64nN accumulator has, so S can feed P.V without shared memory),
+// B MN-major as in wgmma_m64n256k16_bt.
+__device__ __forceinline__ void wgmma_m64n256k16_rs(float (&d)[128], const uint32_t (&a)[4], uint64_t db) {
+#if defined(MLA_EXT_DECODE_WGMMA)
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {" MLA_EXT_WG_R0 ", " MLA_EXT_WG_R32 ", " MLA_EXT_WG_R64
+      ", " MLA_EXT_WG_R96 "}, {%128, %129, %130, %131}, %132, p, 1, 1, 1;\n}\n"
+      : MLA_EXT_WG_ACC32(d, 0), MLA_EXT_WG_ACC32(d, 32), MLA_EXT_WG_ACC32(d, 64), MLA_EXT_WG_ACC32(d, 96)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+#else
+  (void)d; (void)a; (void)db;
 #endif
 }
 
@@ -971,10 +1006,11 @@ __device__ __forceinline__ void row_address(const SparseDecodeParams& p, int64_t
 // ---- the split kernel body ----
 // WG (sm_90a, 64-head tile, every format): Q.K and P.V as warpgroup MMAs
 // straight from shared memory (decode_split_mma_kernel).
-template <int MT, int DQK, KvFormat F, bool MMA, bool BAL, bool WG = false>
+template <int MT, int DQK, KvFormat F, bool MMA, bool BAL, bool WG = false, bool ASYM = false>
 __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
   constexpr bool SC = kv_layout(F) == KvFormat::kFP8DsMla;  // scales applied after the products
-  using C = Cfg<MT, DQK, MMA, SC, WG, decode_two_stages(F, DQK, WG, BAL)>;
+  static_assert(!ASYM || (WG && !BAL && !SC && DQK == 512), "asymmetric warpgroups: the uniform-map V4 tile");
+  using C = Cfg<MT, DQK, MMA, SC, WG, decode_two_stages(F, DQK, WG, BAL) || ASYM, ASYM>;
   // Whole, conflict-free 16-byte K stores (st_shared16, Gather's PAIRED runs) in
   // the warpgroup kernels of the uniform split map: H200, 64-128 heads x 512
   // tokens -3..-7%. Not in the balanced map's (252 registers): there they cost
@@ -1115,6 +1151,218 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
   // addresses of tile j + 2, Q.K(j) -> S (in the free stage) | softmax(j) -> P |
   // P.V(j) issued; store(j + 1); loads of tile j + 2; P.V(j) waited for |.
   // Tile 0 is stored here.
+  if constexpr (ASYM) {
+    // ---- asymmetric warpgroups (ASYM; V4 rows, uniform map, two K stages) ----
+    // Warpgroup 0: Q.K of the whole tile (all 64 heads x 64 keys over all 512
+    // dims) into registers, the online softmax on those registers (a row's 16
+    // columns per thread, its 4 threads a quad), P into shared memory for
+    // warpgroup 1 and straight from its registers into its own P.V (value
+    // dims 0-255). Warpgroup 1: the P.V of value dims 256-511 (P from shared
+    // memory) and every gather: it dequantises tile j + 2 into the stage that
+    // tile j frees while warpgroup 0 runs Q.K and the softmax of tile j + 1.
+    // Named barriers (128 arrive + 128 wait): FULL[s] (stage s holds its
+    // tile), FREE[s] (warpgroup 0 is done with stage s), PRDY[s] (P and alpha
+    // of tile j, j % 2 = s, are in shared memory); WG1 (warpgroup 1 alone: a
+    // tile's row addresses). Two P buffers and two alpha arrays, tile j in j % 2.
+    constexpr int kFull = 1, kFree = 3, kPrdy = 5, kWg1 = 7;
+    const int warp = tid / 32, lane = tid % 32, wg = warp >> 2;
+    const int r0 = (warp & 3) * 16 + (lane >> 2);  // rows r0, r0 + 8 of this thread's fragments
+    const uint32_t qs0 = smem_addr(Qs);
+    if (ntiles > 0) {
+      g.template store_swizzled<kWholeK>(Ks, ksc, tid, live_rows(0));
+      fence_proxy_async();  // the K tile and the Q tile are read by the async proxy
+      if (tid < BN) row_address<F>(p, p_lo + BN + tid, em, idx_next, meta_d[BN + tid], meta_s[BN + tid]);
+    }
+    __syncthreads();  // stage 0, the Q tile and the row addresses of tile 1 visible
+    float rm[2] = {neg_inf(), neg_inf()}, rl[2] = {0.f, 0.f}, rle[2] = {0.f, 0.f};  // warpgroup 0's rows
+    if (wg == 0) {
+      for (int j = 0; j < ntiles; ++j) {
+        const int cur = j & 1;
+        if (j > 0) named_bar_sync(kFull + cur, 2 * 128);
+        const uint32_t ks0 = smem_addr(Ks + cur * (C::kStageBytes / 2));
+        float s2[32];
+#pragma unroll
+        for (int i = 0; i < 32; ++i) s2[i] = 0.f;
+        wg_fence_operands(s2);
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < DQK / 16; ++kk) {
+          const uint32_t off = uint32_t((kk & 3) * 32);
+          wgmma_m64n64k16(s2, wg_desc(qs0 + uint32_t((kk >> 2) * HTp * 128) + off, 16, 1024),
+                          wg_desc(ks0 + uint32_t((kk >> 2) * BN * 128) + off, 16, 1024));
+        }
+        wg_commit_wait();
+        wg_fence_operands(s2);
+        // Softmax on the fragments: element 4 i + 2 hf + e is row r0 + 8 hf,
+        // column 8 i + 2 (lane % 4) + e.
+        const uint8_t* const* vrow = meta_d + (j % 3) * BN;
+        bool valid[16];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const int col = 8 * i + 2 * (lane & 3);
+          valid[2 * i] = vrow[col] != nullptr;
+          valid[2 * i + 1] = vrow[col + 1] != nullptr;
+        }
+        uint32_t pr[16];  // P as bf16 pairs: pr[2 i + hf] = row r0 + 8 hf, columns 8 i + 2 (lane % 4) + {0, 1}
+        float alpha[2];
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          float lmax = neg_inf();
+#pragma unroll
+          for (int i = 0; i < 8; ++i) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              float& x = s2[4 * i + 2 * hf + e];
+              x = valid[2 * i + e] ? x * a.scale_log2 : neg_inf();
+              lmax = fmaxf(lmax, x);
+            }
+          }
+          lmax = fmaxf(lmax, MLA_EXT_SHFL_XOR(lmax, 1));
+          lmax = fmaxf(lmax, MLA_EXT_SHFL_XOR(lmax, 2));
+          const float m_new = fmaxf(rm[hf], lmax);
+          const float m_use = m_new == neg_inf() ? 0.f : m_new;
+          alpha[hf] = exp2f(rm[hf] - m_use);
+          float lsum = 0.f, lsum_exact = 0.f;
+#pragma unroll
+          for (int i = 0; i < 8; ++i) {
+            const float p0 = exp2f(s2[4 * i + 2 * hf] - m_use), p1 = exp2f(s2[4 * i + 2 * hf + 1] - m_use);
+            lsum_exact += p0;
+            lsum_exact += p1;
+            const uint32_t pk = pack_bf16x2(p0, p1);
+            pr[2 * i + hf] = pk;
+            lsum += bf16_to_float(uint16_t(pk & 0xffffu));
+            lsum += bf16_to_float(uint16_t(pk >> 16));
+          }
+          // Per-thread partial sums (a row's 4 threads share its max and alpha):
+          // added across the quad after the loop.
+          rl[hf] = rl[hf] * alpha[hf] + lsum;
+          rle[hf] = rle[hf] * alpha[hf] + lsum_exact;
+          rm[hf] = m_new;
+        }
+        // P and alpha of tile j for warpgroup 1 (P in the swizzled K-major tile).
+        uint16_t* const Pj = Ps + cur * (HTp * PST);
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          const int r = r0 + 8 * hf;
+#pragma unroll
+          for (int i = 0; i < 8; ++i)
+            *reinterpret_cast<uint32_t*>(Pj + r * 64 + ((i ^ (r & 7)) << 3) + 2 * (lane & 3)) = pr[2 * i + hf];
+          if ((lane & 3) == 0) alpha_s[cur * HTp + r] = alpha[hf];
+        }
+        fence_proxy_async();  // P is read by the async proxy
+        named_bar_arrive(kPrdy + cur, 2 * 128);
+        // O[:, 0:256] = O * alpha + P V, P from registers.
+#pragma unroll
+        for (int n = 0; n < 32; ++n) {
+          acc[4 * n] *= alpha[0]; acc[4 * n + 1] *= alpha[0]; acc[4 * n + 2] *= alpha[1]; acc[4 * n + 3] *= alpha[1];
+        }
+        wg_fence_operands(*reinterpret_cast<float(*)[128]>(acc));
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk) {
+          // k-step kk: columns 16 kk .. 16 kk + 15 = fragments i = 2 kk, 2 kk + 1
+          const uint32_t af[4] = {pr[4 * kk], pr[4 * kk + 1], pr[4 * kk + 2], pr[4 * kk + 3]};
+          wgmma_m64n256k16_rs(*reinterpret_cast<float(*)[128]>(acc), af,
+                              wg_desc(ks0 + uint32_t(kk * 16 * 128), uint32_t(BN * 128), 1024));
+        }
+        wg_commit_wait();
+        wg_fence_operands(*reinterpret_cast<float(*)[128]>(acc));
+        if (j + 2 < ntiles) named_bar_arrive(kFree + cur, 2 * 128);
+      }
+      // Row sums over the quad; the row's state for the epilogue below.
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        rl[hf] += MLA_EXT_SHFL_XOR(rl[hf], 1);
+        rl[hf] += MLA_EXT_SHFL_XOR(rl[hf], 2);
+        rle[hf] += MLA_EXT_SHFL_XOR(rle[hf], 1);
+        rle[hf] += MLA_EXT_SHFL_XOR(rle[hf], 2);
+      }
+    } else {
+      // Warpgroup 1: gathers (as virtual threads u and u + 128 of the 256-thread
+      // row-quarter dealing: rows 0-31 and 32-63) and the right P.V.
+      const int u = tid - 128;
+      G ga, gb;
+      int32_t idx_n = -1;  // index of tile j + 3's row u (u < BN)
+      if (ntiles > 1) {
+        ga.load(meta_d + BN, meta_s + BN, u);
+        gb.load(meta_d + BN, meta_s + BN, u + 128);
+      }
+      if (u < BN) {
+        if (ntiles > 2) {
+          const int32_t i2 = load_index(p, t, p_lo + 2 * BN + u, em, p_hi);
+          row_address<F>(p, p_lo + 2 * BN + u, em, i2, meta_d[2 * BN + u], meta_s[2 * BN + u]);
+        }
+        idx_n = load_index(p, t, p_lo + 3 * BN + u, em, p_hi);
+      }
+      if (ntiles > 1) {
+        ga.template store_swizzled<kWholeK>(Ks + C::kStageBytes / 2, ksc, u, live_rows(1));
+        gb.template store_swizzled<kWholeK>(Ks + C::kStageBytes / 2, ksc, u + 128, live_rows(1));
+        fence_proxy_async();
+        named_bar_arrive(kFull + 1, 2 * 128);
+      }
+      named_bar_sync(kWg1, 128);  // row addresses of tile 2
+      if (ntiles > 2) {
+        ga.load(meta_d + 2 * BN, meta_s + 2 * BN, u);
+        gb.load(meta_d + 2 * BN, meta_s + 2 * BN, u + 128);
+      }
+      for (int j = 0; j < ntiles; ++j) {
+        const int cur = j & 1;
+        named_bar_sync(kPrdy + cur, 2 * 128);
+        const float a0 = alpha_s[cur * HTp + r0], a1 = alpha_s[cur * HTp + r0 + 8];
+#pragma unroll
+        for (int n = 0; n < 32; ++n) {
+          acc[4 * n] *= a0; acc[4 * n + 1] *= a0; acc[4 * n + 2] *= a1; acc[4 * n + 3] *= a1;
+        }
+        const uint32_t pb0 = smem_addr(Ps + cur * (HTp * PST));
+        const uint32_t vb0 = smem_addr(Ks + cur * (C::kStageBytes / 2)) + uint32_t(4 * BN * 128);
+        wg_fence_operands(*reinterpret_cast<float(*)[128]>(acc));
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk)
+          wgmma_m64n256k16_bt(*reinterpret_cast<float(*)[128]>(acc), wg_desc(pb0 + uint32_t(kk * 32), 16, 1024),
+                              wg_desc(vb0 + uint32_t(kk * 16 * 128), uint32_t(BN * 128), 1024));
+        wg_commit();
+        // While the products run: row addresses of tile j + 3 (slot j % 3, which
+        // the softmax of tile j, done before PRDY, read last).
+        if (u < BN && j + 3 < ntiles) {
+          row_address<F>(p, p_lo + int64_t(j + 3) * BN + u, em, idx_n, meta_d[(j % 3) * BN + u],
+                         meta_s[(j % 3) * BN + u]);
+          idx_n = load_index(p, t, p_lo + int64_t(j + 4) * BN + u, em, p_hi);
+        }
+        wg_wait_all();
+        wg_fence_operands(*reinterpret_cast<float(*)[128]>(acc));
+        if (j + 2 < ntiles) {
+          named_bar_sync(kFree + cur, 2 * 128);  // warpgroup 0 is done with stage cur
+          uint16_t* const Kn = Ks + cur * (C::kStageBytes / 2);
+          ga.template store_swizzled<kWholeK>(Kn, ksc, u, live_rows(j + 2));
+          gb.template store_swizzled<kWholeK>(Kn, ksc, u + 128, live_rows(j + 2));
+          fence_proxy_async();
+          named_bar_arrive(kFull + cur, 2 * 128);
+        }
+        named_bar_sync(kWg1, 128);  // row addresses of tile j + 3
+        if (j + 3 < ntiles) {
+          ga.load(meta_d + (j % 3) * BN, meta_s + (j % 3) * BN, u);
+          gb.load(meta_d + (j % 3) * BN, meta_s + (j % 3) * BN, u + 128);
+        }
+      }
+    }
+    __syncthreads();  // both warpgroups are done with every stage
+    float* st = reinterpret_cast<float*>(smem + C::kOff);
+    if (wg == 0 && (lane & 3) == 0) {
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        st[r0 + 8 * hf] = rm[hf];
+        st[HTp + r0 + 8 * hf] = rl[hf];
+        st[2 * HTp + r0 + 8 * hf] = rle[hf];
+      }
+    }
+    __syncthreads();  // the rows' state visible
+    {
+      row_m = st[srow];
+      row_l = st[HTp + srow];
+      row_le = st[2 * HTp + srow];
+    }
+  } else {
   constexpr bool kPipe = C::kStages == 2;
   if constexpr (kPipe) {
     if (ntiles > 0) {
@@ -1607,6 +1855,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
     }
     __syncthreads();  // K, S/P free for the next tile (two stages: tile j + 1's stage visible)
   }
+  }  // !ASYM
 
   // ---- end of split: per-row scale (1/D or 1/l) and lse ----
   const bool final_out = S == 1;
@@ -1712,13 +1961,13 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
 
 // WG: the warpgroup-MMA body where the code is compiled for sm_90a, the
 // mma.sync body elsewhere (its shared memory fits the same allocation: launch_split).
-template <int MT, int DQK, KvFormat F, bool BAL, bool WG = false>
+template <int MT, int DQK, KvFormat F, bool BAL, bool WG = false, bool ASYM = false>
 __global__ void __launch_bounds__(kThreads, (MT == 1 && F != KvFormat::kBF16) ? MLA_EXT_DECODE_MT1_MIN_BLOCKS : 1)
     decode_split_mma_kernel(const DecodeArgs a) {
   wait_for_prior_grids();
   if (a.early_trigger) launch_dependent_grids();
 #if defined(MLA_EXT_DECODE_WGMMA)
-  decode_body<MT, DQK, F, true, BAL, WG>(a);
+  decode_body<MT, DQK, F, true, BAL, WG, ASYM>(a);
 #elif defined(MLA_EXT_DECODE_MMA)
   decode_body<MT, DQK, F, true, BAL>(a);
 #else
@@ -1982,11 +2231,11 @@ inline Status launch_reduce(const ReduceArgs& r, uint32_t rows, gpuStream_t stre
   return launch_kernel(pdl, kernel, dim3(rows), dim3(kReduceThreads * groups), 0, stream, r);
 }
 
-template <int MT, int DQK, KvFormat F, bool MMA, bool BAL, bool WG = false>
+template <int MT, int DQK, KvFormat F, bool MMA, bool BAL, bool WG = false, bool ASYM = false>
 inline Status launch_split(const DecodeArgs& a, uint32_t blocks, gpuStream_t stream) {
   constexpr bool kSc = kv_layout(F) == KvFormat::kFP8DsMla;
   // WG: room for either body of the kernel (decode_split_mma_kernel).
-  using CW = Cfg<MT, DQK, MMA, kSc, WG, decode_two_stages(F, DQK, WG, BAL)>;
+  using CW = Cfg<MT, DQK, MMA, kSc, WG, decode_two_stages(F, DQK, WG, BAL) || ASYM, ASYM>;
   using CM = Cfg<MT, DQK, MMA, kSc>;
   constexpr size_t kBytes = WG && CW::bytes > CM::bytes ? CW::bytes : CM::bytes;
   // More than the device lets a block have (A100: the 64-head kernels of d_qk
@@ -1997,12 +2246,21 @@ inline Status launch_split(const DecodeArgs& a, uint32_t blocks, gpuStream_t str
   static signed char pdl_cache[64] = {};
   void (*kernel)(DecodeArgs);
   if constexpr (MMA)
-    kernel = decode_split_mma_kernel<MT, DQK, F, BAL, WG>;
+    kernel = decode_split_mma_kernel<MT, DQK, F, BAL, WG, ASYM>;
   else
     kernel = decode_split_portable_kernel<MT, DQK, F, BAL>;
   if (!ensure_smem(done, reinterpret_cast<const void*>(kernel), kBytes)) return Status::kLaunchFailed;
   const bool pdl = use_pdl(kPdlDecodeSplit, pdl_cache, kernel);
   return launch_kernel(pdl, kernel, dim3(blocks), dim3(kThreads), kBytes, stream, a);
+}
+
+// Whether MLA_EXT_ASYM (read once) asks for the asymmetric warpgroup kernel.
+inline bool decode_asym_enabled() {
+  static const bool on = [] {
+    const char* e = getenv("MLA_EXT_ASYM");
+    return e != nullptr && e[0] != 0 && strtol(e, nullptr, 0) != 0;
+  }();
+  return on;
 }
 
 // wg: the 64-head tile as warpgroup MMAs (Hopper), every format.
@@ -2013,6 +2271,11 @@ inline Status launch_split_mt(int mt, bool wg, const DecodeArgs& a, uint32_t blo
     case 2: return launch_split<2, DQK, F, MMA, BAL>(a, blocks, stream);
     default:
       if constexpr (MMA) {
+        // Asymmetric warpgroups (decode_body's ASYM) for the V4 rows on the
+        // uniform map, where MLA_EXT_ASYM=1 asks for them (experiment).
+        if constexpr (!BAL && kv_layout(F) == KvFormat::kFP8DsMlaV4 && DQK == 512) {
+          if (wg && decode_asym_enabled()) return launch_split<4, DQK, F, MMA, BAL, true, true>(a, blocks, stream);
+        }
         if (wg) return launch_split<4, DQK, F, MMA, BAL, true>(a, blocks, stream);
       }
       return launch_split<4, DQK, F, MMA, BAL>(a, blocks, stream);
