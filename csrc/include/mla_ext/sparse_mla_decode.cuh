@@ -1153,32 +1153,51 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
   // Tile 0 is stored here.
   if constexpr (ASYM) {
     // ---- asymmetric warpgroups (ASYM; V4 rows, uniform map, two K stages) ----
-    // Warpgroup 0: Q.K of the whole tile (all 64 heads x 64 keys over all 512
-    // dims) into registers, the online softmax on those registers (a row's 16
+    // Warpgroup 0: Q.K of the whole tile (64 heads x 64 keys over all 512 dims)
+    // into registers, the online softmax on those registers (a row's 16
     // columns per thread, its 4 threads a quad), P into shared memory for
     // warpgroup 1 and straight from its registers into its own P.V (value
-    // dims 0-255). Warpgroup 1: the P.V of value dims 256-511 (P from shared
-    // memory) and every gather: it dequantises tile j + 2 into the stage that
-    // tile j frees while warpgroup 0 runs Q.K and the softmax of tile j + 1.
-    // Named barriers (128 arrive + 128 wait): FULL[s] (stage s holds its
-    // tile), FREE[s] (warpgroup 0 is done with stage s), PRDY[s] (P and alpha
-    // of tile j, j % 2 = s, are in shared memory); WG1 (warpgroup 1 alone: a
-    // tile's row addresses). Two P buffers and two alpha arrays, tile j in j % 2.
-    constexpr int kFull = 1, kFree = 3, kPrdy = 5, kWg1 = 7;
+    // dims 0-255). Warpgroup 1: the P.V of value dims 256-511, P from shared
+    // memory. Each warpgroup gathers half of every tile (rows 32-63 / 0-31, as
+    // the virtual threads tid + 128 / tid - 128 of the 256-thread row-quarter
+    // dealing): during tile j it dequantises its half of tile j + 1 into the
+    // stage tile j - 1 used, while its P.V of tile j runs, then issues the loads
+    // of its half of tile j + 2 (one tile of lead). Warpgroup 0's threads
+    // tid < 64 compute the row addresses (tile j + 2 in slot (j + 2) % 3).
+    // Named barriers, 128 arriving + 128 waiting: FULL[s] (warpgroup 1 stored
+    // its half of the tile of stage s), PRDY[s] (P and alpha of tile j, s = j %
+    // 2, are in shared memory; also: warpgroup 0 is done with tile j - 1),
+    // FREE[s] (warpgroup 1's P.V of the tile in stage s is done); WG0:
+    // warpgroup 0 alone.
+    constexpr int kFull = 1, kPrdy = 3, kFree = 5, kWg0 = 7;
     const int warp = tid / 32, lane = tid % 32, wg = warp >> 2;
     const int r0 = (warp & 3) * 16 + (lane >> 2);  // rows r0, r0 + 8 of this thread's fragments
-    const uint32_t qs0 = smem_addr(Qs);
     if (ntiles > 0) {
       g.template store_swizzled<kWholeK>(Ks, ksc, tid, live_rows(0));
       fence_proxy_async();  // the K tile and the Q tile are read by the async proxy
-      if (tid < BN) row_address<F>(p, p_lo + BN + tid, em, idx_next, meta_d[BN + tid], meta_s[BN + tid]);
+      if (tid < BN) {
+        row_address<F>(p, p_lo + BN + tid, em, idx_next, meta_d[BN + tid], meta_s[BN + tid]);
+        idx_next = load_index(p, t, p_lo + 2 * BN + tid, em, p_hi);
+      }
     }
     __syncthreads();  // stage 0, the Q tile and the row addresses of tile 1 visible
+    G gh;  // this warpgroup's half of tile j + 1 (loaded during tile j - 1)
+    const int vt = wg == 0 ? tid + 128 : tid - 128;  // virtual thread of the 256-thread dealing
+    if (ntiles > 1) gh.load(meta_d + BN, meta_s + BN, vt);
     float rm[2] = {neg_inf(), neg_inf()}, rl[2] = {0.f, 0.f}, rle[2] = {0.f, 0.f};  // warpgroup 0's rows
     if (wg == 0) {
+      const uint32_t qs0 = smem_addr(Qs);
       for (int j = 0; j < ntiles; ++j) {
-        const int cur = j & 1;
-        if (j > 0) named_bar_sync(kFull + cur, 2 * 128);
+        const int cur = j & 1, nxt = cur ^ 1;
+        if (j > 0) named_bar_sync(kFull + cur, 2 * 128);  // warpgroup 1's half of tile j
+        // Row addresses of tile j + 2 (slot (j + 2) % 3: tile j - 1's, whose
+        // softmax and loads are done), published to warpgroup 1 by PRDY below.
+        if (tid < BN && j + 2 < ntiles) {
+          const int ms2 = (j + 2) % 3;
+          row_address<F>(p, p_lo + int64_t(j + 2) * BN + tid, em, idx_next, meta_d[ms2 * BN + tid],
+                         meta_s[ms2 * BN + tid]);
+          idx_next = load_index(p, t, p_lo + int64_t(j + 3) * BN + tid, em, p_hi);
+        }
         const uint32_t ks0 = smem_addr(Ks + cur * (C::kStageBytes / 2));
         float s2[32];
 #pragma unroll
@@ -1196,27 +1215,23 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
         // Softmax on the fragments: element 4 i + 2 hf + e is row r0 + 8 hf,
         // column 8 i + 2 (lane % 4) + e.
         const uint8_t* const* vrow = meta_d + (j % 3) * BN;
-        bool valid[16];
+        uint32_t pr[16];  // P as bf16 pairs: pr[2 i + hf] = row r0 + 8 hf, columns 8 i + 2 (lane % 4) + {0, 1}
+        float alpha[2];
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
           const int col = 8 * i + 2 * (lane & 3);
-          valid[2 * i] = vrow[col] != nullptr;
-          valid[2 * i + 1] = vrow[col + 1] != nullptr;
+          const bool v0 = vrow[col] != nullptr, v1 = vrow[col + 1] != nullptr;
+#pragma unroll
+          for (int hf = 0; hf < 2; ++hf) {
+            s2[4 * i + 2 * hf] = v0 ? s2[4 * i + 2 * hf] * a.scale_log2 : neg_inf();
+            s2[4 * i + 2 * hf + 1] = v1 ? s2[4 * i + 2 * hf + 1] * a.scale_log2 : neg_inf();
+          }
         }
-        uint32_t pr[16];  // P as bf16 pairs: pr[2 i + hf] = row r0 + 8 hf, columns 8 i + 2 (lane % 4) + {0, 1}
-        float alpha[2];
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
           float lmax = neg_inf();
 #pragma unroll
-          for (int i = 0; i < 8; ++i) {
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              float& x = s2[4 * i + 2 * hf + e];
-              x = valid[2 * i + e] ? x * a.scale_log2 : neg_inf();
-              lmax = fmaxf(lmax, x);
-            }
-          }
+          for (int i = 0; i < 8; ++i) lmax = fmaxf(lmax, fmaxf(s2[4 * i + 2 * hf], s2[4 * i + 2 * hf + 1]));
           lmax = fmaxf(lmax, MLA_EXT_SHFL_XOR(lmax, 1));
           lmax = fmaxf(lmax, MLA_EXT_SHFL_XOR(lmax, 2));
           const float m_new = fmaxf(rm[hf], lmax);
@@ -1251,7 +1266,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
         }
         fence_proxy_async();  // P is read by the async proxy
         named_bar_arrive(kPrdy + cur, 2 * 128);
-        // O[:, 0:256] = O * alpha + P V, P from registers.
+        // O[:, 0:256] = O * alpha + P V, P from registers, issued ...
 #pragma unroll
         for (int n = 0; n < 32; ++n) {
           acc[4 * n] *= alpha[0]; acc[4 * n + 1] *= alpha[0]; acc[4 * n + 2] *= alpha[1]; acc[4 * n + 3] *= alpha[1];
@@ -1265,11 +1280,25 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
           wgmma_m64n256k16_rs(*reinterpret_cast<float(*)[128]>(acc), af,
                               wg_desc(ks0 + uint32_t(kk * 16 * 128), uint32_t(BN * 128), 1024));
         }
-        wg_commit_wait();
+        wg_commit();
+        // ... and while it runs: this half of tile j + 1 into stage nxt (tile j -
+        // 1's: this warpgroup's P.V of it was waited for last tile, warpgroup
+        // 1's is FREE), then the loads of this half of tile j + 2.
+        if (j + 1 < ntiles) {
+          if (j > 0) named_bar_sync(kFree + nxt, 2 * 128);
+          gh.template store_swizzled<kWholeK>(Ks + nxt * (C::kStageBytes / 2), ksc, vt, live_rows(j + 1));
+          fence_proxy_async();
+          if (j + 2 < ntiles) {
+            if (j == 0) named_bar_sync(kWg0, 128);  // (later tiles: FREE published the addresses)
+            gh.load(meta_d + ((j + 2) % 3) * BN, meta_s + ((j + 2) % 3) * BN, vt);
+          }
+        }
+        wg_wait_all();
         wg_fence_operands(*reinterpret_cast<float(*)[128]>(acc));
-        if (j + 2 < ntiles) named_bar_arrive(kFree + cur, 2 * 128);
+#pragma unroll
+        for (int i = 0; i < 16; ++i) asm volatile("" : "+r"(pr[i])::"memory");  // read by the P.V until here
       }
-      // Row sums over the quad; the row's state for the epilogue below.
+      // Row sums over the quad.
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
         rl[hf] += MLA_EXT_SHFL_XOR(rl[hf], 1);
@@ -1278,36 +1307,9 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
         rle[hf] += MLA_EXT_SHFL_XOR(rle[hf], 2);
       }
     } else {
-      // Warpgroup 1: gathers (as virtual threads u and u + 128 of the 256-thread
-      // row-quarter dealing: rows 0-31 and 32-63) and the right P.V.
-      const int u = tid - 128;
-      G ga, gb;
-      int32_t idx_n = -1;  // index of tile j + 3's row u (u < BN)
-      if (ntiles > 1) {
-        ga.load(meta_d + BN, meta_s + BN, u);
-        gb.load(meta_d + BN, meta_s + BN, u + 128);
-      }
-      if (u < BN) {
-        if (ntiles > 2) {
-          const int32_t i2 = load_index(p, t, p_lo + 2 * BN + u, em, p_hi);
-          row_address<F>(p, p_lo + 2 * BN + u, em, i2, meta_d[2 * BN + u], meta_s[2 * BN + u]);
-        }
-        idx_n = load_index(p, t, p_lo + 3 * BN + u, em, p_hi);
-      }
-      if (ntiles > 1) {
-        ga.template store_swizzled<kWholeK>(Ks + C::kStageBytes / 2, ksc, u, live_rows(1));
-        gb.template store_swizzled<kWholeK>(Ks + C::kStageBytes / 2, ksc, u + 128, live_rows(1));
-        fence_proxy_async();
-        named_bar_arrive(kFull + 1, 2 * 128);
-      }
-      named_bar_sync(kWg1, 128);  // row addresses of tile 2
-      if (ntiles > 2) {
-        ga.load(meta_d + 2 * BN, meta_s + 2 * BN, u);
-        gb.load(meta_d + 2 * BN, meta_s + 2 * BN, u + 128);
-      }
       for (int j = 0; j < ntiles; ++j) {
-        const int cur = j & 1;
-        named_bar_sync(kPrdy + cur, 2 * 128);
+        const int cur = j & 1, nxt = cur ^ 1;
+        named_bar_sync(kPrdy + cur, 2 * 128);  // P(j), alpha(j); warpgroup 0 done with tile j - 1
         const float a0 = alpha_s[cur * HTp + r0], a1 = alpha_s[cur * HTp + r0 + 8];
 #pragma unroll
         for (int n = 0; n < 32; ++n) {
@@ -1322,28 +1324,18 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
           wgmma_m64n256k16_bt(*reinterpret_cast<float(*)[128]>(acc), wg_desc(pb0 + uint32_t(kk * 32), 16, 1024),
                               wg_desc(vb0 + uint32_t(kk * 16 * 128), uint32_t(BN * 128), 1024));
         wg_commit();
-        // While the products run: row addresses of tile j + 3 (slot j % 3, which
-        // the softmax of tile j, done before PRDY, read last).
-        if (u < BN && j + 3 < ntiles) {
-          row_address<F>(p, p_lo + int64_t(j + 3) * BN + u, em, idx_n, meta_d[(j % 3) * BN + u],
-                         meta_s[(j % 3) * BN + u]);
-          idx_n = load_index(p, t, p_lo + int64_t(j + 4) * BN + u, em, p_hi);
+        // While the products run: this half of tile j + 1 into stage nxt (tile j -
+        // 1's: both P.V products of it are done, warpgroup 0's before PRDY),
+        // then the loads of this half of tile j + 2 (addresses published by PRDY).
+        if (j + 1 < ntiles) {
+          gh.template store_swizzled<kWholeK>(Ks + nxt * (C::kStageBytes / 2), ksc, vt, live_rows(j + 1));
+          fence_proxy_async();
+          named_bar_arrive(kFull + nxt, 2 * 128);
+          if (j + 2 < ntiles) gh.load(meta_d + ((j + 2) % 3) * BN, meta_s + ((j + 2) % 3) * BN, vt);
         }
         wg_wait_all();
         wg_fence_operands(*reinterpret_cast<float(*)[128]>(acc));
-        if (j + 2 < ntiles) {
-          named_bar_sync(kFree + cur, 2 * 128);  // warpgroup 0 is done with stage cur
-          uint16_t* const Kn = Ks + cur * (C::kStageBytes / 2);
-          ga.template store_swizzled<kWholeK>(Kn, ksc, u, live_rows(j + 2));
-          gb.template store_swizzled<kWholeK>(Kn, ksc, u + 128, live_rows(j + 2));
-          fence_proxy_async();
-          named_bar_arrive(kFull + cur, 2 * 128);
-        }
-        named_bar_sync(kWg1, 128);  // row addresses of tile j + 3
-        if (j + 3 < ntiles) {
-          ga.load(meta_d + (j % 3) * BN, meta_s + (j % 3) * BN, u);
-          gb.load(meta_d + (j % 3) * BN, meta_s + (j % 3) * BN, u + 128);
-        }
+        if (j + 2 < ntiles) named_bar_arrive(kFree + cur, 2 * 128);  // stage cur free for tile j + 2
       }
     }
     __syncthreads();  // both warpgroups are done with every stage
@@ -1358,9 +1350,10 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
     }
     __syncthreads();  // the rows' state visible
     {
-      row_m = st[srow];
-      row_l = st[HTp + srow];
-      row_le = st[2 * HTp + srow];
+      const float* st2 = reinterpret_cast<const float*>(smem + C::kOff);
+      row_m = st2[srow];
+      row_l = st2[HTp + srow];
+      row_le = st2[2 * HTp + srow];
     }
   } else {
   constexpr bool kPipe = C::kStages == 2;
