@@ -1177,17 +1177,27 @@ def _split_kernel_names(fn):
     return [e.key for e in prof.key_averages() if "decode_split" in e.key]
 
 
-def _check_64_head_kernel_kind(fn, mma_sync):
+def _asym_expected(fmt):
+    """Whether the 64-head warpgroup kernel of `fmt` runs as asymmetric warpgroups (V4 rows, unless
+    MLA_EXT_ASYM=0 in this process's environment)."""
+    return fmt.startswith("fp8_ds_mla_v4") and os.environ.get("MLA_EXT_ASYM", "").strip() != "0"
+
+
+def _check_64_head_kernel_kind(fn, mma_sync, asym=None):
     """Where this GPU and build run the warpgroup kernel (_wgmma_kernel_expected) and the profiler
-    names kernels: the 64-head split kernel `fn` launches is the warpgroup one (last template
-    argument of decode_split_mma_kernel) exactly when mma_sync is False."""
+    names kernels: the 64-head split kernel `fn` launches is the warpgroup one (fifth template
+    argument of decode_split_mma_kernel) exactly when mma_sync is False, and (asym not None) its
+    sixth argument, the asymmetric warpgroups, is `asym`."""
     if not _wgmma_kernel_expected():
         return
     names = _split_kernel_names(fn)
     if names:
-        # template arguments MT, DQK, F, BAL, WG(, ASYM)
-        wg = [n for n in names if re.search(r"decode_split_mma_kernel<4, [^,]+, [^,]+, (?:true|false), true\b", n)]
+        # template arguments MT, DQK, F, BAL, WG, ASYM
+        pat = r"decode_split_mma_kernel<4, [^,]+, [^,]+, (?:true|false), true, (true|false)>"
+        wg = [re.search(pat, n) for n in names if re.search(pat, n)]
         assert bool(wg) == (not mma_sync), names
+        if wg and asym is not None:
+            assert all(m.group(1) == ("true" if asym else "false") for m in wg), names
 
 
 # Every format on both kernels (V3.2's fp32 scales are applied after the products on both).
@@ -1218,7 +1228,7 @@ def test_gpu_64_head_tile_mma_kinds(fmt, d_qk, mma_sync):
                 run_check(q, cache, idx, fmt=fmt, scale=d_qk ** -0.5, device="cuda", num_splits=S,
                           lengths=lengths, sink=sink)
             _check_64_head_kernel_kind(lambda: run_check(q, cache, idx, fmt=fmt, scale=d_qk ** -0.5, device="cuda",
-                                                         num_splits=1, check=False), mma_sync)
+                                                         num_splits=1, check=False), mma_sync, _asym_expected(fmt))
 
 
 @requires_gpu
@@ -1242,7 +1252,8 @@ def test_gpu_balanced_64_head_tile_counts(fmt):
                 run_check(q, cache, idx, fmt=fmt, scale=0.05, device="cuda", num_splits=S, lengths=lengths,
                           sink=sink)
             _check_64_head_kernel_kind(lambda: run_check(q, cache, idx, fmt=fmt, scale=0.05, device="cuda",
-                                                         num_splits=2, lengths=lengths, check=False), False)
+                                                         num_splits=2, lengths=lengths, check=False), False,
+                                       _asym_expected(fmt))
 
 
 # GPUs with less shared memory per block than the 64-head kernels take (Cfg in
@@ -1492,6 +1503,64 @@ def test_gpu_pdl_switch_same_results(tmp_path):
         assert not torch.isnan(results[0][key]).any(), key
         for other in results[1:]:
             assert torch.equal(results[0][key], other[key]), key
+
+
+_ASYM_CHILD = """
+import sys, torch, mla_ext
+from mla_ext import builders
+from torch.profiler import ProfilerActivity, profile
+res = {}
+# The V4 64-head tile (forced) on both split maps: window and C4 layers (uniform map) at 64-128
+# heads, C128 layers with rows of up to ~7800 entries (balanced map: 2-256 tokens this wide);
+# 1-40 tokens, sinks, lse
+torch.ops.mla_ext._set_head_tile(64)
+for kind, heads, batch, ctx in (("v4_swa", 128, 8, 3000), ("v4_c4", 100, 20, 3000), ("v4_c4", 72, 1, 3000),
+                                ("v4_c4", 64, 40, 3000), ("v4_c128", 128, 2, 10**6), ("v4_c128", 72, 8, 10**6)):
+    inp = builders.build_decode_inputs(kind, batch=batch, num_heads=heads, context_len=(300, ctx), device="cuda",
+                                       seed=heads + batch)
+    T = inp.num_tokens
+    out = torch.full((T, heads, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+    lse = torch.full((T, heads), float("nan"), device="cuda")
+    ws = torch.full((mla_ext.sparse_mla_decode_workspace_size(T, heads, device="cuda"),), 255, dtype=torch.uint8,
+                    device="cuda")
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        mla_ext.sparse_mla_decode(inp.q, inp.kv_cache, inp.indices, output=out, workspace=ws, lse=lse,
+                                  **inp.op_kwargs())
+        torch.cuda.synchronize()
+    names = [e.key for e in prof.key_averages() if "decode_split" in e.key]
+    ref_o, ref_l = inp.reference(dtype=torch.float64)
+    res[f"{kind}_{heads}_{batch}"] = (out.cpu(), lse.cpu(), ref_o.cpu(), ref_l.cpu(), names)
+torch.save(res, sys.argv[1])
+"""
+
+
+@requires_gpu
+def test_gpu_asym_switch_both_kernels(tmp_path):
+    """The V4 64-head tile with MLA_EXT_ASYM=0 (the symmetric warpgroup kernel: both warpgroups
+    split Q.K's dims, S through shared memory) and by default (asymmetric warpgroups on Hopper: Q.K
+    and the softmax in warpgroup 0's registers): each against the float64 reference on both split
+    maps, and the two within rounding of each other (the Q.K sums run in another order, so not
+    bit-identical). Each in its own process: the switch is read once. Where the profiler names
+    kernels and this GPU and build run the warpgroup kernel, the kernel's ASYM argument shows
+    which one ran."""
+    results = {}
+    for asym in ("0", "1"):
+        env = dict(os.environ)
+        env["MLA_EXT_ASYM"] = asym
+        path = tmp_path / f"asym_{asym}.pt"
+        subprocess.run([sys.executable, "-c", _ASYM_CHILD, str(path)], check=True, env=env)
+        results[asym] = torch.load(path)
+    for key, (out, lse, ref_o, ref_l, names) in results["1"].items():
+        for asym in ("0", "1"):
+            o, l_, _, _, nm = results[asym][key]
+            check_out(o, ref_o, "fp8_ds_mla_v4")
+            check_lse(l_, ref_l, kv_format="fp8_ds_mla_v4")
+            if _wgmma_kernel_expected() and nm:
+                flag = "true" if asym == "1" else "false"
+                assert any(re.search(rf"decode_split_mma_kernel<4, 512, [^>]*, true, {flag}>", n) for n in nm), nm
+        o0, l0 = results["0"][key][0].double(), results["0"][key][1].double()
+        assert ((out.double() - o0).abs().max() / o0.abs().max()).item() < 1e-2, key
+        assert (lse.double() - l0).abs().max().item() < 1e-3, key
 
 
 @requires_gpu

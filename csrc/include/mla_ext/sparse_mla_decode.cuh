@@ -1009,7 +1009,7 @@ __device__ __forceinline__ void row_address(const SparseDecodeParams& p, int64_t
 template <int MT, int DQK, KvFormat F, bool MMA, bool BAL, bool WG = false, bool ASYM = false>
 __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
   constexpr bool SC = kv_layout(F) == KvFormat::kFP8DsMla;  // scales applied after the products
-  static_assert(!ASYM || (WG && !BAL && !SC && DQK == 512), "asymmetric warpgroups: the uniform-map V4 tile");
+  static_assert(!ASYM || (WG && !SC && DQK == 512), "asymmetric warpgroups: the V4 64-head tile");
   using C = Cfg<MT, DQK, MMA, SC, WG, decode_two_stages(F, DQK, WG, BAL) || ASYM, ASYM>;
   // Whole, conflict-free 16-byte K stores (st_shared16, Gather's PAIRED runs) in
   // the warpgroup kernels of the uniform split map: H200, 64-128 heads x 512
@@ -2247,11 +2247,13 @@ inline Status launch_split(const DecodeArgs& a, uint32_t blocks, gpuStream_t str
   return launch_kernel(pdl, kernel, dim3(blocks), dim3(kThreads), kBytes, stream, a);
 }
 
-// Whether MLA_EXT_ASYM (read once) asks for the asymmetric warpgroup kernel.
+// Whether the V4 64-head tile runs as asymmetric warpgroups (decode_body's
+// ASYM; the symmetric warpgroup kernel otherwise): yes unless the environment
+// variable MLA_EXT_ASYM (read once) is "0".
 inline bool decode_asym_enabled() {
   static const bool on = [] {
     const char* e = getenv("MLA_EXT_ASYM");
-    return e != nullptr && e[0] != 0 && strtol(e, nullptr, 0) != 0;
+    return e == nullptr || e[0] == 0 || strtol(e, nullptr, 0) != 0;
   }();
   return on;
 }
@@ -2264,9 +2266,9 @@ inline Status launch_split_mt(int mt, bool wg, const DecodeArgs& a, uint32_t blo
     case 2: return launch_split<2, DQK, F, MMA, BAL>(a, blocks, stream);
     default:
       if constexpr (MMA) {
-        // Asymmetric warpgroups (decode_body's ASYM) for the V4 rows on the
-        // uniform map, where MLA_EXT_ASYM=1 asks for them (experiment).
-        if constexpr (!BAL && kv_layout(F) == KvFormat::kFP8DsMlaV4 && DQK == 512) {
+        // Asymmetric warpgroups (decode_body's ASYM) for the V4 rows, both
+        // split maps, unless MLA_EXT_ASYM=0.
+        if constexpr (kv_layout(F) == KvFormat::kFP8DsMlaV4 && DQK == 512) {
           if (wg && decode_asym_enabled()) return launch_split<4, DQK, F, MMA, BAL, true, true>(a, blocks, stream);
         }
         if (wg) return launch_split<4, DQK, F, MMA, BAL, true>(a, blocks, stream);
