@@ -1178,9 +1178,14 @@ def _split_kernel_names(fn):
 
 
 def _asym_expected(fmt):
-    """Whether the 64-head warpgroup kernel of `fmt` runs as asymmetric warpgroups (V4 rows, unless
-    MLA_EXT_ASYM=0 in this process's environment)."""
-    return fmt.startswith("fp8_ds_mla_v4") and os.environ.get("MLA_EXT_ASYM", "").strip() != "0"
+    """Whether the 64-head warpgroup kernel of `fmt` runs as asymmetric warpgroups (V4 rows, where
+    MLA_EXT_ASYM is set and not 0 in this process's environment, as the extension reads it)."""
+    v = os.environ.get("MLA_EXT_ASYM", "").strip()
+    try:
+        on = v != "" and int(v, 0) != 0
+    except ValueError:
+        on = False
+    return fmt.startswith("fp8_ds_mla_v4") and on
 
 
 def _check_64_head_kernel_kind(fn, mma_sync, asym=None):
@@ -1536,13 +1541,13 @@ torch.save(res, sys.argv[1])
 
 @requires_gpu
 def test_gpu_asym_switch_both_kernels(tmp_path):
-    """The V4 64-head tile with MLA_EXT_ASYM=0 (the symmetric warpgroup kernel: both warpgroups
-    split Q.K's dims, S through shared memory) and by default (asymmetric warpgroups on Hopper: Q.K
-    and the softmax in warpgroup 0's registers): each against the float64 reference on both split
-    maps, and the two within rounding of each other (the Q.K sums run in another order, so not
-    bit-identical). Each in its own process: the switch is read once. Where the profiler names
-    kernels and this GPU and build run the warpgroup kernel, the kernel's ASYM argument shows
-    which one ran."""
+    """The V4 64-head tile with MLA_EXT_ASYM=0 (the default: the symmetric warpgroup kernel, both
+    warpgroups split Q.K's dims, S through shared memory) and MLA_EXT_ASYM=1 (asymmetric warpgroups
+    on Hopper: Q.K and the softmax in warpgroup 0's registers): each against the float64 reference
+    on both split maps, and the two within rounding of each other (the Q.K sums run in another
+    order, so not bit-identical). Each in its own process: the switch is read once. Where the
+    profiler names kernels and this GPU and build run the warpgroup kernel, the kernel's ASYM
+    argument shows which one ran."""
     results = {}
     for asym in ("0", "1"):
         env = dict(os.environ)
