@@ -1295,8 +1295,10 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
         }
         wg_wait_all();
         wg_fence_operands(*reinterpret_cast<float(*)[128]>(acc));
+        // pr is the P.V's register operand until the wait above (ptxas keeps a
+        // wgmma's registers until its wait_group; this only pins the source order).
 #pragma unroll
-        for (int i = 0; i < 16; ++i) asm volatile("" : "+r"(pr[i])::"memory");  // read by the P.V until here
+        for (int i = 0; i < 16; ++i) asm volatile("" : "+r"(pr[i])::"memory");
       }
       // Row sums over the quad.
 #pragma unroll
