@@ -516,20 +516,20 @@ __device__ __forceinline__ void wg_wait_all() { MLA_EXT_WG_ASM("wgmma.wait_group
 // Named barriers (ASYM warpgroup roles, decode_body): `n` threads in all, some
 // arriving (no wait, release) and some waiting (acquire), id 1..15 (0 is
 // __syncthreads).
-__device__ __forceinline__ void named_bar_sync(int id, int n) {
+template <bool ARRIVE>
+__device__ __forceinline__ void named_bar(int id, int n) {
 #if defined(MLA_EXT_DECODE_WGMMA)
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+  if constexpr (ARRIVE) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+  } else {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+  }
 #else
   (void)id; (void)n;
 #endif
 }
-__device__ __forceinline__ void named_bar_arrive(int id, int n) {
-#if defined(MLA_EXT_DECODE_WGMMA)
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
-#else
-  (void)id; (void)n;
-#endif
-}
+__device__ __forceinline__ void named_bar_sync(int id, int n) { named_bar<false>(id, n); }
+__device__ __forceinline__ void named_bar_arrive(int id, int n) { named_bar<true>(id, n); }
 __device__ __forceinline__ void wg_commit_wait() {
   wg_commit();
   wg_wait_all();
@@ -1151,6 +1151,19 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
   // addresses of tile j + 2, Q.K(j) -> S (in the free stage) | softmax(j) -> P |
   // P.V(j) issued; store(j + 1); loads of tile j + 2; P.V(j) waited for |.
   // Tile 0 is stored here.
+  constexpr bool kPipe = C::kStages == 2;  // (ASYM too: its two warpgroups then load tile 1 by halves)
+  if constexpr (kPipe) {
+    if (ntiles > 0) {
+      g.template store_swizzled<kWholeK>(Ks, ksc, tid, live_rows(0));
+      fence_proxy_async();  // the K tile and the Q tile are read by the async proxy
+      if (tid < BN) {
+        row_address<F>(p, p_lo + BN + tid, em, idx_next, meta_d[BN + tid], meta_s[BN + tid]);
+        idx_next = load_index(p, t, p_lo + 2 * BN + tid, em, p_hi);
+      }
+      __syncthreads();  // K tile 0 + addresses of tile 1 visible
+      if (!ASYM && ntiles > 1) g.load(meta_d + BN, meta_s + BN, tid);
+    }
+  }
   if constexpr (ASYM) {
     // ---- asymmetric warpgroups (ASYM; V4 rows, uniform map, two K stages) ----
     // Warpgroup 0: Q.K of the whole tile (64 heads x 64 keys over all 512 dims)
@@ -1172,15 +1185,6 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
     constexpr int kFull = 1, kPrdy = 3, kFree = 5, kWg0 = 7;
     const int warp = tid / 32, lane = tid % 32, wg = warp >> 2;
     const int r0 = (warp & 3) * 16 + (lane >> 2);  // rows r0, r0 + 8 of this thread's fragments
-    if (ntiles > 0) {
-      g.template store_swizzled<kWholeK>(Ks, ksc, tid, live_rows(0));
-      fence_proxy_async();  // the K tile and the Q tile are read by the async proxy
-      if (tid < BN) {
-        row_address<F>(p, p_lo + BN + tid, em, idx_next, meta_d[BN + tid], meta_s[BN + tid]);
-        idx_next = load_index(p, t, p_lo + 2 * BN + tid, em, p_hi);
-      }
-    }
-    __syncthreads();  // stage 0, the Q tile and the row addresses of tile 1 visible
     G gh;  // this warpgroup's half of tile j + 1 (loaded during tile j - 1)
     const int vt = wg == 0 ? tid + 128 : tid - 128;  // virtual thread of the 256-thread dealing
     if (ntiles > 1) gh.load(meta_d + BN, meta_s + BN, vt);
@@ -1358,19 +1362,6 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
       row_le = st2[2 * HTp + srow];
     }
   } else {
-  constexpr bool kPipe = C::kStages == 2;
-  if constexpr (kPipe) {
-    if (ntiles > 0) {
-      g.template store_swizzled<kWholeK>(Ks, ksc, tid, live_rows(0));
-      fence_proxy_async();  // the K tile and the Q tile are read by the async proxy
-      if (tid < BN) {
-        row_address<F>(p, p_lo + BN + tid, em, idx_next, meta_d[BN + tid], meta_s[BN + tid]);
-        idx_next = load_index(p, t, p_lo + 2 * BN + tid, em, p_hi);
-      }
-      __syncthreads();  // K tile 0 + addresses of tile 1 visible
-      if (ntiles > 1) g.load(meta_d + BN, meta_s + BN, tid);
-    }
-  }
 
   for (int j = 0; j < ntiles; ++j) {
     const int cur = j & 1, nxt = cur ^ 1;
