@@ -125,7 +125,9 @@ struct Fmt<KvFormat::kFP8DsMlaV4, 512> {
 // cache shrinks (the carveout goes from 196 to 228 KB), and the one-stage
 // kernel with its carveout forced to the maximum loses about as much, 0..7.5%
 // (benchmarks/NOTES.md, sixteenth session); nor at d_qk 576 or with
-// fp8_ds_mla's P copies (a second stage does not fit in 227 KB).
+// fp8_ds_mla's P copies (a second stage does not fit in 227 KB). The
+// asymmetric warpgroup kernels (decode_body's ASYM, opt-in) have two stages on
+// both maps, plus a second P buffer and alpha array (213 KB with the alignment pad).
 MLA_EXT_HD constexpr bool decode_two_stages(KvFormat f, int d_qk, bool wg, bool bal) {
   return wg && bal && kv_layout(f) == KvFormat::kFP8DsMlaV4 && d_qk == 512;
 }
@@ -1165,7 +1167,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
     }
   }
   if constexpr (ASYM) {
-    // ---- asymmetric warpgroups (ASYM; V4 rows, uniform map, two K stages) ----
+    // ---- asymmetric warpgroups (ASYM; V4 rows, either split map, two K stages) ----
     // Warpgroup 0: Q.K of the whole tile (64 heads x 64 keys over all 512 dims)
     // into registers, the online softmax on those registers (a row's 16
     // columns per thread, its 4 threads a quad), P into shared memory for
