@@ -2245,7 +2245,8 @@ inline Status launch_split(const DecodeArgs& a, uint32_t blocks, gpuStream_t str
 // Whether the V4 64-head tile runs as asymmetric warpgroups (decode_body's
 // ASYM) instead of the symmetric warpgroup kernel: where the environment
 // variable MLA_EXT_ASYM (read once) is set and not "0". Off by default: H200,
-// -5..-11% at 100-128 heads x >= 16 tokens, but compute-sanitizer's racecheck
+// C4 / C128 layers -4..-11% at 100-128 heads x >= 16 tokens (window layer +-1%,
+// +3% at 64 heads), but compute-sanitizer's racecheck
 // reports hazards in it that are not yet shown to be the tool's (named barriers
 // with arrive; benchmarks/NOTES.md, eighteenth session).
 inline bool decode_asym_enabled() {
