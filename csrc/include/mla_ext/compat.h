@@ -163,6 +163,13 @@ __device__ __forceinline__ void launch_dependent_grids() {
 #endif
 }
 
+// An integer from the environment (strtol, base from the prefix), `dflt` where
+// the variable is unset or empty. For switches read once per process.
+inline long env_int(const char* name, long dflt) {
+  const char* e = getenv(name);
+  return (e == nullptr || e[0] == 0) ? dflt : strtol(e, nullptr, 0);
+}
+
 // Kernels that may be launched programmatically in this process, as a bit
 // mask: 1 merge_attn_states(_n), 2 the decode split kernel, 4 the decode
 // reduce; 8 lets a small split grid trigger its reduce early
@@ -171,11 +178,7 @@ __device__ __forceinline__ void launch_dependent_grids() {
 // trigger, "13" all but the split kernel) sets it; unset or empty: all.
 constexpr int kPdlMerge = 1, kPdlDecodeSplit = 2, kPdlDecodeReduce = 4, kPdlEarlyTrigger = 8;
 inline int pdl_mask() {
-  static const int mask = [] {
-    const char* e = getenv("MLA_EXT_PDL");
-    if (e == nullptr || e[0] == 0) return 15;
-    return int(strtol(e, nullptr, 0)) & 15;
-  }();
+  static const int mask = int(env_int("MLA_EXT_PDL", 15)) & 15;
   return mask;
 }
 

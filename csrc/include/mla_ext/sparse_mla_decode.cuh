@@ -2250,10 +2250,7 @@ inline Status launch_split(const DecodeArgs& a, uint32_t blocks, gpuStream_t str
 // reports hazards in it that are not yet shown to be the tool's (named barriers
 // with arrive; benchmarks/NOTES.md, eighteenth session).
 inline bool decode_asym_enabled() {
-  static const bool on = [] {
-    const char* e = getenv("MLA_EXT_ASYM");
-    return e != nullptr && e[0] != 0 && strtol(e, nullptr, 0) != 0;
-  }();
+  static const bool on = env_int("MLA_EXT_ASYM", 0) != 0;
   return on;
 }
 
