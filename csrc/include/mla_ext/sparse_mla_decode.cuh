@@ -582,6 +582,15 @@ __device__ __forceinline__ void wgmma_m64n256k16_bt(float (&d)[128], uint64_t da
 #endif
 }
 
+// The m64n256 accumulator's two rows of this thread (r0, r0 + 8 of its warp's
+// 16) times a0 and a1: the online softmax's rescale before a P.V step.
+__device__ __forceinline__ void scale_rows_m64n256(float* acc, float a0, float a1) {
+#pragma unroll
+  for (int n = 0; n < 32; ++n) {
+    acc[4 * n] *= a0; acc[4 * n + 1] *= a0; acc[4 * n + 2] *= a1; acc[4 * n + 3] *= a1;
+  }
+}
+
 // D[64 x 256] += A[64 x 16] B[16 x 256]: A from registers (4 bf16 pairs per
 // thread in the m16n8k16 A-fragment layout of the thread's warp rows: the
 // layout a m64nN accumulator has, so S can feed P.V without shared memory),
@@ -1273,10 +1282,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
         fence_proxy_async();  // P is read by the async proxy
         named_bar_arrive(kPrdy + cur, 2 * 128);
         // O[:, 0:256] = O * alpha + P V, P from registers, issued ...
-#pragma unroll
-        for (int n = 0; n < 32; ++n) {
-          acc[4 * n] *= alpha[0]; acc[4 * n + 1] *= alpha[0]; acc[4 * n + 2] *= alpha[1]; acc[4 * n + 3] *= alpha[1];
-        }
+        scale_rows_m64n256(acc, alpha[0], alpha[1]);
         wg_fence_operands(*reinterpret_cast<float(*)[128]>(acc));
         wg_fence();
 #pragma unroll
@@ -1318,11 +1324,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
       for (int j = 0; j < ntiles; ++j) {
         const int cur = j & 1, nxt = cur ^ 1;
         named_bar_sync(kPrdy + cur, 2 * 128);  // P(j), alpha(j); warpgroup 0 done with tile j - 1
-        const float a0 = alpha_s[cur * HTp + r0], a1 = alpha_s[cur * HTp + r0 + 8];
-#pragma unroll
-        for (int n = 0; n < 32; ++n) {
-          acc[4 * n] *= a0; acc[4 * n + 1] *= a0; acc[4 * n + 2] *= a1; acc[4 * n + 3] *= a1;
-        }
+        scale_rows_m64n256(acc, alpha_s[cur * HTp + r0], alpha_s[cur * HTp + r0 + 8]);
         const uint32_t pb0 = smem_addr(Ps + cur * (HTp * PST));
         const uint32_t vb0 = smem_addr(Ks + cur * (C::kStageBytes / 2)) + uint32_t(4 * BN * 128);
         wg_fence_operands(*reinterpret_cast<float(*)[128]>(acc));
@@ -1357,12 +1359,9 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
       }
     }
     __syncthreads();  // the rows' state visible
-    {
-      const float* st2 = reinterpret_cast<const float*>(smem + C::kOff);
-      row_m = st2[srow];
-      row_l = st2[HTp + srow];
-      row_le = st2[2 * HTp + srow];
-    }
+    row_m = st[srow];
+    row_l = st[HTp + srow];
+    row_le = st[2 * HTp + srow];
   } else {
 
   for (int j = 0; j < ntiles; ++j) {
@@ -1739,12 +1738,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
       // 16 heads each); P (A, K-major) and V = K's first 512 columns read as an
       // MN-major B (key rows of dims; the next 64-dim block is BN rows on).
       const int warp = tid / 32, lane = tid % 32, wg = warp >> 2;
-      const float a0 = alpha_s[(warp & 3) * 16 + (lane >> 2)];
-      const float a1 = alpha_s[(warp & 3) * 16 + (lane >> 2) + 8];
-#pragma unroll
-      for (int n = 0; n < 32; ++n) {
-        acc[4 * n] *= a0; acc[4 * n + 1] *= a0; acc[4 * n + 2] *= a1; acc[4 * n + 3] *= a1;
-      }
+      scale_rows_m64n256(acc, alpha_s[(warp & 3) * 16 + (lane >> 2)], alpha_s[(warp & 3) * 16 + (lane >> 2) + 8]);
       // All four 16-key steps: rows past the split's end are zeros (Gather::store),
       // and a data-dependent step count here made ptxas serialise the wgmmas
       // of the balanced-map kernels (C7520).
