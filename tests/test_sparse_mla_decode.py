@@ -1177,15 +1177,27 @@ def _split_kernel_names(fn):
     return [e.key for e in prof.key_averages() if "decode_split" in e.key]
 
 
-def _asym_expected(fmt):
-    """Whether the 64-head warpgroup kernel of `fmt` runs as asymmetric warpgroups (V4 rows, where
-    MLA_EXT_ASYM is set and not 0 in this process's environment, as the extension reads it)."""
-    v = os.environ.get("MLA_EXT_ASYM", "").strip()
-    try:
-        on = v != "" and int(v, 0) != 0
-    except ValueError:
-        on = False
-    return fmt.startswith("fp8_ds_mla_v4") and on
+def _asym_rule(width, num_splits, env=None):
+    """Whether a V4 64-head warpgroup tile of a call with `width` index columns (main + extra) and
+    `num_splits` splits runs as asymmetric warpgroups, under MLA_EXT_ASYM = `env` (None: this
+    process's environment) as the extension reads it: unset, empty or negative -> splits of more
+    than two 64-row key tiles (width > 128 x num_splits); 0 (or not a number) -> never; positive ->
+    always."""
+    v = (os.environ.get("MLA_EXT_ASYM", "") if env is None else env).strip()
+    if v == "":
+        mode = -1
+    else:
+        try:
+            mode = int(v, 0)
+        except ValueError:
+            mode = 0
+    return width > 128 * num_splits if mode < 0 else mode != 0
+
+
+def _asym_expected(fmt, width, num_splits):
+    """Whether the 64-head warpgroup kernel of `fmt` runs as asymmetric warpgroups (V4 rows only;
+    _asym_rule)."""
+    return fmt.startswith("fp8_ds_mla_v4") and _asym_rule(width, num_splits)
 
 
 def _check_64_head_kernel_kind(fn, mma_sync, asym=None):
@@ -1233,7 +1245,8 @@ def test_gpu_64_head_tile_mma_kinds(fmt, d_qk, mma_sync):
                 run_check(q, cache, idx, fmt=fmt, scale=d_qk ** -0.5, device="cuda", num_splits=S,
                           lengths=lengths, sink=sink)
             _check_64_head_kernel_kind(lambda: run_check(q, cache, idx, fmt=fmt, scale=d_qk ** -0.5, device="cuda",
-                                                         num_splits=1, check=False), mma_sync, _asym_expected(fmt))
+                                                         num_splits=1, check=False), mma_sync,
+                                      _asym_expected(fmt, W, 1))
 
 
 @requires_gpu
@@ -1258,7 +1271,7 @@ def test_gpu_balanced_64_head_tile_counts(fmt):
                           sink=sink)
             _check_64_head_kernel_kind(lambda: run_check(q, cache, idx, fmt=fmt, scale=0.05, device="cuda",
                                                          num_splits=2, lengths=lengths, check=False), False,
-                                       _asym_expected(fmt))
+                                       _asym_expected(fmt, W, 2))
 
 
 # GPUs with less shared memory per block than the 64-head kernels take (Cfg in
@@ -1517,51 +1530,61 @@ from torch.profiler import ProfilerActivity, profile
 res = {}
 # The V4 64-head tile (forced) on both split maps: window and C4 layers (uniform map) at 64-128
 # heads, C128 layers with rows of up to ~7800 entries (balanced map: 2-256 tokens this wide);
-# 1-40 tokens, sinks, lse
+# 1-40 tokens, sinks, lse; split counts on both sides of the default rule (width vs 128 x splits:
+# window rows of 128 and C4 rows of 640 over 8 splits -> symmetric, the rest asymmetric)
 torch.ops.mla_ext._set_head_tile(64)
-for kind, heads, batch, ctx in (("v4_swa", 128, 8, 3000), ("v4_c4", 100, 20, 3000), ("v4_c4", 72, 1, 3000),
-                                ("v4_c4", 64, 40, 3000), ("v4_c128", 128, 2, 10**6), ("v4_c128", 72, 8, 10**6)):
+for kind, heads, batch, ctx, splits in (("v4_swa", 128, 8, 3000, 1), ("v4_c4", 100, 20, 3000, 2),
+                                        ("v4_c4", 72, 1, 3000, 8), ("v4_c4", 64, 40, 3000, 1),
+                                        ("v4_c128", 128, 2, 10**6, 4), ("v4_c128", 72, 8, 10**6, 3)):
     inp = builders.build_decode_inputs(kind, batch=batch, num_heads=heads, context_len=(300, ctx), device="cuda",
                                        seed=heads + batch)
     T = inp.num_tokens
     out = torch.full((T, heads, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
     lse = torch.full((T, heads), float("nan"), device="cuda")
-    ws = torch.full((mla_ext.sparse_mla_decode_workspace_size(T, heads, device="cuda"),), 255, dtype=torch.uint8,
-                    device="cuda")
+    ws = torch.full((mla_ext.sparse_mla_decode_workspace_size(T, heads, num_splits=splits, device="cuda"),), 255,
+                    dtype=torch.uint8, device="cuda")
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         mla_ext.sparse_mla_decode(inp.q, inp.kv_cache, inp.indices, output=out, workspace=ws, lse=lse,
-                                  **inp.op_kwargs())
+                                  num_splits=splits, **inp.op_kwargs())
         torch.cuda.synchronize()
     names = [e.key for e in prof.key_averages() if "decode_split" in e.key]
     ref_o, ref_l = inp.reference(dtype=torch.float64)
-    res[f"{kind}_{heads}_{batch}"] = (out.cpu(), lse.cpu(), ref_o.cpu(), ref_l.cpu(), names)
+    width = inp.indices.shape[1] + (inp.extra_indices.shape[1] if inp.extra_indices is not None else 0)
+    res[f"{kind}_{heads}_{batch}"] = (out.cpu(), lse.cpu(), ref_o.cpu(), ref_l.cpu(), names, width, splits)
 torch.save(res, sys.argv[1])
 """
 
 
 @requires_gpu
 def test_gpu_asym_switch_both_kernels(tmp_path):
-    """The V4 64-head tile with MLA_EXT_ASYM=0 (the default: the symmetric warpgroup kernel, both
-    warpgroups split Q.K's dims, S through shared memory) and MLA_EXT_ASYM=1 (asymmetric warpgroups
-    on Hopper: Q.K and the softmax in warpgroup 0's registers): each against the float64 reference
-    on both split maps, and the two within rounding of each other (the Q.K sums run in another
-    order, so not bit-identical). Each in its own process: the switch is read once. Where the
-    profiler names kernels and this GPU and build run the warpgroup kernel, the kernel's ASYM
-    argument shows which one ran."""
+    """The V4 64-head tile with MLA_EXT_ASYM=0 (the symmetric warpgroup kernel: both warpgroups
+    split Q.K's dims, S through shared memory), MLA_EXT_ASYM=1 (asymmetric warpgroups on Hopper:
+    Q.K and the softmax in warpgroup 0's registers) and unset (the default: asymmetric where a
+    split spans more than two key tiles): each against the float64 reference on both split maps,
+    and the kernels within rounding of each other (the Q.K sums run in another order, so not
+    bit-identical). Each in its own process: the switch is read once. Where the profiler names
+    kernels and this GPU and build run the warpgroup kernel, the kernel's ASYM argument shows
+    which one ran (for the default: the rule, _asym_rule)."""
     results = {}
-    for asym in ("0", "1"):
+    for asym in ("0", "1", ""):
         env = dict(os.environ)
-        env["MLA_EXT_ASYM"] = asym
-        path = tmp_path / f"asym_{asym}.pt"
+        env.pop("MLA_EXT_ASYM", None)
+        if asym:
+            env["MLA_EXT_ASYM"] = asym
+        path = tmp_path / f"asym_{asym or 'default'}.pt"
         subprocess.run([sys.executable, "-c", _ASYM_CHILD, str(path)], check=True, env=env)
         results[asym] = torch.load(path)
-    for key, (out, lse, ref_o, ref_l, names) in results["1"].items():
-        for asym in ("0", "1"):
-            o, l_, _, _, nm = results[asym][key]
+    expected_default = {key: _asym_rule(r[5], r[6], env="") for key, r in results[""].items()}
+    # the cases straddle the default rule
+    assert any(expected_default.values()) and not all(expected_default.values()), expected_default
+    for key, (out, lse, ref_o, ref_l, names, _, _) in results["1"].items():
+        for asym in ("0", "1", ""):
+            o, l_, _, _, nm, _, _ = results[asym][key]
             check_out(o, ref_o, "fp8_ds_mla_v4")
             check_lse(l_, ref_l, kv_format="fp8_ds_mla_v4")
             if _wgmma_kernel_expected() and nm:
-                flag = "true" if asym == "1" else "false"
+                on = asym == "1" or (asym == "" and expected_default[key])
+                flag = "true" if on else "false"
                 assert any(re.search(rf"decode_split_mma_kernel<4, 512, [^>]*, true, {flag}>", n) for n in nm), nm
         o0, l0 = results["0"][key][0].double(), results["0"][key][1].double()
         assert ((out.double() - o0).abs().max() / o0.abs().max()).item() < 1e-2, key

@@ -126,8 +126,9 @@ struct Fmt<KvFormat::kFP8DsMlaV4, 512> {
 // kernel with its carveout forced to the maximum loses about as much, 0..7.5%
 // (benchmarks/NOTES.md, sixteenth session); nor at d_qk 576 or with
 // fp8_ds_mla's P copies (a second stage does not fit in 227 KB). The
-// asymmetric warpgroup kernels (decode_body's ASYM, opt-in) have two stages on
-// both maps, plus a second P buffer and alpha array (213 KB with the alignment pad).
+// asymmetric warpgroup kernels (decode_body's ASYM) have two stages on
+// both maps, plus a second P buffer and alpha array and a fourth row-address slot (214 KB
+// with the alignment pad).
 MLA_EXT_HD constexpr bool decode_two_stages(KvFormat f, int d_qk, bool wg, bool bal) {
   return wg && bal && kv_layout(f) == KvFormat::kFP8DsMlaV4 && d_qk == 512;
 }
@@ -165,8 +166,9 @@ struct Cfg {
   static constexpr size_t invOff = aOff + size_t(ASYM ? 2 : 1) * HTp * 4;  // ASYM: alpha of tiles j, j + 1
   static constexpr size_t metaOff = invOff + size_t(HTp) * 4;
   // Row-address slots (data and scale pointers of a tile's rows): two, three
-  // with two K stages (tiles j, j + 1, j + 2 in flight: decode_body).
-  static constexpr int kMetaSlots = kStages == 2 ? 3 : 2;
+  // with two K stages (tiles j, j + 1, j + 2 in flight: decode_body), four in
+  // the asymmetric kernels (their addresses are written a tile earlier).
+  static constexpr int kMetaSlots = ASYM ? 4 : kStages == 2 ? 3 : 2;
   static constexpr size_t scOff = metaOff + size_t(2 * kMetaSlots) * BN * sizeof(void*);  // float [4][BN]
   static constexpr size_t bytes = scOff + (SCALED ? size_t(4) * BN * 4 : 0) + kAlignPad;
   static constexpr int TPR = kThreads / HTp;  // softmax threads per head row
@@ -1134,7 +1136,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
   for (int i = 0; i < kAcc; ++i) acc[i] = 0.f;
 
   G g;
-  int32_t idx_next = -1;
+  int32_t idx_next = -1, idx_next2 = -1;
   if (ntiles > 0) {
     if (tid < BN) {
       const int64_t k = p_lo + tid;
@@ -1143,7 +1145,10 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
     }
     __syncthreads();
     g.load(meta_d, meta_s, tid);
-    if (tid < BN) idx_next = load_index(p, t, p_lo + BN + tid, em, p_hi);
+    if (tid < BN) {
+      idx_next = load_index(p, t, p_lo + BN + tid, em, p_hi);
+      if (ASYM) idx_next2 = load_index(p, t, p_lo + 2 * BN + tid, em, p_hi);
+    }
   }
   if (MMA) copy_async_wait_all();  // Q tile landed (made visible by the loop's first barrier)
 
@@ -1169,9 +1174,14 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
       fence_proxy_async();  // the K tile and the Q tile are read by the async proxy
       if (tid < BN) {
         row_address<F>(p, p_lo + BN + tid, em, idx_next, meta_d[BN + tid], meta_s[BN + tid]);
-        idx_next = load_index(p, t, p_lo + 2 * BN + tid, em, p_hi);
+        if constexpr (ASYM) {  // and tile 2's (slot 2)
+          row_address<F>(p, p_lo + 2 * BN + tid, em, idx_next2, meta_d[2 * BN + tid], meta_s[2 * BN + tid]);
+          idx_next = load_index(p, t, p_lo + 3 * BN + tid, em, p_hi);
+        } else {
+          idx_next = load_index(p, t, p_lo + 2 * BN + tid, em, p_hi);
+        }
       }
-      __syncthreads();  // K tile 0 + addresses of tile 1 visible
+      __syncthreads();  // K tile 0 + addresses of tile 1 (ASYM: and 2) visible
       if (!ASYM && ntiles > 1) g.load(meta_d + BN, meta_s + BN, tid);
     }
   }
@@ -1187,13 +1197,13 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
     // dealing): during tile j it dequantises its half of tile j + 1 into the
     // stage tile j - 1 used, while its P.V of tile j runs, then issues the loads
     // of its half of tile j + 2 (one tile of lead). Warpgroup 0's threads
-    // tid < 64 compute the row addresses (tile j + 2 in slot (j + 2) % 3).
+    // tid < 64 compute the row addresses, three tiles ahead (tile j + 3 in slot
+    // (j + 3) % 4, during tile j after the store; tiles 1 and 2 in the prologue).
     // Named barriers, 128 arriving + 128 waiting: FULL[s] (warpgroup 1 stored
     // its half of the tile of stage s), PRDY[s] (P and alpha of tile j, s = j %
     // 2, are in shared memory; also: warpgroup 0 is done with tile j - 1),
-    // FREE[s] (warpgroup 1's P.V of the tile in stage s is done); WG0:
-    // warpgroup 0 alone.
-    constexpr int kFull = 1, kPrdy = 3, kFree = 5, kWg0 = 7;
+    // FREE[s] (warpgroup 1's P.V of the tile in stage s is done).
+    constexpr int kFull = 1, kPrdy = 3, kFree = 5;
     const int warp = tid / 32, lane = tid % 32, wg = warp >> 2;
     const int r0 = (warp & 3) * 16 + (lane >> 2);  // rows r0, r0 + 8 of this thread's fragments
     G gh;  // this warpgroup's half of tile j + 1 (loaded during tile j - 1)
@@ -1205,14 +1215,6 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
       for (int j = 0; j < ntiles; ++j) {
         const int cur = j & 1, nxt = cur ^ 1;
         if (j > 0) named_bar_sync(kFull + cur, 2 * 128);  // warpgroup 1's half of tile j
-        // Row addresses of tile j + 2 (slot (j + 2) % 3: tile j - 1's, whose
-        // softmax and loads are done), published to warpgroup 1 by PRDY below.
-        if (tid < BN && j + 2 < ntiles) {
-          const int ms2 = (j + 2) % 3;
-          row_address<F>(p, p_lo + int64_t(j + 2) * BN + tid, em, idx_next, meta_d[ms2 * BN + tid],
-                         meta_s[ms2 * BN + tid]);
-          idx_next = load_index(p, t, p_lo + int64_t(j + 3) * BN + tid, em, p_hi);
-        }
         const uint32_t ks0 = smem_addr(Ks + cur * (C::kStageBytes / 2));
         float s2[32];
 #pragma unroll
@@ -1229,7 +1231,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
         wg_fence_operands(s2);
         // Softmax on the fragments: element 4 i + 2 hf + e is row r0 + 8 hf,
         // column 8 i + 2 (lane % 4) + e.
-        const uint8_t* const* vrow = meta_d + (j % 3) * BN;
+        const uint8_t* const* vrow = meta_d + (j & 3) * BN;
         uint32_t pr[16];  // P as bf16 pairs: pr[2 i + hf] = row r0 + 8 hf, columns 8 i + 2 (lane % 4) + {0, 1}
         float alpha[2];
 #pragma unroll
@@ -1300,10 +1302,19 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
           if (j > 0) named_bar_sync(kFree + nxt, 2 * 128);
           gh.template store_swizzled<kWholeK>(Ks + nxt * (C::kStageBytes / 2), ksc, vt, live_rows(j + 1));
           fence_proxy_async();
-          if (j + 2 < ntiles) {
-            if (j == 0) named_bar_sync(kWg0, 128);  // (later tiles: FREE published the addresses)
-            gh.load(meta_d + ((j + 2) % 3) * BN, meta_s + ((j + 2) % 3) * BN, vt);
+          // Row addresses of tile j + 3 (slot (j + 3) % 4: tile j - 1's), here,
+          // where no gather load is in flight: the index load shares a
+          // scoreboard with the gathers, and its use at the top of the tile
+          // waited for this warpgroup's loads of tile j + 2 every tile (Nsight,
+          // 12% of warpgroup 0's time). Published to warpgroup 0 by FULL (or
+          // the prologue's barrier), to warpgroup 1 by PRDY of tile j + 1.
+          if (tid < BN && j + 3 < ntiles) {
+            const int ms3 = (j + 3) & 3;
+            row_address<F>(p, p_lo + int64_t(j + 3) * BN + tid, em, idx_next, meta_d[ms3 * BN + tid],
+                           meta_s[ms3 * BN + tid]);
+            idx_next = load_index(p, t, p_lo + int64_t(j + 4) * BN + tid, em, p_hi);
           }
+          if (j + 2 < ntiles) gh.load(meta_d + ((j + 2) & 3) * BN, meta_s + ((j + 2) & 3) * BN, vt);
         }
         wg_wait_all();
         wg_fence_operands(*reinterpret_cast<float(*)[128]>(acc));
@@ -1341,7 +1352,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
           gh.template store_swizzled<kWholeK>(Ks + nxt * (C::kStageBytes / 2), ksc, vt, live_rows(j + 1));
           fence_proxy_async();
           named_bar_arrive(kFull + nxt, 2 * 128);
-          if (j + 2 < ntiles) gh.load(meta_d + ((j + 2) % 3) * BN, meta_s + ((j + 2) % 3) * BN, vt);
+          if (j + 2 < ntiles) gh.load(meta_d + ((j + 2) & 3) * BN, meta_s + ((j + 2) & 3) * BN, vt);
         }
         wg_wait_all();
         wg_fence_operands(*reinterpret_cast<float(*)[128]>(acc));
@@ -2237,15 +2248,21 @@ inline Status launch_split(const DecodeArgs& a, uint32_t blocks, gpuStream_t str
 }
 
 // Whether the V4 64-head tile runs as asymmetric warpgroups (decode_body's
-// ASYM) instead of the symmetric warpgroup kernel: where the environment
-// variable MLA_EXT_ASYM (read once) is set and not "0". Off by default: H200,
-// C4 / C128 layers -4..-11% at 100-128 heads x >= 16 tokens (window layer +-1%,
-// +3% at 64 heads), but compute-sanitizer's racecheck
-// reports hazards in it that are not yet shown to be the tool's (named barriers
-// with arrive; benchmarks/NOTES.md, eighteenth session).
-inline bool decode_asym_enabled() {
-  static const bool on = env_int("MLA_EXT_ASYM", 0) != 0;
-  return on;
+// ASYM) instead of the symmetric warpgroup kernel. The environment variable
+// MLA_EXT_ASYM (read once) decides where set: "0" never, a positive integer
+// always. Unset (or negative): where a split spans more than two key tiles of
+// 64 rows (main + extra width > 128 x num_splits). H200: C4 / C128 layers
+// -4..-11% at 64-128 heads x >= 16 tokens; a window layer's splits of <= 2
+// tiles keep the symmetric kernel (asymmetric: +2..3% at 64 heads x 128-512
+// tokens). compute-sanitizer's racecheck reports hazards in the asymmetric
+// kernel that are the tool's: it reports them on a toy kernel with the same
+// barrier protocol, even across a __syncthreads (benchmarks/NOTES.md,
+// nineteenth session).
+inline bool decode_use_asym(const SparseDecodeParams& p) {
+  static const long mode = env_int("MLA_EXT_ASYM", -1);
+  if (mode >= 0) return mode != 0;
+  const int64_t width = p.main.width + (p.extra.cache != nullptr ? p.extra.width : 0);
+  return width > int64_t(2 * 64) * p.num_splits;
 }
 
 // wg: the 64-head tile as warpgroup MMAs (Hopper), every format.
@@ -2257,9 +2274,9 @@ inline Status launch_split_mt(int mt, bool wg, const DecodeArgs& a, uint32_t blo
     default:
       if constexpr (MMA) {
         // Asymmetric warpgroups (decode_body's ASYM) for the V4 rows, both
-        // split maps, where MLA_EXT_ASYM=1 asks for them.
+        // split maps, where decode_use_asym says so.
         if constexpr (kv_layout(F) == KvFormat::kFP8DsMlaV4 && DQK == 512) {
-          if (wg && decode_asym_enabled()) return launch_split<4, DQK, F, MMA, BAL, true, true>(a, blocks, stream);
+          if (wg && decode_use_asym(a.p)) return launch_split<4, DQK, F, MMA, BAL, true, true>(a, blocks, stream);
         }
         if (wg) return launch_split<4, DQK, F, MMA, BAL, true>(a, blocks, stream);
       }
