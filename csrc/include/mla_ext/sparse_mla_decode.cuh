@@ -1199,11 +1199,14 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
     // of its half of tile j + 2 (one tile of lead). Warpgroup 0's threads
     // tid < 64 compute the row addresses, three tiles ahead (tile j + 3 in slot
     // (j + 3) % 4, during tile j after the store; tiles 1 and 2 in the prologue).
+    // Warpgroup 1 stores its half of tile j + 1 early, while warpgroup 0
+    // multiplies Q.K(j) and runs the softmax, and its P.V(j) after that.
     // Named barriers, 128 arriving + 128 waiting: FULL[s] (warpgroup 1 stored
     // its half of the tile of stage s), PRDY[s] (P and alpha of tile j, s = j %
-    // 2, are in shared memory; also: warpgroup 0 is done with tile j - 1),
-    // FREE[s] (warpgroup 1's P.V of the tile in stage s is done).
-    constexpr int kFull = 1, kPrdy = 3, kFree = 5;
+    // 2, are in shared memory), FREE[s] (warpgroup 1's P.V of the tile in stage
+    // s is done), DONE[s] (warpgroup 0 is done with the tile in stage s: its
+    // Q.K and P.V; also publishes the row addresses it wrote during that tile).
+    constexpr int kFull = 1, kPrdy = 3, kFree = 5, kDone = 7;
     const int warp = tid / 32, lane = tid % 32, wg = warp >> 2;
     const int r0 = (warp & 3) * 16 + (lane >> 2);  // rows r0, r0 + 8 of this thread's fragments
     G gh;  // this warpgroup's half of tile j + 1 (loaded during tile j - 1)
@@ -1307,7 +1310,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
           // scoreboard with the gathers, and its use at the top of the tile
           // waited for this warpgroup's loads of tile j + 2 every tile (Nsight,
           // 12% of warpgroup 0's time). Published to warpgroup 0 by FULL (or
-          // the prologue's barrier), to warpgroup 1 by PRDY of tile j + 1.
+          // the prologue's barrier), to warpgroup 1 by DONE below.
           if (tid < BN && j + 3 < ntiles) {
             const int ms3 = (j + 3) & 3;
             row_address<F>(p, p_lo + int64_t(j + 3) * BN + tid, em, idx_next, meta_d[ms3 * BN + tid],
@@ -1322,6 +1325,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
         // wgmma's registers until its wait_group; this only pins the source order).
 #pragma unroll
         for (int i = 0; i < 16; ++i) asm volatile("" : "+r"(pr[i])::"memory");
+        if (j + 2 < ntiles) named_bar_arrive(kDone + cur, 2 * 128);  // stage cur: warpgroup 1 stores tile j + 2
       }
       // Row sums over the quad.
 #pragma unroll
@@ -1334,7 +1338,18 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
     } else {
       for (int j = 0; j < ntiles; ++j) {
         const int cur = j & 1, nxt = cur ^ 1;
-        named_bar_sync(kPrdy + cur, 2 * 128);  // P(j), alpha(j); warpgroup 0 done with tile j - 1
+        // First (while warpgroup 0 multiplies Q.K(j)): this half of tile j + 1
+        // into stage nxt (tile j - 1's: warpgroup 0 is DONE with it, this
+        // warpgroup's P.V of it was waited for last tile), then the loads of
+        // this half of tile j + 2 (addresses published by DONE or the prologue).
+        if (j + 1 < ntiles) {
+          if (j > 0) named_bar_sync(kDone + nxt, 2 * 128);
+          gh.template store_swizzled<kWholeK>(Ks + nxt * (C::kStageBytes / 2), ksc, vt, live_rows(j + 1));
+          fence_proxy_async();
+          named_bar_arrive(kFull + nxt, 2 * 128);
+          if (j + 2 < ntiles) gh.load(meta_d + ((j + 2) & 3) * BN, meta_s + ((j + 2) & 3) * BN, vt);
+        }
+        named_bar_sync(kPrdy + cur, 2 * 128);  // P(j), alpha(j)
         scale_rows_m64n256(acc, alpha_s[cur * HTp + r0], alpha_s[cur * HTp + r0 + 8]);
         const uint32_t pb0 = smem_addr(Ps + cur * (HTp * PST));
         const uint32_t vb0 = smem_addr(Ks + cur * (C::kStageBytes / 2)) + uint32_t(4 * BN * 128);
@@ -1345,15 +1360,6 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
           wgmma_m64n256k16_bt(*reinterpret_cast<float(*)[128]>(acc), wg_desc(pb0 + uint32_t(kk * 32), 16, 1024),
                               wg_desc(vb0 + uint32_t(kk * 16 * 128), uint32_t(BN * 128), 1024));
         wg_commit();
-        // While the products run: this half of tile j + 1 into stage nxt (tile j -
-        // 1's: both P.V products of it are done, warpgroup 0's before PRDY),
-        // then the loads of this half of tile j + 2 (addresses published by PRDY).
-        if (j + 1 < ntiles) {
-          gh.template store_swizzled<kWholeK>(Ks + nxt * (C::kStageBytes / 2), ksc, vt, live_rows(j + 1));
-          fence_proxy_async();
-          named_bar_arrive(kFull + nxt, 2 * 128);
-          if (j + 2 < ntiles) gh.load(meta_d + ((j + 2) & 3) * BN, meta_s + ((j + 2) & 3) * BN, vt);
-        }
         wg_wait_all();
         wg_fence_operands(*reinterpret_cast<float(*)[128]>(acc));
         if (j + 2 < ntiles) named_bar_arrive(kFree + cur, 2 * 128);  // stage cur free for tile j + 2
