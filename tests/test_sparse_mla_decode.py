@@ -1177,27 +1177,23 @@ def _split_kernel_names(fn):
     return [e.key for e in prof.key_averages() if "decode_split" in e.key]
 
 
-def _asym_rule(width, num_splits, env=None):
-    """Whether a V4 64-head warpgroup tile of a call with `width` index columns (main + extra) and
-    `num_splits` splits runs as asymmetric warpgroups, under MLA_EXT_ASYM = `env` (None: this
-    process's environment) as the extension reads it: unset, empty or negative -> splits of more
-    than two 64-row key tiles (width > 128 x num_splits); 0 (or not a number) -> never; positive ->
-    always."""
+def _asym_on(env=None):
+    """Whether the V4 64-head warpgroup tile runs as asymmetric warpgroups under MLA_EXT_ASYM = `env`
+    (None: this process's environment), as the extension reads it (strtol): unset or empty -> yes
+    (the default), 0 or text that is not a number -> no, any other integer -> yes."""
     v = (os.environ.get("MLA_EXT_ASYM", "") if env is None else env).strip()
     if v == "":
-        mode = -1
-    else:
-        try:
-            mode = int(v, 0)
-        except ValueError:
-            mode = 0
-    return width > 128 * num_splits if mode < 0 else mode != 0
+        return True
+    try:
+        return int(v, 0) != 0
+    except ValueError:
+        return False
 
 
-def _asym_expected(fmt, width, num_splits):
+def _asym_expected(fmt):
     """Whether the 64-head warpgroup kernel of `fmt` runs as asymmetric warpgroups (V4 rows only;
-    _asym_rule)."""
-    return fmt.startswith("fp8_ds_mla_v4") and _asym_rule(width, num_splits)
+    _asym_on)."""
+    return fmt.startswith("fp8_ds_mla_v4") and _asym_on()
 
 
 def _check_64_head_kernel_kind(fn, mma_sync, asym=None):
@@ -1245,17 +1241,17 @@ def test_gpu_64_head_tile_mma_kinds(fmt, d_qk, mma_sync):
                 run_check(q, cache, idx, fmt=fmt, scale=d_qk ** -0.5, device="cuda", num_splits=S,
                           lengths=lengths, sink=sink)
             _check_64_head_kernel_kind(lambda: run_check(q, cache, idx, fmt=fmt, scale=d_qk ** -0.5, device="cuda",
-                                                         num_splits=1, check=False), mma_sync,
-                                      _asym_expected(fmt, W, 1))
+                                                         num_splits=1, check=False), mma_sync, _asym_expected(fmt))
 
 
 @requires_gpu
 @pytest.mark.parametrize("fmt", ["fp8_ds_mla_v4", "fp8_ds_mla_v4_fnuz"])
 def test_gpu_balanced_64_head_tile_counts(fmt):
     """The balanced map's 64-head kernel over splits of 1-6 key tiles of 64 rows, full and partial:
-    on Hopper its warpgroup kernel keeps two K stages (tile j + 1 dequantised while tile j's P.V
-    runs, row addresses two tiles ahead), so every tile count and both stage parities must give the
-    reference result. C128-like widths (4096) with short lengths and one full row, invalid slots
+    on Hopper its warpgroup kernels keep two K stages (tile j + 1 dequantised while tile j's
+    products run; row addresses two tiles ahead in the symmetric kernel, three in the asymmetric
+    one, the default), and the asymmetric one's named barriers are skipped at the first and last
+    tiles, so every tile count and both stage parities must give the reference result. C128-like widths (4096) with short lengths and one full row, invalid slots
     in every row, a sink, 64 and 72 heads (a partial second head tile), 2 and 3 splits."""
     g = torch.Generator().manual_seed(307 + len(fmt))
     lengths = torch.tensor([1, 63, 64, 65, 128, 129, 191, 192, 250, 320, 383, 4096], dtype=torch.int32)
@@ -1271,7 +1267,7 @@ def test_gpu_balanced_64_head_tile_counts(fmt):
                           sink=sink)
             _check_64_head_kernel_kind(lambda: run_check(q, cache, idx, fmt=fmt, scale=0.05, device="cuda",
                                                          num_splits=2, lengths=lengths, check=False), False,
-                                       _asym_expected(fmt, W, 2))
+                                       _asym_expected(fmt))
 
 
 # GPUs with less shared memory per block than the 64-head kernels take (Cfg in
@@ -1530,8 +1526,8 @@ from torch.profiler import ProfilerActivity, profile
 res = {}
 # The V4 64-head tile (forced) on both split maps: window and C4 layers (uniform map) at 64-128
 # heads, C128 layers with rows of up to ~7800 entries (balanced map: 2-256 tokens this wide);
-# 1-40 tokens, sinks, lse; split counts on both sides of the default rule (width vs 128 x splits:
-# window rows of 128 and C4 rows of 640 over 8 splits -> symmetric, the rest asymmetric)
+# 1-40 tokens, sinks, lse; splits of 1-2 key tiles (window rows of 128; C4 rows of 640 over 8
+# splits) and of many
 torch.ops.mla_ext._set_head_tile(64)
 for kind, heads, batch, ctx, splits in (("v4_swa", 128, 8, 3000, 1), ("v4_c4", 100, 20, 3000, 2),
                                         ("v4_c4", 72, 1, 3000, 8), ("v4_c4", 64, 40, 3000, 1),
@@ -1549,8 +1545,7 @@ for kind, heads, batch, ctx, splits in (("v4_swa", 128, 8, 3000, 1), ("v4_c4", 1
         torch.cuda.synchronize()
     names = [e.key for e in prof.key_averages() if "decode_split" in e.key]
     ref_o, ref_l = inp.reference(dtype=torch.float64)
-    width = inp.indices.shape[1] + (inp.extra_indices.shape[1] if inp.extra_indices is not None else 0)
-    res[f"{kind}_{heads}_{batch}"] = (out.cpu(), lse.cpu(), ref_o.cpu(), ref_l.cpu(), names, width, splits)
+    res[f"{kind}_{heads}_{batch}"] = (out.cpu(), lse.cpu(), ref_o.cpu(), ref_l.cpu(), names)
 torch.save(res, sys.argv[1])
 """
 
@@ -1558,13 +1553,12 @@ torch.save(res, sys.argv[1])
 @requires_gpu
 def test_gpu_asym_switch_both_kernels(tmp_path):
     """The V4 64-head tile with MLA_EXT_ASYM=0 (the symmetric warpgroup kernel: both warpgroups
-    split Q.K's dims, S through shared memory), MLA_EXT_ASYM=1 (asymmetric warpgroups on Hopper:
-    Q.K and the softmax in warpgroup 0's registers) and unset (the default: asymmetric where a
-    split spans more than two key tiles): each against the float64 reference on both split maps,
-    and the kernels within rounding of each other (the Q.K sums run in another order, so not
-    bit-identical). Each in its own process: the switch is read once. Where the profiler names
-    kernels and this GPU and build run the warpgroup kernel, the kernel's ASYM argument shows
-    which one ran (for the default: the rule, _asym_rule)."""
+    split Q.K's dims, S through shared memory), MLA_EXT_ASYM=1 and unset (the default: asymmetric
+    warpgroups on Hopper, Q.K and the softmax in warpgroup 0's registers): each against the
+    float64 reference on both split maps, and the kernels within rounding of each other (the Q.K
+    sums run in another order, so not bit-identical). Each in its own process: the switch is read
+    once. Where the profiler names kernels and this GPU and build run the warpgroup kernel, the
+    kernel's ASYM argument shows which one ran."""
     results = {}
     for asym in ("0", "1", ""):
         env = dict(os.environ)
@@ -1574,17 +1568,13 @@ def test_gpu_asym_switch_both_kernels(tmp_path):
         path = tmp_path / f"asym_{asym or 'default'}.pt"
         subprocess.run([sys.executable, "-c", _ASYM_CHILD, str(path)], check=True, env=env)
         results[asym] = torch.load(path)
-    expected_default = {key: _asym_rule(r[5], r[6], env="") for key, r in results[""].items()}
-    # the cases straddle the default rule
-    assert any(expected_default.values()) and not all(expected_default.values()), expected_default
-    for key, (out, lse, ref_o, ref_l, names, _, _) in results["1"].items():
+    for key, (out, lse, ref_o, ref_l, names) in results["1"].items():
         for asym in ("0", "1", ""):
-            o, l_, _, _, nm, _, _ = results[asym][key]
+            o, l_, _, _, nm = results[asym][key]
             check_out(o, ref_o, "fp8_ds_mla_v4")
             check_lse(l_, ref_l, kv_format="fp8_ds_mla_v4")
             if _wgmma_kernel_expected() and nm:
-                on = asym == "1" or (asym == "" and expected_default[key])
-                flag = "true" if on else "false"
+                flag = "true" if _asym_on(asym) else "false"
                 assert any(re.search(rf"decode_split_mma_kernel<4, 512, [^>]*, true, {flag}>", n) for n in nm), nm
         o0, l0 = results["0"][key][0].double(), results["0"][key][1].double()
         assert ((out.double() - o0).abs().max() / o0.abs().max()).item() < 1e-2, key

@@ -2254,21 +2254,17 @@ inline Status launch_split(const DecodeArgs& a, uint32_t blocks, gpuStream_t str
 }
 
 // Whether the V4 64-head tile runs as asymmetric warpgroups (decode_body's
-// ASYM) instead of the symmetric warpgroup kernel. The environment variable
-// MLA_EXT_ASYM (read once) decides where set: "0" never, a positive integer
-// always. Unset (or negative): where a split spans more than two key tiles of
-// 64 rows (main + extra width > 128 x num_splits). H200: C4 / C128 layers
-// -4..-11% at 64-128 heads x >= 16 tokens; a window layer's splits of <= 2
-// tiles keep the symmetric kernel (asymmetric: +2..3% at 64 heads x 128-512
-// tokens). compute-sanitizer's racecheck reports hazards in the asymmetric
-// kernel that are the tool's: it reports them on a toy kernel with the same
-// barrier protocol, even across a __syncthreads (benchmarks/NOTES.md,
-// nineteenth session).
-inline bool decode_use_asym(const SparseDecodeParams& p) {
-  static const long mode = env_int("MLA_EXT_ASYM", -1);
-  if (mode >= 0) return mode != 0;
-  const int64_t width = p.main.width + (p.extra.cache != nullptr ? p.extra.width : 0);
-  return width > int64_t(2 * 64) * p.num_splits;
+// ASYM; the default) instead of the symmetric warpgroup kernel: unless the
+// environment variable MLA_EXT_ASYM (read once) is "0". H200, same-run A/B
+// against the symmetric kernel (benchmarks/RESULTS.md, nineteenth session):
+// C128 layers -21..-26% and C4 layers -11..-22% at 64-128 heads x 64-512
+// tokens, window layers 0..-5%, one token -4..+2%. compute-sanitizer's
+// racecheck reports hazards in it that are the tool's: it reports the same
+// kinds on a race-free toy kernel with this barrier protocol, even across a
+// __syncthreads (benchmarks/NOTES.md, nineteenth session).
+inline bool decode_use_asym() {
+  static const bool on = env_int("MLA_EXT_ASYM", 1) != 0;
+  return on;
 }
 
 // wg: the 64-head tile as warpgroup MMAs (Hopper), every format.
@@ -2280,9 +2276,9 @@ inline Status launch_split_mt(int mt, bool wg, const DecodeArgs& a, uint32_t blo
     default:
       if constexpr (MMA) {
         // Asymmetric warpgroups (decode_body's ASYM) for the V4 rows, both
-        // split maps, where decode_use_asym says so.
+        // split maps, unless MLA_EXT_ASYM=0 (decode_use_asym).
         if constexpr (kv_layout(F) == KvFormat::kFP8DsMlaV4 && DQK == 512) {
-          if (wg && decode_use_asym(a.p)) return launch_split<4, DQK, F, MMA, BAL, true, true>(a, blocks, stream);
+          if (wg && decode_use_asym()) return launch_split<4, DQK, F, MMA, BAL, true, true>(a, blocks, stream);
         }
         if (wg) return launch_split<4, DQK, F, MMA, BAL, true>(a, blocks, stream);
       }
