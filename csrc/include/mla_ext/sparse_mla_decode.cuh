@@ -1206,6 +1206,12 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
     // 2, are in shared memory), FREE[s] (warpgroup 1's P.V of the tile in stage
     // s is done), DONE[s] (warpgroup 0 is done with the tile in stage s: its
     // Q.K and P.V; also publishes the row addresses it wrote during that tile).
+    // Pairing over n = ntiles tiles (each generation: one warpgroup's 128
+    // arrivals, the other's 128 syncs; an arrive's condition changes only with
+    // its sync's, or a thread arrives twice on a live generation / a sync hangs):
+    // FULL of tile k = 1..n-1, arrived by warpgroup 1 at j = k - 1, synced by 0 at
+    // j = k; PRDY of every tile, same j; FREE and DONE of tile k = 0..n-3, arrived
+    // at j = k (FREE by 1, DONE by 0), synced at j = k + 1.
     constexpr int kFull = 1, kPrdy = 3, kFree = 5, kDone = 7;
     const int warp = tid / 32, lane = tid % 32, wg = warp >> 2;
     const int r0 = (warp & 3) * 16 + (lane >> 2);  // rows r0, r0 + 8 of this thread's fragments
