@@ -486,6 +486,14 @@ __device__ __forceinline__ uint64_t wg_desc(uint32_t addr, uint32_t lbo, uint32_
   return uint64_t((addr & 0x3ffffu) >> 4) | (uint64_t((lbo & 0x3ffffu) >> 4) << 16) |
          (uint64_t((sbo & 0x3ffffu) >> 4) << 32) | (uint64_t(1) << 62);
 }
+// The descriptor of the operand `bytes` (a multiple of 16) further on: the
+// start-address field is bits 0-13 (address >> 4), and a block's shared memory
+// ends below 2^18 bytes, so the sum never carries out of the field. Adding to
+// the low word alone leaves the per-step descriptor a single integer add
+// (wg_desc's masks and shifts cost ~6 instructions per wgmma otherwise).
+__device__ __forceinline__ uint64_t wg_desc_add(uint64_t d, uint32_t bytes) {
+  return (d & 0xffffffff00000000ull) | uint64_t(uint32_t(d) + (bytes >> 4));
+}
 // One PTX statement that only the warpgroup-MMA (sm_90a) build emits; a no-op
 // elsewhere.
 #if defined(MLA_EXT_DECODE_WGMMA)
@@ -1024,6 +1032,10 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
   constexpr bool SC = kv_layout(F) == KvFormat::kFP8DsMla;  // scales applied after the products
   static_assert(!ASYM || (WG && !SC && DQK == 512), "asymmetric warpgroups: the V4 64-head tile");
   using C = Cfg<MT, DQK, MMA, SC, WG, decode_two_stages(F, DQK, WG, BAL) || ASYM, ASYM>;
+  // Warpgroup MMA descriptors by one add per step (wg_desc_add), except in the
+  // symmetric kernels of bf16 caches, which then spill (ptxas: 24 -> 124 bytes
+  // at d_qk 512, 72 -> 220 at 576; the FP8 kernels' counts are unchanged).
+  constexpr bool kDescAdd = ASYM || kv_layout(F) != KvFormat::kBF16;
   // Whole, conflict-free 16-byte K stores (st_shared16, Gather's PAIRED runs) in
   // the warpgroup kernels of the uniform split map: H200, 64-128 heads x 512
   // tokens -3..-7%. Not in the balanced map's (252 registers): there they cost
@@ -1220,11 +1232,12 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
     if (ntiles > 1) gh.load(meta_d + BN, meta_s + BN, vt);
     float rm[2] = {neg_inf(), neg_inf()}, rl[2] = {0.f, 0.f}, rle[2] = {0.f, 0.f};  // warpgroup 0's rows
     if (wg == 0) {
-      const uint32_t qs0 = smem_addr(Qs);
+      const uint64_t qd0 = wg_desc(smem_addr(Qs), 16, 1024);
       for (int j = 0; j < ntiles; ++j) {
         const int cur = j & 1, nxt = cur ^ 1;
         if (j > 0) named_bar_sync(kFull + cur, 2 * 128);  // warpgroup 1's half of tile j
         const uint32_t ks0 = smem_addr(Ks + cur * (C::kStageBytes / 2));
+        const uint64_t kd0 = wg_desc(ks0, 16, 1024), vd0 = wg_desc(ks0, uint32_t(BN * 128), 1024);
         float s2[32];
 #pragma unroll
         for (int i = 0; i < 32; ++i) s2[i] = 0.f;
@@ -1233,8 +1246,8 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
 #pragma unroll
         for (int kk = 0; kk < DQK / 16; ++kk) {
           const uint32_t off = uint32_t((kk & 3) * 32);
-          wgmma_m64n64k16(s2, wg_desc(qs0 + uint32_t((kk >> 2) * HTp * 128) + off, 16, 1024),
-                          wg_desc(ks0 + uint32_t((kk >> 2) * BN * 128) + off, 16, 1024));
+          wgmma_m64n64k16(s2, wg_desc_add(qd0, uint32_t((kk >> 2) * HTp * 128) + off),
+                          wg_desc_add(kd0, uint32_t((kk >> 2) * BN * 128) + off));
         }
         wg_commit_wait();
         wg_fence_operands(s2);
@@ -1262,11 +1275,11 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
           lmax = fmaxf(lmax, MLA_EXT_SHFL_XOR(lmax, 2));
           const float m_new = fmaxf(rm[hf], lmax);
           const float m_use = m_new == neg_inf() ? 0.f : m_new;
-          alpha[hf] = exp2f(rm[hf] - m_use);
+          alpha[hf] = fast_exp2(rm[hf] - m_use);
           float lsum = 0.f, lsum_exact = 0.f;
 #pragma unroll
           for (int i = 0; i < 8; ++i) {
-            const float p0 = exp2f(s2[4 * i + 2 * hf] - m_use), p1 = exp2f(s2[4 * i + 2 * hf + 1] - m_use);
+            const float p0 = fast_exp2(s2[4 * i + 2 * hf] - m_use), p1 = fast_exp2(s2[4 * i + 2 * hf + 1] - m_use);
             lsum_exact += p0;
             lsum_exact += p1;
             const uint32_t pk = pack_bf16x2(p0, p1);
@@ -1301,7 +1314,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
           // k-step kk: columns 16 kk .. 16 kk + 15 = fragments i = 2 kk, 2 kk + 1
           const uint32_t af[4] = {pr[4 * kk], pr[4 * kk + 1], pr[4 * kk + 2], pr[4 * kk + 3]};
           wgmma_m64n256k16_rs(*reinterpret_cast<float(*)[128]>(acc), af,
-                              wg_desc(ks0 + uint32_t(kk * 16 * 128), uint32_t(BN * 128), 1024));
+                              wg_desc_add(vd0, uint32_t(kk * 16 * 128)));
         }
         wg_commit();
         // ... and while it runs: this half of tile j + 1 into stage nxt (tile j -
@@ -1357,14 +1370,15 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
         }
         named_bar_sync(kPrdy + cur, 2 * 128);  // P(j), alpha(j)
         scale_rows_m64n256(acc, alpha_s[cur * HTp + r0], alpha_s[cur * HTp + r0 + 8]);
-        const uint32_t pb0 = smem_addr(Ps + cur * (HTp * PST));
-        const uint32_t vb0 = smem_addr(Ks + cur * (C::kStageBytes / 2)) + uint32_t(4 * BN * 128);
+        const uint64_t pd0 = wg_desc(smem_addr(Ps + cur * (HTp * PST)), 16, 1024);
+        const uint64_t vd0 =
+            wg_desc(smem_addr(Ks + cur * (C::kStageBytes / 2)) + uint32_t(4 * BN * 128), uint32_t(BN * 128), 1024);
         wg_fence_operands(*reinterpret_cast<float(*)[128]>(acc));
         wg_fence();
 #pragma unroll
         for (int kk = 0; kk < BN / 16; ++kk)
-          wgmma_m64n256k16_bt(*reinterpret_cast<float(*)[128]>(acc), wg_desc(pb0 + uint32_t(kk * 32), 16, 1024),
-                              wg_desc(vb0 + uint32_t(kk * 16 * 128), uint32_t(BN * 128), 1024));
+          wgmma_m64n256k16_bt(*reinterpret_cast<float(*)[128]>(acc), wg_desc_add(pd0, uint32_t(kk * 32)),
+                              wg_desc_add(vd0, uint32_t(kk * 16 * 128)));
         wg_commit();
         wg_wait_all();
         wg_fence_operands(*reinterpret_cast<float(*)[128]>(acc));
@@ -1438,6 +1452,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
       // split's end are zeros; the softmax masks their S columns.
       const int warp = tid / 32, lane = tid % 32, wg = warp >> 2;
       const uint32_t qs0 = smem_addr(Qs), ks0 = smem_addr(Kt);
+      const uint64_t qd0 = wg_desc(qs0, 16, 1024), kd0 = wg_desc(ks0, 16, 1024);
       float* Sh = St + wg * (HTp * SST);
       const int r0 = (warp & 3) * 16 + (lane >> 2);
       // Product of k-steps [k0, k0 + NK) into s2 (global k-step kk: 64-column
@@ -1452,8 +1467,9 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
         for (int i = 0; i < decltype(nk)::value; ++i) {
           const int kk = k0 + i;
           const uint32_t off = uint32_t((kk & 3) * 32);
-          wgmma_m64n64k16(s2, wg_desc(qs0 + uint32_t((kk >> 2) * HTp * 128) + off, 16, 1024),
-                          wg_desc(ks0 + uint32_t((kk >> 2) * BN * 128) + off, 16, 1024));
+          const uint32_t qo = uint32_t((kk >> 2) * HTp * 128) + off, ko = uint32_t((kk >> 2) * BN * 128) + off;
+          wgmma_m64n64k16(s2, kDescAdd ? wg_desc_add(qd0, qo) : wg_desc(qs0 + qo, 16, 1024),
+                          kDescAdd ? wg_desc_add(kd0, ko) : wg_desc(ks0 + ko, 16, 1024));
         }
         wg_commit_wait();
         wg_fence_operands(s2);
@@ -1670,7 +1686,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
       for (int o = TPR / 2; o > 0; o >>= 1) lmax = fmaxf(lmax, MLA_EXT_SHFL_XOR(lmax, o));
       const float m_new = fmaxf(row_m, lmax);
       const float m_use = m_new == neg_inf() ? 0.f : m_new;
-      const float alpha = exp2f(row_m - m_use);
+      const float alpha = fast_exp2(row_m - m_use);
       float lsum = 0.f, lsum_exact = 0.f;
       if constexpr (kPairs) {
         // P (SC: its 4 copies, each column times its key row's scale of that
@@ -1683,7 +1699,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
         for (int pi = 0; pi < CPT / 2; ++pi) {
           const int c0 = 8 * pi + 2 * ssub;
           uint16_t* const pdst = prow + ((pi ^ r7) << 3);
-          const float p0 = exp2f(sv[2 * pi] - m_use), p1 = exp2f(sv[2 * pi + 1] - m_use);
+          const float p0 = fast_exp2(sv[2 * pi] - m_use), p1 = fast_exp2(sv[2 * pi + 1] - m_use);
           lsum_exact += p0;
           lsum_exact += p1;
           if constexpr (SC) {
@@ -1705,7 +1721,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
 #pragma unroll
         for (int i = 0; i < CPT; ++i) {
           const int col = ssub + TPR * i;
-          float pv = exp2f(sv[i] - m_use);
+          float pv = fast_exp2(sv[i] - m_use);
           lsum_exact += pv;
           if (MMA && SC && MT <= 2) {
             // One P copy per 128-dim V group g4: P[row][col] x scale[g4][col]. TPR is even,
@@ -1766,6 +1782,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
       // and a data-dependent step count here made ptxas serialise the wgmmas
       // of the balanced-map kernels (C7520).
       const uint32_t pb0 = smem_addr(Ps), vb0 = smem_addr(Kt) + uint32_t(wg * 4 * BN * 128);
+      const uint64_t pd0 = wg_desc(pb0, 16, 1024), vd0 = wg_desc(vb0, uint32_t(BN * 128), 1024);
       wg_fence_operands(*reinterpret_cast<float(*)[128]>(acc));
       wg_fence();
 #pragma unroll
@@ -1778,12 +1795,15 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
             wgmma_m64n128k16_bt(*reinterpret_cast<float(*)[64]>(acc + 64 * h),
-                                wg_desc(pb0 + uint32_t((2 * wg + h) * HTp * PST * 2 + kk * 32), 16, 1024),
-                                wg_desc(vb0 + uint32_t(h * 2 * BN * 128 + kk * 16 * 128), uint32_t(BN * 128), 1024));
+                                wg_desc_add(pd0, uint32_t((2 * wg + h) * HTp * PST * 2 + kk * 32)),
+                                wg_desc_add(vd0, uint32_t(h * 2 * BN * 128 + kk * 16 * 128)));
           }
         } else {
-          wgmma_m64n256k16_bt(*reinterpret_cast<float(*)[128]>(acc), wg_desc(pb0 + uint32_t(kk * 32), 16, 1024),
-                              wg_desc(vb0 + uint32_t(kk * 16 * 128), uint32_t(BN * 128), 1024));
+          wgmma_m64n256k16_bt(
+              *reinterpret_cast<float(*)[128]>(acc),
+              kDescAdd ? wg_desc_add(pd0, uint32_t(kk * 32)) : wg_desc(pb0 + uint32_t(kk * 32), 16, 1024),
+              kDescAdd ? wg_desc_add(vd0, uint32_t(kk * 16 * 128))
+                       : wg_desc(vb0 + uint32_t(kk * 16 * 128), uint32_t(BN * 128), 1024));
         }
       }
       if constexpr (kPipe) {
