@@ -66,17 +66,14 @@ using lane_mask_t = uint32_t;
 #endif
 constexpr int kWarpSize = MLA_EXT_WARP_SIZE;
 
-// Shuffles and votes over the full warp. HIP's __shfl_xor and __all have no
-// mask (all lanes of the wavefront take part, which is what every call site
-// here does).
+// Shuffles over the full warp. HIP's __shfl_xor has no mask (all lanes of the
+// wavefront take part, which is what every call site here does).
 #if defined(MLA_EXT_HIP)
 #define MLA_EXT_SHFL_XOR(v, lane_mask) __shfl_xor((v), (lane_mask))
 #define MLA_EXT_SHFL(v, src_lane) __shfl((v), (src_lane))
-#define MLA_EXT_ALL(pred) __all(pred)
 #else
 #define MLA_EXT_SHFL_XOR(v, lane_mask) __shfl_xor_sync(0xffffffffu, (v), (lane_mask))
 #define MLA_EXT_SHFL(v, src_lane) __shfl_sync(0xffffffffu, (v), (src_lane))
-#define MLA_EXT_ALL(pred) __all_sync(0xffffffffu, (pred))
 #endif
 
 // 2^x for the softmax, where x <= 0 (a score minus its row's running max) or

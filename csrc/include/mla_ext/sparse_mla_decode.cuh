@@ -1257,20 +1257,13 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
         uint32_t pr[16];  // P as bf16 pairs: pr[2 i + hf] = row r0 + 8 hf, columns 8 i + 2 (lane % 4) + {0, 1}
         float alpha[2];
 #pragma unroll
-        for (int i = 0; i < 32; ++i) s2[i] *= a.scale_log2;
-        // Skipped rows' columns to -inf: each lane tests its 16 columns' row
-        // addresses, only where some row of the tile is skipped (one vote over
-        // two addresses per lane instead of 16 address loads and 32 selects).
-        if (!MLA_EXT_ALL(vrow[lane] != nullptr && vrow[lane + 32] != nullptr)) {
+        for (int i = 0; i < 8; ++i) {
+          const int col = 8 * i + 2 * (lane & 3);
+          const bool v0 = vrow[col] != nullptr, v1 = vrow[col + 1] != nullptr;
 #pragma unroll
-          for (int i = 0; i < 8; ++i) {
-            const int col = 8 * i + 2 * (lane & 3);
-            const bool v0 = vrow[col] != nullptr, v1 = vrow[col + 1] != nullptr;
-#pragma unroll
-            for (int hf = 0; hf < 2; ++hf) {
-              if (!v0) s2[4 * i + 2 * hf] = neg_inf();
-              if (!v1) s2[4 * i + 2 * hf + 1] = neg_inf();
-            }
+          for (int hf = 0; hf < 2; ++hf) {
+            s2[4 * i + 2 * hf] = v0 ? s2[4 * i + 2 * hf] * a.scale_log2 : neg_inf();
+            s2[4 * i + 2 * hf + 1] = v1 ? s2[4 * i + 2 * hf + 1] * a.scale_log2 : neg_inf();
           }
         }
 #pragma unroll
@@ -1312,9 +1305,8 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
         }
         fence_proxy_async();  // P is read by the async proxy
         named_bar_arrive(kPrdy + cur, 2 * 128);
-        // O[:, 0:256] = O * alpha + P V, P from registers, issued ... (no
-        // rescale where every row of the warp kept its max: alpha is exactly 1)
-        if (!MLA_EXT_ALL(alpha[0] == 1.f && alpha[1] == 1.f)) scale_rows_m64n256(acc, alpha[0], alpha[1]);
+        // O[:, 0:256] = O * alpha + P V, P from registers, issued ...
+        scale_rows_m64n256(acc, alpha[0], alpha[1]);
         wg_fence_operands(*reinterpret_cast<float(*)[128]>(acc));
         wg_fence();
 #pragma unroll
