@@ -77,11 +77,13 @@ constexpr int kWarpSize = MLA_EXT_WARP_SIZE;
 #endif
 
 // 2^x for the softmax, where x <= 0 (a score minus its row's running max) or
-// -inf. NVIDIA: one MUFU.EX2 (ex2.approx.ftz: relative error ~2^-22, results
-// below 2^-126 flushed to 0, 2^-inf = 0, NaN stays NaN), where exp2f adds a
-// compare and two predicated multiplies per call to keep denormal results
-// (ptxas output). A flushed term is below 2^-126 of the row's largest, far
-// under the bf16 rounding of P. Host and HIP: exp2f.
+// -inf. NVIDIA: one MUFU.EX2 (ex2.approx.ftz: approximate to a few fp32 ulp,
+// results below 2^-126 flushed to 0, 2^-inf = 0, NaN stays NaN), where exp2f
+// adds a compare and two predicated multiplies per call to keep denormal
+// results (ptxas output). A flushed term is below 2^-126 of the row's largest,
+// far under the bf16 rounding of P; the decode's errors against the float64
+// reference did not change (benchmarks/RESULTS.md, twentieth session). Host
+// and HIP: exp2f.
 MLA_EXT_HD float fast_exp2(float x) {
 #if defined(__CUDA_ARCH__)
   float y;
