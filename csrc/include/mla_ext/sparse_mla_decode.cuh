@@ -494,6 +494,18 @@ __device__ __forceinline__ uint64_t wg_desc(uint32_t addr, uint32_t lbo, uint32_
 __device__ __forceinline__ uint64_t wg_desc_add(uint64_t d, uint32_t bytes) {
   return (d & 0xffffffff00000000ull) | uint64_t(uint32_t(d) + (bytes >> 4));
 }
+// A swizzled operand at shared address `addr` (leading offset `lbo`, stride
+// offset 1024): at(bytes) is the descriptor `bytes` further on, by one add
+// (ADD) or built afresh from the address (decode_body's kDescAdd says which).
+template <bool ADD>
+struct WgOperand {
+  uint32_t addr, lbo;
+  uint64_t desc;
+  __device__ __forceinline__ WgOperand(uint32_t a, uint32_t l) : addr(a), lbo(l), desc(wg_desc(a, l, 1024)) {}
+  __device__ __forceinline__ uint64_t at(uint32_t bytes) const {
+    return ADD ? wg_desc_add(desc, bytes) : wg_desc(addr + bytes, lbo, 1024);
+  }
+};
 // One PTX statement that only the warpgroup-MMA (sm_90a) build emits; a no-op
 // elsewhere.
 #if defined(MLA_EXT_DECODE_WGMMA)
@@ -1451,8 +1463,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
       // (A, K-major) and K (B, K-major: key rows of dims). Rows past the
       // split's end are zeros; the softmax masks their S columns.
       const int warp = tid / 32, lane = tid % 32, wg = warp >> 2;
-      const uint32_t qs0 = smem_addr(Qs), ks0 = smem_addr(Kt);
-      const uint64_t qd0 = wg_desc(qs0, 16, 1024), kd0 = wg_desc(ks0, 16, 1024);
+      const WgOperand<kDescAdd> qop(smem_addr(Qs), 16), kop(smem_addr(Kt), 16);
       float* Sh = St + wg * (HTp * SST);
       const int r0 = (warp & 3) * 16 + (lane >> 2);
       // Product of k-steps [k0, k0 + NK) into s2 (global k-step kk: 64-column
@@ -1468,8 +1479,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
           const int kk = k0 + i;
           const uint32_t off = uint32_t((kk & 3) * 32);
           const uint32_t qo = uint32_t((kk >> 2) * HTp * 128) + off, ko = uint32_t((kk >> 2) * BN * 128) + off;
-          wgmma_m64n64k16(s2, kDescAdd ? wg_desc_add(qd0, qo) : wg_desc(qs0 + qo, 16, 1024),
-                          kDescAdd ? wg_desc_add(kd0, ko) : wg_desc(ks0 + ko, 16, 1024));
+          wgmma_m64n64k16(s2, qop.at(qo), kop.at(ko));
         }
         wg_commit_wait();
         wg_fence_operands(s2);
@@ -1781,8 +1791,8 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
       // All four 16-key steps: rows past the split's end are zeros (Gather::store),
       // and a data-dependent step count here made ptxas serialise the wgmmas
       // of the balanced-map kernels (C7520).
-      const uint32_t pb0 = smem_addr(Ps), vb0 = smem_addr(Kt) + uint32_t(wg * 4 * BN * 128);
-      const uint64_t pd0 = wg_desc(pb0, 16, 1024), vd0 = wg_desc(vb0, uint32_t(BN * 128), 1024);
+      const WgOperand<kDescAdd> pop(smem_addr(Ps), 16);
+      const WgOperand<kDescAdd> vop(smem_addr(Kt) + uint32_t(wg * 4 * BN * 128), uint32_t(BN * 128));
       wg_fence_operands(*reinterpret_cast<float(*)[128]>(acc));
       wg_fence();
 #pragma unroll
@@ -1795,15 +1805,12 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
             wgmma_m64n128k16_bt(*reinterpret_cast<float(*)[64]>(acc + 64 * h),
-                                wg_desc_add(pd0, uint32_t((2 * wg + h) * HTp * PST * 2 + kk * 32)),
-                                wg_desc_add(vd0, uint32_t(h * 2 * BN * 128 + kk * 16 * 128)));
+                                pop.at(uint32_t((2 * wg + h) * HTp * PST * 2 + kk * 32)),
+                                vop.at(uint32_t(h * 2 * BN * 128 + kk * 16 * 128)));
           }
         } else {
-          wgmma_m64n256k16_bt(
-              *reinterpret_cast<float(*)[128]>(acc),
-              kDescAdd ? wg_desc_add(pd0, uint32_t(kk * 32)) : wg_desc(pb0 + uint32_t(kk * 32), 16, 1024),
-              kDescAdd ? wg_desc_add(vd0, uint32_t(kk * 16 * 128))
-                       : wg_desc(vb0 + uint32_t(kk * 16 * 128), uint32_t(BN * 128), 1024));
+          wgmma_m64n256k16_bt(*reinterpret_cast<float(*)[128]>(acc), pop.at(uint32_t(kk * 32)),
+                              vop.at(uint32_t(kk * 16 * 128)));
         }
       }
       if constexpr (kPipe) {
