@@ -75,6 +75,12 @@ constexpr int kWarpSize = MLA_EXT_WARP_SIZE;
 #define MLA_EXT_SHFL_XOR(v, lane_mask) __shfl_xor_sync(0xffffffffu, (v), (lane_mask))
 #define MLA_EXT_SHFL(v, src_lane) __shfl_sync(0xffffffffu, (v), (src_lane))
 #endif
+// Ballot over the full warp: bit l of the lane_mask_t is lane l's predicate.
+#if defined(MLA_EXT_HIP)
+#define MLA_EXT_BALLOT(pred) lane_mask_t(__ballot(pred))
+#else
+#define MLA_EXT_BALLOT(pred) __ballot_sync(0xffffffffu, (pred))
+#endif
 
 // 2^x for the softmax, where x <= 0 (a score minus its row's running max) or
 // -inf. NVIDIA: one MUFU.EX2 (ex2.approx.ftz: approximate to a few fp32 ulp,

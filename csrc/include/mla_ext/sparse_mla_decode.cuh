@@ -170,7 +170,10 @@ struct Cfg {
   // the asymmetric kernels (their addresses are written a tile earlier).
   static constexpr int kMetaSlots = ASYM ? 4 : kStages == 2 ? 3 : 2;
   static constexpr size_t scOff = metaOff + size_t(2 * kMetaSlots) * BN * sizeof(void*);  // float [4][BN]
-  static constexpr size_t bytes = scOff + (SCALED ? size_t(4) * BN * 4 : 0) + kAlignPad;
+  // ASYM: one 64-bit row-validity mask per row-address slot (bit r: row r has
+  // an address), written with the addresses, read by warpgroup 0's softmax.
+  static constexpr size_t vmOff = scOff + (SCALED ? size_t(4) * BN * 4 : 0);
+  static constexpr size_t bytes = vmOff + (ASYM ? size_t(kMetaSlots) * 8 : 0) + kAlignPad;
   static constexpr int TPR = kThreads / HTp;  // softmax threads per head row
   static constexpr int CPT = BN / TPR;        // softmax columns per thread
 };
@@ -1016,6 +1019,14 @@ __device__ __forceinline__ int32_t load_index(const SparseDecodeParams& p, int64
   return p.extra.indices[t * p.extra.indices_stride_token + (k - em)];
 }
 
+// Asymmetric kernels: the validity bits of the 64 rows of a row-address slot
+// (threads 0-63 call it together), one 32-bit word per 32 rows (a 64-lane
+// wavefront's ballot holds both words).
+__device__ __forceinline__ void valid_mask_store(uint32_t* vmask, int slot, bool valid, int tid) {
+  const lane_mask_t b = MLA_EXT_BALLOT(valid);
+  if ((tid & 31) == 0) vmask[2 * slot + (tid >> 5)] = uint32_t(b >> (tid & (kWarpSize - 32)));
+}
+
 template <KvFormat F>
 __device__ __forceinline__ void row_address(const SparseDecodeParams& p, int64_t k, int64_t em, int32_t idx,
                                             const uint8_t*& data, const uint8_t*& scale) {
@@ -1078,6 +1089,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
   float* inv_s = reinterpret_cast<float*>(smem + C::invOff);
   const uint8_t** meta_d = reinterpret_cast<const uint8_t**>(smem + C::metaOff);  // [kMetaSlots][BN]
   const uint8_t** meta_s = meta_d + C::kMetaSlots * BN;                            // [kMetaSlots][BN]
+  uint32_t* const vmask = reinterpret_cast<uint32_t*>(smem + C::vmOff);             // ASYM: [kMetaSlots][2]
   float* ksc = reinterpret_cast<float*>(smem + C::scOff);                          // [4][BN] (SC)
 
   const SparseDecodeParams& p = a.p;
@@ -1166,6 +1178,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
       const int64_t k = p_lo + tid;
       const int32_t idx = load_index(p, t, k, em, p_hi);
       row_address<F>(p, k, em, idx, meta_d[tid], meta_s[tid]);
+      if constexpr (ASYM) valid_mask_store(vmask, 0, meta_d[tid] != nullptr, tid);
     }
     __syncthreads();
     g.load(meta_d, meta_s, tid);
@@ -1200,6 +1213,8 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
         row_address<F>(p, p_lo + BN + tid, em, idx_next, meta_d[BN + tid], meta_s[BN + tid]);
         if constexpr (ASYM) {  // and tile 2's (slot 2)
           row_address<F>(p, p_lo + 2 * BN + tid, em, idx_next2, meta_d[2 * BN + tid], meta_s[2 * BN + tid]);
+          valid_mask_store(vmask, 1, meta_d[BN + tid] != nullptr, tid);
+          valid_mask_store(vmask, 2, meta_d[2 * BN + tid] != nullptr, tid);
           idx_next = load_index(p, t, p_lo + 3 * BN + tid, em, p_hi);
         } else {
           idx_next = load_index(p, t, p_lo + 2 * BN + tid, em, p_hi);
@@ -1265,13 +1280,13 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
         wg_fence_operands(s2);
         // Softmax on the fragments: element 4 i + 2 hf + e is row r0 + 8 hf,
         // column 8 i + 2 (lane % 4) + e.
-        const uint8_t* const* vrow = meta_d + (j & 3) * BN;
+        // Row validity of this tile: bit c of vm is column 2 (lane % 4) + c.
+        const uint64_t vm = *reinterpret_cast<const uint64_t*>(vmask + 2 * (j & 3)) >> (2 * (lane & 3));
         uint32_t pr[16];  // P as bf16 pairs: pr[2 i + hf] = row r0 + 8 hf, columns 8 i + 2 (lane % 4) + {0, 1}
         float alpha[2];
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
-          const int col = 8 * i + 2 * (lane & 3);
-          const bool v0 = vrow[col] != nullptr, v1 = vrow[col + 1] != nullptr;
+          const bool v0 = (vm >> (8 * i)) & 1u, v1 = (vm >> (8 * i + 1)) & 1u;
 #pragma unroll
           for (int hf = 0; hf < 2; ++hf) {
             s2[4 * i + 2 * hf] = v0 ? s2[4 * i + 2 * hf] * a.scale_log2 : neg_inf();
@@ -1346,6 +1361,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
             const int ms3 = (j + 3) & 3;
             row_address<F>(p, p_lo + int64_t(j + 3) * BN + tid, em, idx_next, meta_d[ms3 * BN + tid],
                            meta_s[ms3 * BN + tid]);
+            valid_mask_store(vmask, ms3, meta_d[ms3 * BN + tid] != nullptr, tid);
             idx_next = load_index(p, t, p_lo + int64_t(j + 4) * BN + tid, em, p_hi);
           }
           if (j + 2 < ntiles) gh.load(meta_d + ((j + 2) & 3) * BN, meta_s + ((j + 2) & 3) * BN, vt);
