@@ -6,17 +6,28 @@ split-K scratch buffer reused across layers and decode steps. Contract: DESIGN.m
 """
 from __future__ import annotations
 
+import numbers
 from typing import Optional, Union
 
 import torch
 
 from . import _fake_checks
-from ._ops import check_same_device, explain_bad_tensor_args, mark_written
+from ._ops import check_same_device, check_writable, explain_bad_tensor_args, mark_written
 from ._ops import int_arg as _int_arg
 
 _ops = torch.ops.mla_ext
 
 __all__ = ["sparse_mla_decode", "sparse_mla_decode_workspace_size", "DecodeWorkspace"]
+
+
+def _real_arg(fn: str, name: str, value) -> float:
+    """``value`` as a Python float: a TypeError naming the argument unless it is a real number
+    (int, float, numpy scalar; not a bool, a string or a tensor)."""
+    if type(value) is float:
+        return value
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{fn}: expected {name} to be a real number, got {type(value).__name__} {value!r}")
+    return float(value)
 
 
 def _splits_arg(fn: str, value) -> int:
@@ -153,6 +164,9 @@ def sparse_mla_decode(
 
     Not differentiable. With grad mode on, the written tensors' version counters are bumped as
     by torch's in-place ops (autograd then refuses a backward through a tensor this overwrote).
+    Like those ops, it refuses to write a leaf tensor that requires grad (or a view of one) while
+    grad mode is on, and an inference tensor outside ``torch.inference_mode()`` (RuntimeError,
+    naming it; the ``torch.ops.mla_ext`` ops themselves do not look at autograd state).
 
     Precision: the CPU computes in fp32 from exactly dequantised keys. The GPU's tensor-core path
     feeds keys and probabilities to the MMA as bf16 with fp32 accumulation. Keys are exact there:
@@ -172,14 +186,18 @@ def sparse_mla_decode(
             needed (the message states the bytes needed) or not 16-byte aligned, ``output`` /
             ``lse`` / ``workspace`` sharing memory with each other or with another argument,
             ``output`` / ``lse`` elements sharing memory among themselves (e.g. heads closer
-            than 512 elements; ``expand()`` views), or (GPU) q or cache rows not 16-byte
-            aligned.
-        TypeError: ``num_splits`` not an integer (a float, a bool), or a tensor argument that
-            is not a tensor (``None`` for a required one), naming it.
+            than 512 elements; ``expand()`` views), (GPU) q or cache rows not 16-byte
+            aligned, or ``output`` / ``lse`` / ``workspace`` a tensor torch's in-place ops would
+            refuse to write (see "Not differentiable" above).
+        TypeError: ``num_splits`` not an integer (a float, a bool), ``softmax_scale`` not a
+            real number (a string, a bool, a tensor, ``None``), or a tensor argument that is not
+            a tensor (``None`` for a required one), naming it.
     """
     splits = _int_arg("sparse_mla_decode", "num_splits", num_splits)
+    scale = _real_arg("sparse_mla_decode", "softmax_scale", softmax_scale)
+    check_writable("sparse_mla_decode", ("output", "workspace", "lse"), (output, workspace, lse))
     try:
-        _ops.sparse_mla_decode(q, kv_cache, indices, kv_format, float(softmax_scale), output, workspace,
+        _ops.sparse_mla_decode(q, kv_cache, indices, kv_format, scale, output, workspace,
                                lengths, extra_kv_cache, extra_indices, extra_lengths, attn_sink, lse, splits)
     except (RuntimeError, TypeError):
         explain_bad_tensor_args(

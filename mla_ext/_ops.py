@@ -66,6 +66,38 @@ def mark_written(tensors: tuple) -> None:
 
 _grad_enabled = torch.is_grad_enabled
 _is_compiling = torch.compiler.is_compiling
+_inference_mode = torch.is_inference_mode_enabled
+_is_inference = torch.Tensor.is_inference
+
+
+def check_writable(op: str, names: tuple, tensors: tuple) -> None:
+    """Refuse, before the op writes them, the tensors torch's own in-place ops refuse: a leaf that
+    requires grad (or a view of one) while grad mode is on, and an inference tensor outside
+    ``inference_mode`` (RuntimeError naming the argument: ``names[i]`` for ``tensors[i]``).
+    Inside ``inference_mode`` (how engines call the ops) this costs two flag reads (~0.1 us),
+    else ~0.3-0.5 us for two or three tensors. Not while torch.compile traces. ``None`` and
+    non-tensors are skipped (the op names those)."""
+    if _is_compiling() or _inference_mode():  # (dynamo cannot trace is_inference_mode_enabled)
+        return
+    grad = _grad_enabled()
+    try:
+        for t in tensors:
+            if t is not None and (_is_inference(t) or (grad and t.requires_grad)):
+                break
+        else:
+            return
+    except TypeError:  # not a tensor: the op refuses it by name
+        return
+    for name, t in zip(names, tensors):
+        if t is None:
+            continue
+        if _is_inference(t):
+            raise RuntimeError(f"{op}: {name} is an inference tensor; it can only be written inside "
+                               "torch.inference_mode() (as with torch's in-place ops)")
+        if grad and t.requires_grad and (t.is_leaf or (t._base is not None and t._base.is_leaf)):
+            raise RuntimeError(f"{op}: {name} is a leaf tensor that requires grad (or a view of one); it cannot "
+                               "be written in place while grad mode is on (use torch.no_grad() or a tensor "
+                               "without requires_grad)")
 
 
 def check_same_device(op: str, **tensors) -> None:
@@ -174,6 +206,9 @@ def merge_attn_states(
 
     Not differentiable. With grad mode on, the written tensors' version counters are bumped as
     by torch's in-place ops (autograd then refuses a backward through a tensor this overwrote).
+    Like those ops, it refuses to write a leaf tensor that requires grad (or a view of one) while
+    grad mode is on, and an inference tensor outside ``torch.inference_mode()`` (RuntimeError,
+    naming it; the ``torch.ops.mla_ext`` ops themselves do not look at autograd state).
 
     Raises:
         RuntimeError: before anything is written, naming the argument, when value
@@ -188,12 +223,14 @@ def merge_attn_states(
             ``prefill_tokens_with_context < 0`` or beyond int64, head_size is 2^31 or more or
             0 with an ``output_lse`` (and tokens and heads), or ``output`` / ``output_lse``
             elements share memory among themselves (e.g. heads closer than head_size
-            elements apart; ``expand()`` views).
+            elements apart; ``expand()`` views), or ``output`` / ``output_lse`` is a tensor
+            torch's in-place ops would refuse to write (see "Not differentiable" above).
         TypeError: ``prefill_tokens_with_context`` is not an integer (a float, a bool), or a
             tensor argument is not a tensor (``None`` for a required one), naming it.
     """
     ctx = (None if prefill_tokens_with_context is None
            else int_arg("merge_attn_states", "prefill_tokens_with_context", prefill_tokens_with_context))
+    check_writable("merge_attn_states", ("output", "output_lse"), (output, output_lse))
     try:
         _merge_op(output, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse, ctx, output_scale)
     except (RuntimeError, TypeError):
@@ -259,6 +296,9 @@ def merge_attn_states_n(
 
     Not differentiable. With grad mode on, the written tensors' version counters are bumped as
     by torch's in-place ops (autograd then refuses a backward through a tensor this overwrote).
+    Like those ops, it refuses to write a leaf tensor that requires grad (or a view of one) while
+    grad mode is on, and an inference tensor outside ``torch.inference_mode()`` (RuntimeError,
+    naming it; the ``torch.ops.mla_ext`` ops themselves do not look at autograd state).
 
     Raises:
         RuntimeError: before anything is written, naming the argument, when ``values`` is
@@ -269,10 +309,13 @@ def merge_attn_states_n(
             shares memory with ``lses`` / ``output_lse`` / ``attn_sink``, a last dim is not
             contiguous, ``attn_sink`` is not float32 ``[num_heads]``, tensors are on
             different devices, ``output`` / ``output_lse`` elements share memory among
-            themselves, or head_size is 0 with an ``output_lse`` (and tokens and heads).
+            themselves, head_size is 0 with an ``output_lse`` (and tokens and heads), or
+            ``output`` / ``output_lse`` is a tensor torch's in-place ops would refuse to write
+            (see "Not differentiable" above).
         TypeError: a tensor argument that is not a tensor (``None`` for a required one),
             naming it.
     """
+    check_writable("merge_attn_states_n", ("output", "output_lse"), (output, output_lse))
     try:
         _merge_n_op(output, output_lse, values, lses, attn_sink)
     except (RuntimeError, TypeError):

@@ -447,6 +447,12 @@ def write_kv_rows(kv_cache: torch.Tensor, kv_format: str, slots: torch.Tensor, k
     fp8_ds_mla_v4[_fnuz] per 64-element tile, e = ceil(log2(amax / M)), value
     e4m3(clamp(x / 2**e, +-M)), UE8M0 byte clamp(e + 127, 0, 255); pad byte 0; RoPE as bf16.
     Zeros are stored as 0x00 in both flavours (e4m3fnuz has no -0: 0x80 is its NaN).
+
+    Raises (before anything is written):
+        ValueError: ``kv`` not ``[n, d_qk]``, its row count not that of ``slots``, ``slots`` not
+            an integer tensor or holding a slot id twice, an unknown ``kv_format``, or a cache
+            that does not match it (the message names the argument).
+        IndexError: a slot id outside ``[0, num_pages * page_size)``.
     """
     c = _check_cache(kv_cache, kv_format)
     d_qk = _cache_d_qk(c, kv_format)
@@ -455,6 +461,10 @@ def write_kv_rows(kv_cache: torch.Tensor, kv_format: str, slots: torch.Tensor, k
     page, off = _split_slots(slots.to(c.device), c.shape[0], c.shape[1])
     if kv.shape[0] != page.numel():
         raise ValueError(f"kv has {kv.shape[0]} rows but slots has {page.numel()} entries")
+    if page.numel() > 1:
+        s = page * c.shape[1] + off
+        if torch.unique(s).numel() != s.numel():
+            raise ValueError("slots: expected distinct slot ids (a repeated slot would keep only one of its rows)")
     kv = kv.to(c.device)
     layout, fnuz = _LAYOUT[kv_format], kv_format.endswith("_fnuz")
     if layout == "bf16":

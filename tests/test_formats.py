@@ -479,3 +479,18 @@ def test_fnuz_pack_on_device(device):
     c32 = F.pack_fp8_ds_mla(kv32.to(device), fnuz=True).cpu()
     assert torch.equal(c32, F.pack_fp8_ds_mla(kv32, fnuz=True))
     assert 0x80 not in c32[..., :512].reshape(-1).tolist()
+
+
+def test_write_kv_rows_refuses_repeated_slots():
+    """write_kv_rows' slots must be distinct (a repeated slot would silently keep only one row):
+    ValueError naming slots, cache untouched; distinct slots are written."""
+    for fmt in ("bf16", "fp8_ds_mla", "fp8_ds_mla_v4"):
+        d = 576 if fmt != "fp8_ds_mla_v4" else 512
+        cache = F.alloc_kv_cache(fmt, 2, 16, **({"d_qk": d} if fmt == "bf16" else {}))
+        before = cache.clone()
+        kv = torch.randn(3, d)
+        with pytest.raises(ValueError, match="slots: expected distinct slot ids"):
+            F.write_kv_rows(cache, fmt, torch.tensor([5, 17, 5]), kv)
+        assert torch.equal(cache.view(torch.uint8), before.view(torch.uint8))
+        F.write_kv_rows(cache, fmt, torch.tensor([5, 17, 6]), kv)
+        assert not torch.equal(cache.view(torch.uint8), before.view(torch.uint8))

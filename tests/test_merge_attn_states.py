@@ -604,6 +604,50 @@ def test_written_tensors_bump_autograd_versions(n_way):
     assert_close_rel(out, want, torch.float32)
 
 
+@pytest.mark.parametrize("api", ["two", "n_way", "vllm"])
+def test_refuses_outputs_that_torch_inplace_ops_refuse(api):
+    """A leaf requiring grad (grad mode on) and an inference tensor outside inference_mode are
+    refused by name with nothing written, as torch's own in-place ops refuse them; under no_grad /
+    inference_mode the same tensors are written and correct."""
+    T, H, D = 4, 3, 8
+    pa, la, pb, lb = make_case(T, H, D, torch.float32, "cpu", gen_seed=22)
+    want, want_lse = reference.merge_attn_states(pa, la, pb, lb)
+    if api == "two":
+        merge = lambda o, ol: mla_ext.merge_attn_states(o, ol, pa, la, pb, lb)
+    elif api == "n_way":
+        merge = lambda o, ol: mla_ext.merge_attn_states_n(o, ol, torch.stack([pa, pb]), torch.stack([la, lb]))
+    else:  # vLLM's [num_heads, num_tokens] LSE buffers: output_lse passed transposed
+        merge = lambda o, ol: mla_ext.compat.vllm.merge_attn_states(
+            o, pa, la.T.contiguous(), pb, lb.T.contiguous(), None if ol is None else ol.T)
+    lse_buf = lambda **kw: torch.full((H, T), float("nan"), **kw).T if api == "vllm" else \
+        torch.full((T, H), float("nan"), **kw)
+    for name in ("output", "output_lse"):
+        out, out_lse = torch.full((T, H, D), float("nan")), lse_buf()
+        leaf = (out if name == "output" else out_lse).requires_grad_(True)
+        with pytest.raises(RuntimeError, match=f"{name} is a leaf tensor that requires grad"):
+            merge(out, out_lse)
+        assert out.isnan().all() and out_lse.isnan().all()
+        with pytest.raises(RuntimeError, match="leaf Variable that requires grad"):
+            leaf.add_(1)  # torch's own refusal of the same write
+        with torch.no_grad():
+            merge(out, out_lse)
+        assert_close_rel(out.detach(), want, torch.float32)
+        assert torch.allclose(out_lse.detach().double(), want_lse, rtol=1e-5, atol=1e-5)
+        with torch.inference_mode():
+            out, out_lse = torch.full((T, H, D), float("nan")), lse_buf()
+        if name == "output":
+            out_lse = lse_buf()
+        else:
+            out = torch.full((T, H, D), float("nan"))
+        with pytest.raises(RuntimeError, match=f"{name} is an inference tensor"):
+            merge(out, out_lse)
+        assert out.isnan().all() and out_lse.isnan().all()
+        with torch.inference_mode():
+            merge(out, out_lse)
+        assert_close_rel(out, want, torch.float32)
+        assert torch.allclose(out_lse.double(), want_lse, rtol=1e-5, atol=1e-5)
+
+
 _MERGE_FAKE_REFUSALS = [
     (dict(prefix_output=lambda a: a["prefix_output"].double()), "expected prefix_output to have output's dtype"),
     (dict(suffix_output=lambda a: a["suffix_output"][:, :2]), "expected output and suffix_output to have the same shape"),

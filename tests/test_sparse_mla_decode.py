@@ -1044,6 +1044,56 @@ def test_softmax_scale_beyond_float32_refused(device, scale):
     assert out.isnan().all() and lse.isnan().all()
 
 
+@pytest.mark.parametrize("scale", ["0.05", b"0.05", None, True, "tensor"])
+def test_softmax_scale_not_a_real_number_refused(device, scale):
+    """softmax_scale must be a real number: a string (float() would parse it), bytes, None, a bool
+    or a tensor is a TypeError naming it, nothing written; an int and a numpy float work."""
+    args = _valid(device)
+    out, lse, ws = args["output"], args["lse"], args["workspace"]
+    ws0 = ws.clone()
+    args["softmax_scale"] = torch.tensor(0.05) if scale == "tensor" else scale
+    q, cache, idx = args.pop("q"), args.pop("kv_cache"), args.pop("indices")
+    with pytest.raises(TypeError, match="expected softmax_scale to be a real number"):
+        mla_ext.sparse_mla_decode(q, cache, idx, **args)
+    assert out.isnan().all() and lse.isnan().all() and torch.equal(ws, ws0)
+    np = pytest.importorskip("numpy")
+    args["softmax_scale"] = np.float32(0.05)
+    mla_ext.sparse_mla_decode(q, cache, idx, **args)
+    want = out.clone()
+    args["softmax_scale"] = 1
+    mla_ext.sparse_mla_decode(q, cache, idx, **args)
+    assert not torch.equal(out, want) and not out.isnan().any()
+
+
+@pytest.mark.parametrize("name", ["output", "lse"])
+def test_decode_refuses_outputs_that_torch_inplace_ops_refuse(device, name):
+    """A leaf requiring grad (grad mode on) and an inference tensor outside inference_mode are
+    refused by name with nothing written, as by torch's in-place ops; under no_grad /
+    inference_mode the same tensors are written."""
+    args = _valid(device)
+    q, cache, idx = args.pop("q"), args.pop("kv_cache"), args.pop("indices")
+    ws, ws0 = args["workspace"], args["workspace"].clone()
+    t = args[name].requires_grad_(True)
+    with pytest.raises(RuntimeError, match=f"{name} is a leaf tensor that requires grad"):
+        mla_ext.sparse_mla_decode(q, cache, idx, **args)
+    assert args["output"].isnan().all() and args["lse"].isnan().all() and torch.equal(ws, ws0)
+    with torch.no_grad():
+        mla_ext.sparse_mla_decode(q, cache, idx, **args)
+    assert not args["output"].isnan().any() and not args["lse"].isnan().any()
+    want = t.detach().clone()
+    with torch.inference_mode():
+        inf = torch.full_like(want, float("nan"))
+    args[name] = inf
+    other = "lse" if name == "output" else "output"
+    args[other] = torch.full_like(args[other].detach(), float("nan"))
+    with pytest.raises(RuntimeError, match=f"{name} is an inference tensor"):
+        mla_ext.sparse_mla_decode(q, cache, idx, **args)
+    assert inf.isnan().all() and args[other].isnan().all()
+    with torch.inference_mode():
+        mla_ext.sparse_mla_decode(q, cache, idx, **args)
+    assert torch.equal(inf, want)
+
+
 def test_decode_bumps_autograd_versions(device):
     """With grad mode on the written output, lse and workspace get new version counters (as with
     torch's in-place ops); under inference_mode none are recorded."""

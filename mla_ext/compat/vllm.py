@@ -35,11 +35,13 @@ def merge_attn_states(
         prefill_tokens_with_context: optional int; tokens at and after it copy the suffix
             (values and LSE) instead of merging (decode tokens packed after the prefills).
         output_scale: float32 one-element per-tensor scale of an FP8 ``output``: the merged
-            value is divided by it and saturated to the format's max (448 / 240).
+            value is multiplied by the fp32 ``1 / output_scale`` (as vLLM's kernel does) and
+            saturated to the format's max (448 / 240).
 
     Raises:
         RuntimeError: as :func:`mla_ext.merge_attn_states` (shapes are checked on
-            the transposed ``[num_tokens, num_heads]`` views).
+            the transposed ``[num_tokens, num_heads]`` views; that includes refusing an
+            ``output`` / ``output_lse`` that torch's in-place ops would refuse).
         TypeError: a tensor argument that is not a tensor (``None`` for a required one),
             naming it.
     """
