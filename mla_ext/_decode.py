@@ -12,7 +12,8 @@ from typing import Optional, Union
 import torch
 
 from . import _fake_checks
-from ._ops import check_same_device, check_writable, explain_bad_tensor_args, mark_written
+from ._ops import (any_requires_grad, check_same_device, explain_bad_tensor_args, mark_written, recording,
+                   refuse_grad_leaves)
 from ._ops import int_arg as _int_arg
 
 _ops = torch.ops.mla_ext
@@ -165,8 +166,10 @@ def sparse_mla_decode(
     Not differentiable. With grad mode on, the written tensors' version counters are bumped as
     by torch's in-place ops (autograd then refuses a backward through a tensor this overwrote).
     Like those ops, it refuses to write a leaf tensor that requires grad (or a view of one) while
-    grad mode is on, and an inference tensor outside ``torch.inference_mode()`` (RuntimeError,
-    naming it; the ``torch.ops.mla_ext`` ops themselves do not look at autograd state).
+    grad mode is on (RuntimeError, naming it; the ``torch.ops.mla_ext`` ops themselves do not
+    look at autograd state). Unlike them, it writes an inference tensor outside
+    ``torch.inference_mode()`` (checking would cost every eager call host time; such a tensor
+    cannot be in an autograd graph).
 
     Precision: the CPU computes in fp32 from exactly dequantised keys. The GPU's tensor-core path
     feeds keys and probabilities to the MMA as bf16 with fp32 accumulation. Keys are exact there:
@@ -195,7 +198,9 @@ def sparse_mla_decode(
     """
     splits = _int_arg("sparse_mla_decode", "num_splits", num_splits)
     scale = _real_arg("sparse_mla_decode", "softmax_scale", softmax_scale)
-    check_writable("sparse_mla_decode", ("output", "workspace", "lse"), (output, workspace, lse))
+    rec = recording()
+    if rec and any_requires_grad(output, workspace, lse):
+        refuse_grad_leaves("sparse_mla_decode", ("output", "workspace", "lse"), (output, workspace, lse))
     try:
         _ops.sparse_mla_decode(q, kv_cache, indices, kv_format, scale, output, workspace,
                                lengths, extra_kv_cache, extra_indices, extra_lengths, attn_sink, lse, splits)
@@ -205,7 +210,7 @@ def sparse_mla_decode(
             dict(lengths=lengths, extra_kv_cache=extra_kv_cache, extra_indices=extra_indices,
                  extra_lengths=extra_lengths, attn_sink=attn_sink, lse=lse))
         raise
-    mark_written((output, workspace) if lse is None else (output, workspace, lse))
+    mark_written(rec, (output, workspace) if lse is None else (output, workspace, lse))
 
 
 def _device_index(device: DeviceLike) -> int:

@@ -53,51 +53,46 @@ def explain_bad_merge_args(op: str, output, output_lse, prefix_output, prefix_ls
         dict(output_lse=output_lse, output_scale=output_scale))
 
 
-def mark_written(tensors: tuple) -> None:
+def recording() -> bool:
+    """Whether autograd records the ops' writes: grad mode on and not tracing under torch.compile
+    (functionalization records the mutation there). Under ``no_grad`` / ``inference_mode`` (how
+    engines call the ops) one flag read."""
+    return _grad_enabled() and not _is_compiling()
+
+
+def refuse_grad_leaves(op: str, names: tuple, tensors: tuple) -> None:
+    """With autograd recording (see :func:`recording`), before an op writes ``tensors``
+    (``names[i]`` for ``tensors[i]``; ``None`` and non-tensors skipped, the op names those):
+    refuse as torch's own in-place ops do a tensor that is a leaf requiring grad or a view of one
+    (RuntimeError naming it). The wrappers call it only when one of them requires grad (their
+    fast check is two attribute reads)."""
+    for name, t in zip(names, tensors):
+        if (isinstance(t, torch.Tensor) and t.requires_grad
+                and (t.is_leaf or (t._base is not None and t._base.is_leaf))):
+            raise RuntimeError(f"{op}: {name} is a leaf tensor that requires grad (or a view of one); it cannot "
+                               "be written in place while grad mode is on (use torch.no_grad() or a tensor "
+                               "without requires_grad)")
+
+
+def mark_written(recording: bool, tensors: tuple) -> None:
     """Record in autograd that the op wrote ``tensors`` in place (their version counters, as
     torch's own in-place ops do), so that a tensor saved for backward and overwritten by the op
-    makes backward fail instead of using the new values. Only with grad mode on: engines call the
-    ops under ``no_grad`` / ``inference_mode``, where this costs one ``is_grad_enabled()`` (~0.1
-    us); ~0.3-0.5 us with it on. Not while torch.compile traces (functionalization records the
-    mutation there). A tuple of tensors, no ``None``."""
-    if _grad_enabled() and not _is_compiling():
+    makes backward fail instead of using the new values. ``recording``: :func:`recording`'s answer
+    before the call; ~0.3-0.5 us when it is true. A tuple of tensors, no ``None``."""
+    if recording:
         increment_version(tensors)
 
 
 _grad_enabled = torch.is_grad_enabled
 _is_compiling = torch.compiler.is_compiling
-_inference_mode = torch.is_inference_mode_enabled
-_is_inference = torch.Tensor.is_inference
 
 
-def check_writable(op: str, names: tuple, tensors: tuple) -> None:
-    """Refuse, before the op writes them, the tensors torch's own in-place ops refuse: a leaf that
-    requires grad (or a view of one) while grad mode is on, and an inference tensor outside
-    ``inference_mode`` (RuntimeError naming the argument: ``names[i]`` for ``tensors[i]``).
-    Inside ``inference_mode`` (how engines call the ops) this costs two flag reads (~0.1 us),
-    else ~0.3-0.5 us for two or three tensors. Not while torch.compile traces. ``None`` and
-    non-tensors are skipped (the op names those)."""
-    if _is_compiling() or _inference_mode():  # (dynamo cannot trace is_inference_mode_enabled)
-        return
-    grad = _grad_enabled()
+def any_requires_grad(a, b, c=None) -> bool:
+    """Whether any of the tensors requires grad (None and non-tensors: no)."""
     try:
-        for t in tensors:
-            if t is not None and (_is_inference(t) or (grad and t.requires_grad)):
-                break
-        else:
-            return
-    except TypeError:  # not a tensor: the op refuses it by name
-        return
-    for name, t in zip(names, tensors):
-        if t is None:
-            continue
-        if _is_inference(t):
-            raise RuntimeError(f"{op}: {name} is an inference tensor; it can only be written inside "
-                               "torch.inference_mode() (as with torch's in-place ops)")
-        if grad and t.requires_grad and (t.is_leaf or (t._base is not None and t._base.is_leaf)):
-            raise RuntimeError(f"{op}: {name} is a leaf tensor that requires grad (or a view of one); it cannot "
-                               "be written in place while grad mode is on (use torch.no_grad() or a tensor "
-                               "without requires_grad)")
+        return a.requires_grad or (b is not None and b.requires_grad) or (c is not None and c.requires_grad)
+    except AttributeError:
+        return False
 
 
 def check_same_device(op: str, **tensors) -> None:
@@ -207,8 +202,10 @@ def merge_attn_states(
     Not differentiable. With grad mode on, the written tensors' version counters are bumped as
     by torch's in-place ops (autograd then refuses a backward through a tensor this overwrote).
     Like those ops, it refuses to write a leaf tensor that requires grad (or a view of one) while
-    grad mode is on, and an inference tensor outside ``torch.inference_mode()`` (RuntimeError,
-    naming it; the ``torch.ops.mla_ext`` ops themselves do not look at autograd state).
+    grad mode is on (RuntimeError, naming it; the ``torch.ops.mla_ext`` ops themselves do not
+    look at autograd state). Unlike them, it writes an inference tensor outside
+    ``torch.inference_mode()`` (checking would cost every eager call host time; such a tensor
+    cannot be in an autograd graph).
 
     Raises:
         RuntimeError: before anything is written, naming the argument, when value
@@ -230,14 +227,17 @@ def merge_attn_states(
     """
     ctx = (None if prefill_tokens_with_context is None
            else int_arg("merge_attn_states", "prefill_tokens_with_context", prefill_tokens_with_context))
-    check_writable("merge_attn_states", ("output", "output_lse"), (output, output_lse))
+    # recording() and any_requires_grad() inlined (host time of the hottest call).
+    rec = _grad_enabled() and not _is_compiling()
+    if rec and (getattr(output, "requires_grad", False) or getattr(output_lse, "requires_grad", False)):
+        refuse_grad_leaves("merge_attn_states", ("output", "output_lse"), (output, output_lse))
     try:
         _merge_op(output, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse, ctx, output_scale)
     except (RuntimeError, TypeError):
         explain_bad_merge_args("merge_attn_states", output, output_lse, prefix_output, prefix_lse, suffix_output,
                                suffix_lse, output_scale)
         raise
-    mark_written((output,) if output_lse is None else (output, output_lse))
+    mark_written(rec, (output,) if output_lse is None else (output, output_lse))
 
 
 def merge_attn_states_n(
@@ -297,8 +297,10 @@ def merge_attn_states_n(
     Not differentiable. With grad mode on, the written tensors' version counters are bumped as
     by torch's in-place ops (autograd then refuses a backward through a tensor this overwrote).
     Like those ops, it refuses to write a leaf tensor that requires grad (or a view of one) while
-    grad mode is on, and an inference tensor outside ``torch.inference_mode()`` (RuntimeError,
-    naming it; the ``torch.ops.mla_ext`` ops themselves do not look at autograd state).
+    grad mode is on (RuntimeError, naming it; the ``torch.ops.mla_ext`` ops themselves do not
+    look at autograd state). Unlike them, it writes an inference tensor outside
+    ``torch.inference_mode()`` (checking would cost every eager call host time; such a tensor
+    cannot be in an autograd graph).
 
     Raises:
         RuntimeError: before anything is written, naming the argument, when ``values`` is
@@ -315,11 +317,13 @@ def merge_attn_states_n(
         TypeError: a tensor argument that is not a tensor (``None`` for a required one),
             naming it.
     """
-    check_writable("merge_attn_states_n", ("output", "output_lse"), (output, output_lse))
+    rec = recording()
+    if rec and any_requires_grad(output, output_lse):
+        refuse_grad_leaves("merge_attn_states_n", ("output", "output_lse"), (output, output_lse))
     try:
         _merge_n_op(output, output_lse, values, lses, attn_sink)
     except (RuntimeError, TypeError):
         explain_bad_tensor_args("merge_attn_states_n", dict(output=output, values=values, lses=lses),
                                 dict(output_lse=output_lse, attn_sink=attn_sink))
         raise
-    mark_written((output,) if output_lse is None else (output, output_lse))
+    mark_written(rec, (output,) if output_lse is None else (output, output_lse))

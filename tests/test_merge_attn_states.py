@@ -606,9 +606,9 @@ def test_written_tensors_bump_autograd_versions(n_way):
 
 @pytest.mark.parametrize("api", ["two", "n_way", "vllm"])
 def test_refuses_outputs_that_torch_inplace_ops_refuse(api):
-    """A leaf requiring grad (grad mode on) and an inference tensor outside inference_mode are
-    refused by name with nothing written, as torch's own in-place ops refuse them; under no_grad /
-    inference_mode the same tensors are written and correct."""
+    """A leaf requiring grad (grad mode on) is refused by name with nothing written, as torch's own
+    in-place ops refuse it; under no_grad the same tensor is written and correct. An inference
+    tensor is written outside inference_mode too (documented: no host-time check for it)."""
     T, H, D = 4, 3, 8
     pa, la, pb, lb = make_case(T, H, D, torch.float32, "cpu", gen_seed=22)
     want, want_lse = reference.merge_attn_states(pa, la, pb, lb)
@@ -639,11 +639,7 @@ def test_refuses_outputs_that_torch_inplace_ops_refuse(api):
             out_lse = lse_buf()
         else:
             out = torch.full((T, H, D), float("nan"))
-        with pytest.raises(RuntimeError, match=f"{name} is an inference tensor"):
-            merge(out, out_lse)
-        assert out.isnan().all() and out_lse.isnan().all()
-        with torch.inference_mode():
-            merge(out, out_lse)
+        merge(out, out_lse)
         assert_close_rel(out, want, torch.float32)
         assert torch.allclose(out_lse.double(), want_lse, rtol=1e-5, atol=1e-5)
 

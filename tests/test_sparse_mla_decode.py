@@ -1067,9 +1067,9 @@ def test_softmax_scale_not_a_real_number_refused(device, scale):
 
 @pytest.mark.parametrize("name", ["output", "lse"])
 def test_decode_refuses_outputs_that_torch_inplace_ops_refuse(device, name):
-    """A leaf requiring grad (grad mode on) and an inference tensor outside inference_mode are
-    refused by name with nothing written, as by torch's in-place ops; under no_grad /
-    inference_mode the same tensors are written."""
+    """A leaf requiring grad (grad mode on) is refused by name with nothing written, as by torch's
+    in-place ops; under no_grad the same tensor is written. An inference tensor is written outside
+    inference_mode too (documented), with the same values."""
     args = _valid(device)
     q, cache, idx = args.pop("q"), args.pop("kv_cache"), args.pop("indices")
     ws, ws0 = args["workspace"], args["workspace"].clone()
@@ -1086,11 +1086,7 @@ def test_decode_refuses_outputs_that_torch_inplace_ops_refuse(device, name):
     args[name] = inf
     other = "lse" if name == "output" else "output"
     args[other] = torch.full_like(args[other].detach(), float("nan"))
-    with pytest.raises(RuntimeError, match=f"{name} is an inference tensor"):
-        mla_ext.sparse_mla_decode(q, cache, idx, **args)
-    assert inf.isnan().all() and args[other].isnan().all()
-    with torch.inference_mode():
-        mla_ext.sparse_mla_decode(q, cache, idx, **args)
+    mla_ext.sparse_mla_decode(q, cache, idx, **args)
     assert torch.equal(inf, want)
 
 
