@@ -190,8 +190,8 @@ def sparse_mla_decode(
             ``lse`` / ``workspace`` sharing memory with each other or with another argument,
             ``output`` / ``lse`` elements sharing memory among themselves (e.g. heads closer
             than 512 elements; ``expand()`` views), (GPU) q or cache rows not 16-byte
-            aligned, or ``output`` / ``lse`` / ``workspace`` a tensor torch's in-place ops would
-            refuse to write (see "Not differentiable" above).
+            aligned, or ``output`` / ``lse`` a leaf tensor requiring grad (or a view of one) while
+            grad mode is on.
         TypeError: ``num_splits`` not an integer (a float, a bool), ``softmax_scale`` not a
             real number (a string, a bool, a tensor, ``None``), or a tensor argument that is not
             a tensor (``None`` for a required one), naming it.

@@ -74,12 +74,12 @@ def refuse_grad_leaves(op: str, names: tuple, tensors: tuple) -> None:
                                "without requires_grad)")
 
 
-def mark_written(recording: bool, tensors: tuple) -> None:
+def mark_written(rec: bool, tensors: tuple) -> None:
     """Record in autograd that the op wrote ``tensors`` in place (their version counters, as
     torch's own in-place ops do), so that a tensor saved for backward and overwritten by the op
-    makes backward fail instead of using the new values. ``recording``: :func:`recording`'s answer
+    makes backward fail instead of using the new values. ``rec``: :func:`recording`'s answer
     before the call; ~0.3-0.5 us when it is true. A tuple of tensors, no ``None``."""
-    if recording:
+    if rec:
         increment_version(tensors)
 
 
@@ -220,8 +220,8 @@ def merge_attn_states(
             ``prefill_tokens_with_context < 0`` or beyond int64, head_size is 2^31 or more or
             0 with an ``output_lse`` (and tokens and heads), or ``output`` / ``output_lse``
             elements share memory among themselves (e.g. heads closer than head_size
-            elements apart; ``expand()`` views), or ``output`` / ``output_lse`` is a tensor
-            torch's in-place ops would refuse to write (see "Not differentiable" above).
+            elements apart; ``expand()`` views), or ``output`` / ``output_lse`` is a leaf
+            tensor requiring grad (or a view of one) while grad mode is on.
         TypeError: ``prefill_tokens_with_context`` is not an integer (a float, a bool), or a
             tensor argument is not a tensor (``None`` for a required one), naming it.
     """
@@ -312,8 +312,8 @@ def merge_attn_states_n(
             contiguous, ``attn_sink`` is not float32 ``[num_heads]``, tensors are on
             different devices, ``output`` / ``output_lse`` elements share memory among
             themselves, head_size is 0 with an ``output_lse`` (and tokens and heads), or
-            ``output`` / ``output_lse`` is a tensor torch's in-place ops would refuse to write
-            (see "Not differentiable" above).
+            ``output`` / ``output_lse`` is a leaf tensor requiring grad (or a view of one) while
+            grad mode is on.
         TypeError: a tensor argument that is not a tensor (``None`` for a required one),
             naming it.
     """
