@@ -197,6 +197,7 @@ struct DecodeArgs {
   int head_groups;   // HG
   float scale_log2;  // softmax_scale * log2(e)
   bool out_pairs;    // output pointer/strides allow 4-byte bf16 pair stores
+  bool out_vec16;    // output pointer/strides allow 16-byte stores (8 bf16)
   bool balanced;     // decode_balanced(p): the balanced split map
   bool early_trigger;  // pdl_trigger_early (compat.h)
 };
@@ -1955,7 +1956,75 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
     }
   };
 
-  if (MMA) {
+  if constexpr (ASYM) {
+    // Staged through the K stages (free after the loop's last barrier; the
+    // row state read from their first bytes above was read before the barrier
+    // after inv_s): each thread's 2 head rows x 32 column pairs into a padded
+    // tile (rows 4 banks apart: conflict-free), then whole 16-byte chunks, a
+    // warp's 32 lanes 512 contiguous bytes of one row. Written straight from
+    // the fragments, a warp's store covered 8 rows x 16 bytes (half of each
+    // 32-byte sector) and the stores throttled the load-store unit (Nsight,
+    // C4 128 heads x 64 tokens: the epilogue 16% of the warp samples).
+    const int warp = tid / 32, lane = tid % 32;
+    const int col0 = (warp >> 2) * 256 + (lane & 3) * 2;
+    if (final_out) {
+      constexpr int kPitch = kDV + 8;  // bf16 per staged row: 1040 bytes
+      static_assert(size_t(64) * kPitch * 2 <= C::pOff, "the staged bf16 tile fits before P");
+      uint16_t* stg = reinterpret_cast<uint16_t*>(smem + C::kOff);
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int row = (warp & 3) * 16 + (lane >> 2) + 8 * hf;
+        const float inv = inv_s[row];
+#pragma unroll
+        for (int n = 0; n < 32; ++n) {
+          const float* c = acc + n * 4 + 2 * hf;
+          *reinterpret_cast<uint32_t*>(stg + row * kPitch + col0 + 8 * n) = pack_bf16x2(c[0] * inv, c[1] * inv);
+        }
+      }
+      __syncthreads();
+      uint16_t* const ob = p.output + t * p.output_stride_token + h0 * p.output_stride_head;
+      if (a.out_vec16) {
+        for (int i = tid; i < nh * (kDV / 8); i += kThreads) {
+          const int row = i / (kDV / 8), ch = i % (kDV / 8);
+          *reinterpret_cast<uint4*>(ob + row * p.output_stride_head + ch * 8) =
+              *reinterpret_cast<const uint4*>(stg + row * kPitch + ch * 8);
+        }
+      } else {
+        for (int i = tid; i < nh * (kDV / 2); i += kThreads) {
+          const int row = i / (kDV / 2), pr2 = i % (kDV / 2);
+          const uint32_t pk = *reinterpret_cast<const uint32_t*>(stg + row * kPitch + 2 * pr2);
+          uint16_t* o = ob + row * p.output_stride_head + 2 * pr2;
+          if (a.out_pairs) {
+            *reinterpret_cast<uint32_t*>(o) = pk;
+          } else {
+            o[0] = uint16_t(pk & 0xffffu);
+            o[1] = uint16_t(pk >> 16);
+          }
+        }
+      }
+    } else {
+      constexpr int kPitch = kDV + 4;  // floats per staged row: 2064 bytes
+      static_assert(size_t(64) * kPitch * 4 <= C::pOff, "the staged fp32 tile fits before P");
+      float* stg = reinterpret_cast<float*>(smem + C::kOff);
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int row = (warp & 3) * 16 + (lane >> 2) + 8 * hf;
+        const float inv = inv_s[row];
+#pragma unroll
+        for (int n = 0; n < 32; ++n) {
+          const float* c = acc + n * 4 + 2 * hf;
+          *reinterpret_cast<float2*>(stg + row * kPitch + col0 + 8 * n) = make_float2(c[0] * inv, c[1] * inv);
+        }
+      }
+      __syncthreads();
+      // The workspace rows (2 KB per head and split slot) are 16-byte aligned.
+      for (int i = tid; i < nh * (kDV / 4); i += kThreads) {
+        const int row = i / (kDV / 4), ch = i % (kDV / 4);
+        *reinterpret_cast<float4*>(a.ws_out + ((h0 + row) * NQ + slot) * kDV + ch * 4) =
+            *reinterpret_cast<const float4*>(stg + row * kPitch + ch * 4);
+      }
+    }
+  } else if (MMA) {
     // A thread holds 2 head rows per m-tile, 8 column pairs each (8 apart): the
     // row's pointer, scale and the block-uniform output choice are resolved once
     // per row, not per pair (at one token this epilogue was ~25% of a warp's
@@ -2429,6 +2498,8 @@ inline Status launch_sparse_mla_decode(const SparseDecodeParams& p, void* worksp
   a.scale_log2 = p.softmax_scale * kLog2e;
   a.out_pairs = (reinterpret_cast<uintptr_t>(p.output) & 3u) == 0 && (p.output_stride_token & 1) == 0 &&
                 (p.output_stride_head & 1) == 0;
+  a.out_vec16 = (reinterpret_cast<uintptr_t>(p.output) & 15u) == 0 && (p.output_stride_token & 7) == 0 &&
+                (p.output_stride_head & 7) == 0;
   a.balanced = decode_balanced(p);
   // Early trigger only toward the reduce (the kernel after it is the caller's: compat.h).
   a.early_trigger = S > 1 && pdl_trigger_early(blocks, num_sms);
