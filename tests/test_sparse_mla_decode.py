@@ -1291,6 +1291,40 @@ def test_gpu_64_head_tile_mma_kinds(fmt, d_qk, mma_sync):
 
 
 @requires_gpu
+@pytest.mark.parametrize("align", [16, 4, 2])
+def test_gpu_64_head_tile_output_views(align):
+    """The 64-head V4 kernels' epilogue (the asymmetric one stages the output tile in shared memory
+    and writes 16-byte chunks when the output allows them, else bf16 pairs or single elements) on
+    output views whose rows start 16-, 4- or 2-byte aligned, with partial head tiles (100 heads),
+    one and three splits: the reference result, and nothing outside the view written."""
+    g = torch.Generator().manual_seed(431 + align)
+    T, W, H, fmt = 3, 300, 100, "fp8_ds_mla_v4"
+    idx, lengths = make_indices(g, T, W, 12 * 64, "scattered", "random")
+    lengths[0] = W
+    cache = make_cache(g, fmt, 512, 12, 64, idx, "cuda")
+    q = torch.randn(T, H, 512, generator=g).to(torch.bfloat16)
+    sink = make_sink(g, H, "finite")
+    off = {16: 8, 4: 2, 2: 1}[align]  # element offset of the view in its buffer
+    pitch = 512 + (8 if align == 16 else 6)  # head stride: a multiple of 8 elements only for 16
+    ref_o, ref_l = reference.sparse_mla_decode(q, _cpu_v4(cache), idx, kv_format=fmt, softmax_scale=0.05,
+                                               lengths=lengths, attn_sink=sink)
+    with gpu_path(head_tile=64):
+        for S in (1, 3):
+            buf = poison_(torch.empty(T * H * pitch + 16, dtype=torch.bfloat16, device="cuda"))
+            out = buf[off:off + T * H * pitch].view(T, H, pitch)[..., :512]
+            lse = poison_(torch.empty(T, H, device="cuda"))
+            ws = torch.full((ws_size(T, H, S, "cuda"),), 0xFF, dtype=torch.uint8, device="cuda")
+            mla_ext.sparse_mla_decode(q.cuda(), cache, idx.cuda(), kv_format=fmt, softmax_scale=0.05, output=out,
+                                      workspace=ws, lse=lse, num_splits=S, lengths=lengths.cuda(),
+                                      attn_sink=sink.cuda())
+            check_out(out, ref_o, fmt)
+            check_lse(lse, ref_l, kv_format=fmt)
+            mask = torch.ones(buf.shape, dtype=torch.bool, device="cuda")
+            mask[off:off + T * H * pitch].view(T, H, pitch)[..., :512] = False
+            assert buf[mask].isnan().all(), f"S={S}: written outside the output view"
+
+
+@requires_gpu
 @pytest.mark.parametrize("fmt", ["fp8_ds_mla_v4", "fp8_ds_mla_v4_fnuz"])
 def test_gpu_balanced_64_head_tile_counts(fmt):
     """The balanced map's 64-head kernel over splits of 1-6 key tiles of 64 rows, full and partial:
