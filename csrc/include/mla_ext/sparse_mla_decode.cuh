@@ -1956,10 +1956,12 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
     }
   };
 
-  if constexpr (ASYM) {
-    // Staged through the K stages (free after the loop's last barrier; the
-    // row state read from their first bytes above was read before the barrier
-    // after inv_s): each thread's 2 head rows x 32 column pairs into a padded
+  if constexpr (WG && kv_layout(F) != KvFormat::kBF16) {
+    // (Not the bf16-cache kernels: their spills grew 24 -> 100 and 72 -> 88 bytes with it.)
+    // Staged through the K stages and Q (free after the loop's last barrier;
+    // the asymmetric kernel's row state, read from the stages' first bytes
+    // above, was read before the barrier after inv_s): each thread's 2 head
+    // rows x 32 column pairs (the warpgroup layout) into a padded
     // tile (rows 4 banks apart: conflict-free), then whole 16-byte chunks, a
     // warp's 32 lanes 512 contiguous bytes of one row. Written straight from
     // the fragments, a warp's store covered 8 rows x 16 bytes (half of each
