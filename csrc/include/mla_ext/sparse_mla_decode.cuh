@@ -1958,11 +1958,11 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
 
   if constexpr (WG && kv_layout(F) != KvFormat::kBF16) {
     // (Not the bf16-cache kernels: their spills grew 24 -> 100 and 72 -> 88 bytes with it.)
-    // Staged through the K stages and Q (free after the loop's last barrier;
-    // the asymmetric kernel's row state, read from the stages' first bytes
-    // above, was read before the barrier after inv_s): each thread's 2 head
-    // rows x 32 column pairs (the warpgroup layout) into a padded
-    // tile (rows 4 banks apart: conflict-free), then whole 16-byte chunks, a
+    // Staged in shared memory below P (the K stages, Q and S: free after the
+    // loop's last barrier; the asymmetric kernel's row state, read from the
+    // stages' first bytes above, was read before the barrier after inv_s):
+    // each thread's 2 head rows x 32 column pairs (the warpgroup layout) into
+    // a padded tile (bank-conflict-free), then whole 16-byte chunks, a
     // warp's 32 lanes 512 contiguous bytes of one row. Written straight from
     // the fragments, a warp's store covered 8 rows x 16 bytes (half of each
     // 32-byte sector) and the stores throttled the load-store unit (Nsight,
@@ -1970,8 +1970,9 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
     const int warp = tid / 32, lane = tid % 32;
     const int col0 = (warp >> 2) * 256 + (lane & 3) * 2;
     if (final_out) {
-      constexpr int kPitch = kDV + 8;  // bf16 per staged row: 1040 bytes
-      static_assert(size_t(64) * kPitch * 2 <= C::pOff, "the staged bf16 tile fits before P");
+      constexpr int kPitch = kDV + 8;  // bf16 per staged row: 1040 bytes, rows 4 banks apart
+      static_assert(size_t(C::HTp) * kPitch * 2 <= C::pOff && kPitch * 2 % 16 == 0,
+                    "the staged bf16 tile fits before P, rows 16-byte aligned");
       uint16_t* stg = reinterpret_cast<uint16_t*>(smem + C::kOff);
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
@@ -2005,8 +2006,11 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
         }
       }
     } else {
-      constexpr int kPitch = kDV + 4;  // floats per staged row: 2064 bytes
-      static_assert(size_t(64) * kPitch * 4 <= C::pOff, "the staged fp32 tile fits before P");
+      // floats per staged row: 2080 bytes, rows 8 banks apart (a half-warp's 8-byte stores
+      // over 4 rows x 4 lanes take the minimum 2 wavefronts; 2064 bytes took 4)
+      constexpr int kPitch = kDV + 8;
+      static_assert(size_t(C::HTp) * kPitch * 4 <= C::pOff && kPitch * 4 % 16 == 0,
+                    "the staged fp32 tile fits before P, rows 16-byte aligned");
       float* stg = reinterpret_cast<float*>(smem + C::kOff);
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
