@@ -1293,15 +1293,16 @@ def test_gpu_64_head_tile_mma_kinds(fmt, d_qk, mma_sync):
 @requires_gpu
 @pytest.mark.parametrize("fmt,d_qk", FP8_GEOMS)
 @pytest.mark.parametrize("align", [16, 4, 2])
-def test_gpu_64_head_tile_output_views(fmt, d_qk, align):
-    """The 64-head FP8 kernels' epilogue (on Hopper the warpgroup kernels stage the output tile in
-    shared memory and write 16-byte chunks when the output allows them, else bf16 pairs or single
+def test_gpu_head_tile_output_views(fmt, d_qk, align):
+    """The tensor-core kernels' epilogue (for FP8 caches they stage the output tile in shared
+    memory and write 16-byte chunks when the output allows them, else bf16 pairs or single
     elements; fp32 partials with splits) on output views whose rows start 16-, 4- or 2-byte
-    aligned, with partial head tiles (100 heads), one and three splits, and for V4 also a long
-    row set with lengths (the balanced map's kernel): the reference result, nothing outside the
-    view written, and (where the profiler names kernels) the warpgroup kernel ran."""
+    aligned, in 16-, 32- and 64-head blocks (partial: 20, 40 and 100 heads), one and three splits,
+    and for V4 also a long row set with lengths (the balanced map's kernels): the reference
+    result, nothing outside the view written, and (where the profiler names kernels) the 64-head
+    block ran the warpgroup kernel."""
     g = torch.Generator().manual_seed(431 + align + d_qk + len(fmt))
-    T, H = 3, 100
+    T = 3
     widths = (300, 4200) if fmt.startswith("fp8_ds_mla_v4") else (300,)
     off = {16: 8, 4: 2, 2: 1}[align]  # element offset of the view in its buffer
     pitch = 512 + (8 if align == 16 else 6)  # head stride: a multiple of 8 elements only for 16
@@ -1310,31 +1311,33 @@ def test_gpu_64_head_tile_output_views(fmt, d_qk, align):
         idx, lengths = make_indices(g, T, W, num_pages * 64, "scattered", "random")
         lengths[0] = W
         cache = make_cache(g, fmt, d_qk, num_pages, 64, idx, "cuda")
-        q = torch.randn(T, H, d_qk, generator=g).to(torch.bfloat16)
-        sink = make_sink(g, H, "finite")
-        scale = d_qk ** -0.5
         cache_ref = _cpu_v4(cache) if fmt.startswith("fp8_ds_mla_v4") else cache.cpu()
-        ref_o, ref_l = reference.sparse_mla_decode(q, cache_ref, idx, kv_format=fmt, softmax_scale=scale,
-                                                   lengths=lengths, attn_sink=sink)
+        for H, tile in ((100, 64), (20, 16), (40, 32)):
+            q = torch.randn(T, H, d_qk, generator=g).to(torch.bfloat16)
+            sink = make_sink(g, H, "finite")
+            scale = d_qk ** -0.5
+            ref_o, ref_l = reference.sparse_mla_decode(q, cache_ref, idx, kv_format=fmt, softmax_scale=scale,
+                                                       lengths=lengths, attn_sink=sink)
 
-        def call(S, out, lse):
-            ws = torch.full((ws_size(T, H, S, "cuda"),), 0xFF, dtype=torch.uint8, device="cuda")
-            mla_ext.sparse_mla_decode(q.cuda(), cache, idx.cuda(), kv_format=fmt, softmax_scale=scale, output=out,
-                                      workspace=ws, lse=lse, num_splits=S, lengths=lengths.cuda(),
-                                      attn_sink=sink.cuda())
+            def call(S, out, lse):
+                ws = torch.full((ws_size(T, H, S, "cuda"),), 0xFF, dtype=torch.uint8, device="cuda")
+                mla_ext.sparse_mla_decode(q.cuda(), cache, idx.cuda(), kv_format=fmt, softmax_scale=scale,
+                                          output=out, workspace=ws, lse=lse, num_splits=S, lengths=lengths.cuda(),
+                                          attn_sink=sink.cuda())
 
-        with gpu_path(head_tile=64):
-            for S in (1, 3):
-                buf = poison_(torch.empty(T * H * pitch + 16, dtype=torch.bfloat16, device="cuda"))
-                out = buf[off:off + T * H * pitch].view(T, H, pitch)[..., :512]
-                lse = poison_(torch.empty(T, H, device="cuda"))
-                call(S, out, lse)
-                check_out(out, ref_o, fmt)
-                check_lse(lse, ref_l, kv_format=fmt)
-                mask = torch.ones(buf.shape, dtype=torch.bool, device="cuda")
-                mask[off:off + T * H * pitch].view(T, H, pitch)[..., :512] = False
-                assert buf[mask].isnan().all(), f"W={W} S={S}: written outside the output view"
-            _check_64_head_kernel_kind(lambda: call(1, out, lse), False, _asym_expected(fmt))
+            with gpu_path(head_tile=tile):
+                for S in (1, 3):
+                    buf = poison_(torch.empty(T * H * pitch + 16, dtype=torch.bfloat16, device="cuda"))
+                    out = buf[off:off + T * H * pitch].view(T, H, pitch)[..., :512]
+                    lse = poison_(torch.empty(T, H, device="cuda"))
+                    call(S, out, lse)
+                    check_out(out, ref_o, fmt)
+                    check_lse(lse, ref_l, kv_format=fmt)
+                    mask = torch.ones(buf.shape, dtype=torch.bool, device="cuda")
+                    mask[off:off + T * H * pitch].view(T, H, pitch)[..., :512] = False
+                    assert buf[mask].isnan().all(), f"W={W} H={H} S={S}: written outside the output view"
+                if tile == 64:
+                    _check_64_head_kernel_kind(lambda: call(1, out, lse), False, _asym_expected(fmt))
 
 
 @requires_gpu

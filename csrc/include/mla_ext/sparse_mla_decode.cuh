@@ -1908,6 +1908,15 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
 
   // ---- end of split: per-row scale (1/D or 1/l) and lse ----
   const bool final_out = S == 1;
+  // The tensor-core kernels stage their output through shared memory (below), but not the
+  // bf16-cache ones, whose spills grew with it (warpgroup 24 -> 100 and 72 -> 88 bytes,
+  // mma.sync 64 heads 0 -> 60 and 48 -> 56).
+  // The mma.sync kernels (16-32 heads) stage the final bf16 output only (one split: calls
+  // with many tokens); their fp32 split partials go straight from the fragments, which
+  // was 0.2 us faster in one-token calls of a few blocks, where a store's latency
+  // counts and the load-store unit is not the limit (twenty-second session).
+  constexpr bool kStagedEpilogue = MMA && kv_layout(F) != KvFormat::kBF16;
+  constexpr bool kStagedPartials = kStagedEpilogue && WG;
   // Workspace cell of head h: h * (T * S) + this block's split slot (blockIdx.x / HG
   // under either map), recomputed here rather than kept live through the tile loop
   // (read through block_index_x(): with plain blockIdx.x nvcc kept the prologue's
@@ -1956,34 +1965,43 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
     }
   };
 
-  if constexpr (WG && kv_layout(F) != KvFormat::kBF16) {
-    // (Not the bf16-cache kernels: their spills grew 24 -> 100 and 72 -> 88 bytes with it.)
+  if (kStagedEpilogue && (kStagedPartials || final_out)) {
     // Staged in shared memory below P (the K stages, Q and S: free after the
     // loop's last barrier; the asymmetric kernel's row state, read from the
-    // stages' first bytes above, was read before the barrier after inv_s):
-    // each thread's 2 head rows x 32 column pairs (the warpgroup layout) into
-    // a padded tile (bank-conflict-free), then whole 16-byte chunks, a
-    // warp's 32 lanes 512 contiguous bytes of one row. Written straight from
-    // the fragments, a warp's store covered 8 rows x 16 bytes (half of each
-    // 32-byte sector) and the stores throttled the load-store unit (Nsight,
-    // C4 128 heads x 64 tokens: the epilogue 16% of the warp samples).
+    // stages' first bytes above, was read before the barrier after inv_s): each
+    // thread's fragments (the loop below's layout) into a padded tile
+    // (bank-conflict-free), then whole 16-byte chunks, a warp's 32 lanes 512
+    // contiguous bytes of one row. Written straight from the fragments, a
+    // warp's store covered 8 rows x 16 bytes (half of each 32-byte sector) and
+    // the stores throttled the load-store unit (Nsight, C4 128 heads x 64
+    // tokens: the epilogue 16% of the warp samples).
     const int warp = tid / 32, lane = tid % 32;
-    const int col0 = (warp >> 2) * 256 + (lane & 3) * 2;
-    if (final_out) {
-      constexpr int kPitch = kDV + 8;  // bf16 per staged row: 1040 bytes, rows 4 banks apart
-      static_assert(size_t(C::HTp) * kPitch * 2 <= C::pOff && kPitch * 2 % 16 == 0,
-                    "the staged bf16 tile fits before P, rows 16-byte aligned");
-      uint16_t* stg = reinterpret_cast<uint16_t*>(smem + C::kOff);
+    constexpr int EM = WG ? 1 : MT, EN = WG ? 32 : 8;
+    const int col0 = (WG ? (warp >> 2) * 256 : warp * 64) + (lane & 3) * 2;
+    // f(row, col, v0, v1) for every fragment pair of this thread, scaled by its row's inv.
+    auto each_pair = [&](auto&& f) {
 #pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        const int row = (warp & 3) * 16 + (lane >> 2) + 8 * hf;
-        const float inv = inv_s[row];
+      for (int m = 0; m < EM; ++m) {
 #pragma unroll
-        for (int n = 0; n < 32; ++n) {
-          const float* c = acc + n * 4 + 2 * hf;
-          *reinterpret_cast<uint32_t*>(stg + row * kPitch + col0 + 8 * n) = pack_bf16x2(c[0] * inv, c[1] * inv);
+        for (int hf = 0; hf < 2; ++hf) {
+          const int row = (WG ? (warp & 3) * 16 : m * 16) + (lane >> 2) + 8 * hf;
+          const float inv = inv_s[row];
+#pragma unroll
+          for (int n = 0; n < EN; ++n) {
+            const float* c = acc + (m * EN + n) * 4 + 2 * hf;
+            f(row, col0 + 8 * n, c[0] * inv, c[1] * inv);
+          }
         }
       }
+    };
+    if (final_out) {
+      constexpr int kPitch = kDV + 8;  // bf16 per staged row: 1040 bytes, rows 4 banks apart
+      static_assert(!kStagedEpilogue || (size_t(C::HTp) * kPitch * 2 <= C::pOff && kPitch * 2 % 16 == 0),
+                    "the staged bf16 tile fits before P, rows 16-byte aligned");
+      uint16_t* stg = reinterpret_cast<uint16_t*>(smem + C::kOff);
+      each_pair([&](int row, int col, float v0, float v1) {
+        *reinterpret_cast<uint32_t*>(stg + row * kPitch + col) = pack_bf16x2(v0, v1);
+      });
       __syncthreads();
       uint16_t* const ob = p.output + t * p.output_stride_token + h0 * p.output_stride_head;
       if (a.out_vec16) {
@@ -2005,23 +2023,16 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
           }
         }
       }
-    } else {
+    } else if constexpr (kStagedPartials) {
       // floats per staged row: 2080 bytes, rows 8 banks apart (a half-warp's 8-byte stores
       // over 4 rows x 4 lanes take the minimum 2 wavefronts; 2064 bytes took 4)
       constexpr int kPitch = kDV + 8;
-      static_assert(size_t(C::HTp) * kPitch * 4 <= C::pOff && kPitch * 4 % 16 == 0,
+      static_assert(!kStagedEpilogue || (size_t(C::HTp) * kPitch * 4 <= C::pOff && kPitch * 4 % 16 == 0),
                     "the staged fp32 tile fits before P, rows 16-byte aligned");
       float* stg = reinterpret_cast<float*>(smem + C::kOff);
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        const int row = (warp & 3) * 16 + (lane >> 2) + 8 * hf;
-        const float inv = inv_s[row];
-#pragma unroll
-        for (int n = 0; n < 32; ++n) {
-          const float* c = acc + n * 4 + 2 * hf;
-          *reinterpret_cast<float2*>(stg + row * kPitch + col0 + 8 * n) = make_float2(c[0] * inv, c[1] * inv);
-        }
-      }
+      each_pair([&](int row, int col, float v0, float v1) {
+        *reinterpret_cast<float2*>(stg + row * kPitch + col) = make_float2(v0, v1);
+      });
       __syncthreads();
       // The workspace rows (2 KB per head and split slot) are 16-byte aligned.
       for (int i = tid; i < nh * (kDV / 4); i += kThreads) {
