@@ -172,8 +172,8 @@ MLA_EXT_ALWAYS_INLINE inline void run_unit_body(const SparseDecodeParams& p, con
   const int64_t nh = u.h1 - u.h0;
   const float* lut = kv_is_fnuz(p.kv_format) ? e4m3_tables().fnuz : e4m3_tables().fn;
 
-  const int64_t em = effective_len(p.main, t);
-  const int64_t ee = effective_len(p.extra, t);
+  int64_t em, ee;
+  effective_lens(p.main, p.extra, t, &em, &ee);
   int64_t lo, hi;
   decode_split_range(em + ee, u.s, u.n, &lo, &hi);
 

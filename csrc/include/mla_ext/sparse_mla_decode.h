@@ -318,6 +318,21 @@ MLA_EXT_HD int64_t effective_len(const KvSet& s, int64_t t) {
   return n;
 }
 
+// effective_len of both sets of token t, with both length loads issued before either
+// value is used: on the GPU, written as two effective_len calls, each load's clamp
+// followed it in the same branch, so the second load waited for the first (two memory
+// round trips in a row at the start of every split block, SASS).
+MLA_EXT_HD void effective_lens(const KvSet& m, const KvSet& x, int64_t t, int64_t* em, int64_t* ee) {
+  const bool has_m = m.cache != nullptr && m.width > 0, has_x = x.cache != nullptr && x.width > 0;
+  const bool from_m = has_m && m.lengths != nullptr, from_x = has_x && x.lengths != nullptr;
+  const int32_t lm = from_m ? m.lengths[t * m.lengths_stride] : 0;
+  const int32_t lx = from_x ? x.lengths[t * x.lengths_stride] : 0;
+  const int64_t vm = lm < 0 ? 0 : (int64_t(lm) < m.width ? int64_t(lm) : m.width);
+  const int64_t vx = lx < 0 ? 0 : (int64_t(lx) < x.width ? int64_t(lx) : x.width);
+  *em = !has_m ? 0 : from_m ? vm : m.width;
+  *ee = !has_x ? 0 : from_x ? vx : x.width;
+}
+
 // ---------------------------------------------------------------------------
 // Split map: the split slots each token owns. A call with S > 1 splits has
 // T * S slots (one GPU block per slot and head group, one workspace cell per
@@ -372,7 +387,9 @@ inline int decode_auto_splits(const SparseDecodeParams& p, int num_sms) {
 // c_t of the balanced map: 1..2^31 - 1, so that X * C_t stays below 2^55
 // (X < 2^16, C_t < 2^39 for T <= kBalanceMaxTokens).
 MLA_EXT_HD int64_t decode_token_cost(const SparseDecodeParams& p, int64_t t) {
-  const int64_t e = effective_len(p.main, t) + effective_len(p.extra, t);
+  int64_t em, ee;
+  effective_lens(p.main, p.extra, t, &em, &ee);
+  const int64_t e = em + ee;
   constexpr int64_t kMaxCost = (int64_t(1) << 31) - 1;
   return e < 1 ? 1 : (e > kMaxCost ? kMaxCost : e);
 }
