@@ -1920,10 +1920,11 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
   // The tensor-core kernels stage their output through shared memory (below), but not the
   // bf16-cache ones, whose spills grew with it (warpgroup 24 -> 100 and 72 -> 88 bytes,
   // mma.sync 64 heads 0 -> 60 and 48 -> 56).
-  // The mma.sync kernels (16-32 heads) stage the final bf16 output only (one split: calls
-  // with many tokens); their fp32 split partials go straight from the fragments, which
-  // was 0.2 us faster in one-token calls of a few blocks, where a store's latency
-  // counts and the load-store unit is not the limit (twenty-second session).
+  // The mma.sync kernels (16-32 heads; 64 heads off Hopper or with force_mma_sync) stage the
+  // final bf16 output only (one split: calls with many tokens); their fp32 split partials go
+  // straight from the fragments, which was 0.2 us faster in one-token calls of a few
+  // blocks, where a store's latency counts and the load-store unit is not the limit
+  // (twenty-second session).
   constexpr bool kStagedEpilogue = MMA && kv_layout(F) != KvFormat::kBF16;
   constexpr bool kStagedPartials = kStagedEpilogue && WG;
   // Workspace cell of head h: h * (T * S) + this block's split slot (blockIdx.x / HG
