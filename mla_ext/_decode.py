@@ -13,7 +13,7 @@ import torch
 
 from . import _fake_checks
 from ._ops import (any_requires_grad, check_same_device, explain_bad_tensor_args, mark_written, recording,
-                   refuse_grad_leaves)
+                   refuse_requires_grad)
 from ._ops import int_arg as _int_arg
 
 _ops = torch.ops.mla_ext
@@ -164,10 +164,10 @@ def sparse_mla_decode(
     allocation, no host synchronisation, CUDA-graph capturable. Offsets are 64-bit.
 
     Not differentiable. With grad mode on, the written tensors' version counters are bumped as
-    by torch's in-place ops (autograd then refuses a backward through a tensor this overwrote).
-    Like those ops, it refuses to write a leaf tensor that requires grad (or a view of one) while
-    grad mode is on (RuntimeError, naming it; the ``torch.ops.mla_ext`` ops themselves do not
-    look at autograd state). Unlike them, it writes an inference tensor outside
+    by torch's in-place ops (a backward that needs a saved tensor this overwrote then fails),
+    and a written tensor that requires grad, leaf or not, is refused (RuntimeError, naming it:
+    with no backward the op would leave it a wrong history; the ``torch.ops.mla_ext`` ops
+    themselves do not look at autograd state). Unlike them, it writes an inference tensor outside
     ``torch.inference_mode()`` (checking would cost every eager call host time; such a tensor
     cannot be in an autograd graph).
 
@@ -190,8 +190,8 @@ def sparse_mla_decode(
             ``lse`` / ``workspace`` sharing memory with each other or with another argument,
             ``output`` / ``lse`` elements sharing memory among themselves (e.g. heads closer
             than 512 elements; ``expand()`` views), (GPU) q or cache rows not 16-byte
-            aligned, or ``output`` / ``lse`` a leaf tensor requiring grad (or a view of one) while
-            grad mode is on.
+            aligned, or ``output`` / ``lse`` / ``workspace`` requiring grad while grad mode is
+            on.
         TypeError: ``num_splits`` not an integer (a float, a bool), ``softmax_scale`` not a
             real number (a string, a bool, a tensor, ``None``), or a tensor argument that is not
             a tensor (``None`` for a required one), naming it.
@@ -200,7 +200,7 @@ def sparse_mla_decode(
     scale = _real_arg("sparse_mla_decode", "softmax_scale", softmax_scale)
     rec = recording()
     if rec and any_requires_grad(output, workspace, lse):
-        refuse_grad_leaves("sparse_mla_decode", ("output", "workspace", "lse"), (output, workspace, lse))
+        refuse_requires_grad("sparse_mla_decode", ("output", "workspace", "lse"), (output, workspace, lse))
     try:
         _ops.sparse_mla_decode(q, kv_cache, indices, kv_format, scale, output, workspace,
                                lengths, extra_kv_cache, extra_indices, extra_lengths, attn_sink, lse, splits)
@@ -318,7 +318,8 @@ class DecodeWorkspace:
         ``num_heads`` heads (and ``num_splits``, default this workspace's) fits.
 
         Raises:
-            ValueError: the call exceeds the sizes this workspace was made for, or uses another
+            ValueError: the call exceeds the sizes this workspace was made for (or a size is
+                negative), or uses another
                 split setting that needs more bytes, or ``num_splits`` outside 0..256.
             TypeError: a size or ``num_splits`` that is not an integer.
         """
@@ -326,9 +327,9 @@ class DecodeWorkspace:
         num_tokens = _int_arg(fn, "num_tokens", num_tokens)
         num_heads = _int_arg(fn, "num_heads", num_heads)
         s = self.num_splits if num_splits is None else _splits_arg(fn, num_splits)
-        if num_tokens > self.max_num_tokens or num_heads > self.num_heads:
+        if not (0 <= num_tokens <= self.max_num_tokens and 0 <= num_heads <= self.num_heads):
             raise ValueError(
-                f"DecodeWorkspace: made for num_tokens <= {self.max_num_tokens}, num_heads <= "
+                f"DecodeWorkspace: made for 0 <= num_tokens <= {self.max_num_tokens}, 0 <= num_heads <= "
                 f"{self.num_heads}, got num_tokens={num_tokens}, num_heads={num_heads}")
         need = sparse_mla_decode_workspace_size(num_tokens, num_heads, num_splits=s, device=self.device)
         if need > self.nbytes:

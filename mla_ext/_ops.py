@@ -60,18 +60,19 @@ def recording() -> bool:
     return _grad_enabled() and not _is_compiling()
 
 
-def refuse_grad_leaves(op: str, names: tuple, tensors: tuple) -> None:
+def refuse_requires_grad(op: str, names: tuple, tensors: tuple) -> None:
     """With autograd recording (see :func:`recording`), before an op writes ``tensors``
     (``names[i]`` for ``tensors[i]``; ``None`` and non-tensors skipped, the op names those):
-    refuse as torch's own in-place ops do a tensor that is a leaf requiring grad or a view of one
-    (RuntimeError naming it). The wrappers call it only when one of them requires grad (their
-    fast check is two attribute reads)."""
+    refuse a tensor that requires grad (RuntimeError naming it). The ops have no backward, so
+    writing such a tensor would leave autograd a wrong history: a leaf (or a view of one) is what
+    torch's own in-place ops refuse, and a non-leaf would keep its old ``grad_fn``, so a later
+    backward would run and give wrong gradients. The wrappers call it only when one of them
+    requires grad (their fast check is two attribute reads)."""
     for name, t in zip(names, tensors):
-        if (isinstance(t, torch.Tensor) and t.requires_grad
-                and (t.is_leaf or (t._base is not None and t._base.is_leaf))):
-            raise RuntimeError(f"{op}: {name} is a leaf tensor that requires grad (or a view of one); it cannot "
-                               "be written in place while grad mode is on (use torch.no_grad() or a tensor "
-                               "without requires_grad)")
+        if isinstance(t, torch.Tensor) and t.requires_grad:
+            raise RuntimeError(f"{op}: {name} requires grad; the op has no backward, so it cannot write it while "
+                               "grad mode is on (call it under torch.no_grad() or torch.inference_mode(), or pass "
+                               "a tensor that does not require grad)")
 
 
 def mark_written(rec: bool, tensors: tuple) -> None:
@@ -200,10 +201,10 @@ def merge_attn_states(
     graph. Element offsets are 64-bit.
 
     Not differentiable. With grad mode on, the written tensors' version counters are bumped as
-    by torch's in-place ops (autograd then refuses a backward through a tensor this overwrote).
-    Like those ops, it refuses to write a leaf tensor that requires grad (or a view of one) while
-    grad mode is on (RuntimeError, naming it; the ``torch.ops.mla_ext`` ops themselves do not
-    look at autograd state). Unlike them, it writes an inference tensor outside
+    by torch's in-place ops (a backward that needs a saved tensor this overwrote then fails),
+    and a written tensor that requires grad, leaf or not, is refused (RuntimeError, naming it:
+    with no backward the op would leave it a wrong history; the ``torch.ops.mla_ext`` ops
+    themselves do not look at autograd state). Unlike them, it writes an inference tensor outside
     ``torch.inference_mode()`` (checking would cost every eager call host time; such a tensor
     cannot be in an autograd graph).
 
@@ -220,8 +221,8 @@ def merge_attn_states(
             ``prefill_tokens_with_context < 0`` or beyond int64, head_size is 2^31 or more or
             0 with an ``output_lse`` (and tokens and heads), or ``output`` / ``output_lse``
             elements share memory among themselves (e.g. heads closer than head_size
-            elements apart; ``expand()`` views), or ``output`` / ``output_lse`` is a leaf
-            tensor requiring grad (or a view of one) while grad mode is on.
+            elements apart; ``expand()`` views), or ``output`` / ``output_lse`` requires
+            grad while grad mode is on.
         TypeError: ``prefill_tokens_with_context`` is not an integer (a float, a bool), or a
             tensor argument is not a tensor (``None`` for a required one), naming it.
     """
@@ -230,7 +231,7 @@ def merge_attn_states(
     # recording() and any_requires_grad() inlined (host time of the hottest call).
     rec = _grad_enabled() and not _is_compiling()
     if rec and (getattr(output, "requires_grad", False) or getattr(output_lse, "requires_grad", False)):
-        refuse_grad_leaves("merge_attn_states", ("output", "output_lse"), (output, output_lse))
+        refuse_requires_grad("merge_attn_states", ("output", "output_lse"), (output, output_lse))
     try:
         _merge_op(output, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse, ctx, output_scale)
     except (RuntimeError, TypeError):
@@ -295,10 +296,10 @@ def merge_attn_states_n(
     nothing and never synchronises (CUDA-graph capturable). Offsets are 64-bit.
 
     Not differentiable. With grad mode on, the written tensors' version counters are bumped as
-    by torch's in-place ops (autograd then refuses a backward through a tensor this overwrote).
-    Like those ops, it refuses to write a leaf tensor that requires grad (or a view of one) while
-    grad mode is on (RuntimeError, naming it; the ``torch.ops.mla_ext`` ops themselves do not
-    look at autograd state). Unlike them, it writes an inference tensor outside
+    by torch's in-place ops (a backward that needs a saved tensor this overwrote then fails),
+    and a written tensor that requires grad, leaf or not, is refused (RuntimeError, naming it:
+    with no backward the op would leave it a wrong history; the ``torch.ops.mla_ext`` ops
+    themselves do not look at autograd state). Unlike them, it writes an inference tensor outside
     ``torch.inference_mode()`` (checking would cost every eager call host time; such a tensor
     cannot be in an autograd graph).
 
@@ -312,14 +313,13 @@ def merge_attn_states_n(
             contiguous, ``attn_sink`` is not float32 ``[num_heads]``, tensors are on
             different devices, ``output`` / ``output_lse`` elements share memory among
             themselves, head_size is 0 with an ``output_lse`` (and tokens and heads), or
-            ``output`` / ``output_lse`` is a leaf tensor requiring grad (or a view of one) while
-            grad mode is on.
+            ``output`` / ``output_lse`` requires grad while grad mode is on.
         TypeError: a tensor argument that is not a tensor (``None`` for a required one),
             naming it.
     """
     rec = recording()
     if rec and any_requires_grad(output, output_lse):
-        refuse_grad_leaves("merge_attn_states_n", ("output", "output_lse"), (output, output_lse))
+        refuse_requires_grad("merge_attn_states_n", ("output", "output_lse"), (output, output_lse))
     try:
         _merge_n_op(output, output_lse, values, lses, attn_sink)
     except (RuntimeError, TypeError):

@@ -588,13 +588,14 @@ def test_written_tensors_bump_autograd_versions(n_way):
     merge = ((lambda o, ol: mla_ext.merge_attn_states_n(o, ol, torch.stack([pa, pb]), torch.stack([la, lb])))
              if n_way else (lambda o, ol: mla_ext.merge_attn_states(o, ol, pa, la, pb, lb)))
     a = torch.randn(T, H, D, requires_grad=True)
-    saved = a.exp()  # exp saves its result for backward
+    saved = torch.randn(T, H, D)  # no grad of its own, saved by the product for a's gradient
+    y = (a * saved).sum()
     out_lse = torch.empty(T, H)
     v0, l0 = saved._version, out_lse._version
     merge(saved, out_lse)
     assert saved._version > v0 and out_lse._version > l0
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
-        saved.sum().backward()
+        y.backward()
     with torch.no_grad():
         out = torch.empty(T, H, D)
         v0 = out._version
@@ -605,10 +606,12 @@ def test_written_tensors_bump_autograd_versions(n_way):
 
 
 @pytest.mark.parametrize("api", ["two", "n_way", "vllm"])
-def test_refuses_outputs_that_torch_inplace_ops_refuse(api):
+def test_refuses_outputs_that_require_grad(api):
     """A leaf requiring grad (grad mode on) is refused by name with nothing written, as torch's own
-    in-place ops refuse it; under no_grad the same tensor is written and correct. An inference
-    tensor is written outside inference_mode too (documented: no host-time check for it)."""
+    in-place ops refuse it, and so is a non-leaf requiring grad (with no backward the op would
+    leave it its old grad_fn: a later backward would run with wrong gradients); under no_grad the
+    same tensor is written and correct. An inference tensor is written outside inference_mode too
+    (documented: no host-time check for it)."""
     T, H, D = 4, 3, 8
     pa, la, pb, lb = make_case(T, H, D, torch.float32, "cpu", gen_seed=22)
     want, want_lse = reference.merge_attn_states(pa, la, pb, lb)
@@ -623,8 +626,17 @@ def test_refuses_outputs_that_torch_inplace_ops_refuse(api):
         torch.full((T, H), float("nan"), **kw)
     for name in ("output", "output_lse"):
         out, out_lse = torch.full((T, H, D), float("nan")), lse_buf()
+        base = torch.full((T, H, D) if name == "output" else (T, H), 1.0, requires_grad=True)
+        nonleaf = base * float("nan")  # NaN, requires grad, has a grad_fn
+        if name == "output":
+            args = (nonleaf, out_lse)
+        else:
+            args = (out, nonleaf.T.contiguous().T if api == "vllm" else nonleaf)
+        with pytest.raises(RuntimeError, match=f"{name} requires grad"):
+            merge(*args)
+        assert args[0].isnan().all() and args[1].isnan().all()
         leaf = (out if name == "output" else out_lse).requires_grad_(True)
-        with pytest.raises(RuntimeError, match=f"{name} is a leaf tensor that requires grad"):
+        with pytest.raises(RuntimeError, match=f"{name} requires grad"):
             merge(out, out_lse)
         assert out.isnan().all() and out_lse.isnan().all()
         with pytest.raises(RuntimeError, match="leaf Variable that requires grad"):

@@ -745,6 +745,8 @@ def test_integer_arguments_and_workspace_errors():
     w = mla_ext.DecodeWorkspace(4, 8, device="cpu")
     with pytest.raises(ValueError, match="got 300"):
         w.check(4, 8, 300)
+    with pytest.raises(ValueError, match="got num_tokens=-1, num_heads=8"):
+        w.check(-1, 8)
     g = torch.Generator().manual_seed(96)
     idx, _ = make_indices(g, 2, 64, 8 * 64, "none", None)
     cache = make_cache(g, "fp8_ds_mla_v4", 512, 8, 64, idx, "cpu")
@@ -1066,15 +1068,24 @@ def test_softmax_scale_not_a_real_number_refused(device, scale):
 
 
 @pytest.mark.parametrize("name", ["output", "lse"])
-def test_decode_refuses_outputs_that_torch_inplace_ops_refuse(device, name):
+def test_decode_refuses_outputs_that_require_grad(device, name):
     """A leaf requiring grad (grad mode on) is refused by name with nothing written, as by torch's
-    in-place ops; under no_grad the same tensor is written. An inference tensor is written outside
-    inference_mode too (documented), with the same values."""
+    in-place ops, and so is a non-leaf requiring grad (the op has no backward: it would keep its
+    old grad_fn and a later backward would give wrong gradients); under no_grad the same tensor
+    is written. An inference tensor is written outside inference_mode too (documented), with the
+    same values."""
     args = _valid(device)
     q, cache, idx = args.pop("q"), args.pop("kv_cache"), args.pop("indices")
     ws, ws0 = args["workspace"], args["workspace"].clone()
+    buf = args[name]
+    base = torch.ones_like(buf, requires_grad=True)
+    args[name] = base * float("nan")  # NaN, requires grad, has a grad_fn
+    with pytest.raises(RuntimeError, match=f"{name} requires grad"):
+        mla_ext.sparse_mla_decode(q, cache, idx, **args)
+    assert args[name].isnan().all() and torch.equal(ws, ws0)
+    args[name] = buf
     t = args[name].requires_grad_(True)
-    with pytest.raises(RuntimeError, match=f"{name} is a leaf tensor that requires grad"):
+    with pytest.raises(RuntimeError, match=f"{name} requires grad"):
         mla_ext.sparse_mla_decode(q, cache, idx, **args)
     assert args["output"].isnan().all() and args["lse"].isnan().all() and torch.equal(ws, ws0)
     with torch.no_grad():

@@ -41,7 +41,7 @@ def merge_attn_states(
     Raises:
         RuntimeError: as :func:`mla_ext.merge_attn_states` (shapes are checked on
             the transposed ``[num_tokens, num_heads]`` views; that includes refusing an
-            ``output`` / ``output_lse`` that is a leaf requiring grad while grad mode is on).
+            ``output`` / ``output_lse`` that requires grad while grad mode is on).
         TypeError: a tensor argument that is not a tensor (``None`` for a required one),
             naming it.
     """
