@@ -308,20 +308,11 @@ inline int decode_num_splits(int64_t num_tokens, int64_t num_heads, int64_t tota
 // contiguous positions [E*s/S, E*(s+1)/S) (floor division), empty when S > E.
 // Content-dependent, but only inside a block: the grid depends on shapes only.
 // ---------------------------------------------------------------------------
-MLA_EXT_HD int64_t effective_len(const KvSet& s, int64_t t) {
-  if (s.cache == nullptr || s.width <= 0) return 0;
-  int64_t n = s.width;
-  if (s.lengths != nullptr) {
-    const int64_t l = s.lengths[t * s.lengths_stride];
-    n = l < 0 ? 0 : (l < n ? l : n);
-  }
-  return n;
-}
-
-// effective_len of both sets of token t, with both length loads issued before either
-// value is used: on the GPU, written as two effective_len calls, each load's clamp
-// followed it in the same branch, so the second load waited for the first (two memory
-// round trips in a row at the start of every split block, SASS).
+// effective_lens: the main and extra sets' counts above for token t (0 for a set without a
+// cache or with width <= 0). Both length loads are issued before either value is used:
+// written as one load-and-clamp per set, each clamp followed its load in the same branch
+// on the GPU, so the second load waited for the first (two memory round trips in a row at
+// the start of every split block, SASS).
 MLA_EXT_HD void effective_lens(const KvSet& m, const KvSet& x, int64_t t, int64_t* em, int64_t* ee) {
   const bool has_m = m.cache != nullptr && m.width > 0, has_x = x.cache != nullptr && x.width > 0;
   const bool from_m = has_m && m.lengths != nullptr, from_x = has_x && x.lengths != nullptr;
