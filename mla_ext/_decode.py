@@ -167,9 +167,9 @@ def sparse_mla_decode(
     by torch's in-place ops (a backward that needs a saved tensor this overwrote then fails),
     and a written tensor that requires grad, leaf or not, is refused (RuntimeError, naming it:
     with no backward the op would leave it a wrong history; the ``torch.ops.mla_ext`` ops
-    themselves do not look at autograd state). Unlike them, it writes an inference tensor outside
-    ``torch.inference_mode()`` (checking would cost every eager call host time; such a tensor
-    cannot be in an autograd graph).
+    themselves do not look at autograd state). Unlike torch's in-place ops, it writes an
+    inference tensor outside ``torch.inference_mode()`` (checking would cost every eager call
+    host time; such a tensor cannot be in an autograd graph).
 
     Precision: the CPU computes in fp32 from exactly dequantised keys. The GPU's tensor-core path
     feeds keys and probabilities to the MMA as bf16 with fp32 accumulation. Keys are exact there:

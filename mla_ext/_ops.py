@@ -204,9 +204,9 @@ def merge_attn_states(
     by torch's in-place ops (a backward that needs a saved tensor this overwrote then fails),
     and a written tensor that requires grad, leaf or not, is refused (RuntimeError, naming it:
     with no backward the op would leave it a wrong history; the ``torch.ops.mla_ext`` ops
-    themselves do not look at autograd state). Unlike them, it writes an inference tensor outside
-    ``torch.inference_mode()`` (checking would cost every eager call host time; such a tensor
-    cannot be in an autograd graph).
+    themselves do not look at autograd state). Unlike torch's in-place ops, it writes an
+    inference tensor outside ``torch.inference_mode()`` (checking would cost every eager call
+    host time; such a tensor cannot be in an autograd graph).
 
     Raises:
         RuntimeError: before anything is written, naming the argument, when value
@@ -299,9 +299,9 @@ def merge_attn_states_n(
     by torch's in-place ops (a backward that needs a saved tensor this overwrote then fails),
     and a written tensor that requires grad, leaf or not, is refused (RuntimeError, naming it:
     with no backward the op would leave it a wrong history; the ``torch.ops.mla_ext`` ops
-    themselves do not look at autograd state). Unlike them, it writes an inference tensor outside
-    ``torch.inference_mode()`` (checking would cost every eager call host time; such a tensor
-    cannot be in an autograd graph).
+    themselves do not look at autograd state). Unlike torch's in-place ops, it writes an
+    inference tensor outside ``torch.inference_mode()`` (checking would cost every eager call
+    host time; such a tensor cannot be in an autograd graph).
 
     Raises:
         RuntimeError: before anything is written, naming the argument, when ``values`` is
