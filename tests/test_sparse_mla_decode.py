@@ -1353,6 +1353,33 @@ def test_gpu_head_tile_output_views(fmt, d_qk, align):
 
 @requires_gpu
 @pytest.mark.parametrize("fmt", ["fp8_ds_mla_v4", "fp8_ds_mla_v4_fnuz"])
+def test_gpu_two_token_blocks(fmt):
+    """On Hopper, one-split V4 calls with more than two waves of 64-head blocks walk two tokens
+    per block through one pipeline (the second token's Q copied during the first's last tile,
+    the first's output written at the boundary). Window + compressed sets with lengths that give
+    the first or the second token of a block no rows, one row, whole and partial tiles; an odd
+    token count (a last block of one token); 64 heads and 100 (a partial second head group);
+    a sink and lse: the reference result, every element written."""
+    g = torch.Generator().manual_seed(523 + len(fmt))
+    T, W, W2 = 301, 128, 512
+    idx, lengths = make_indices(g, T, W, 2 * 256, "scattered", "random")
+    e_idx, e_len = make_indices(g, T, W2, 40 * 64, "scattered", "random")
+    pattern = torch.tensor([[0, 0], [0, 5], [7, 0], [1, 1], [64, 0], [0, 64], [128, 512], [65, 63],
+                            [128, 0], [0, 512], [3, 200], [128, 129]], dtype=torch.int32)
+    lengths[:len(pattern)] = pattern[:, 0]
+    e_len[:len(pattern)] = pattern[:, 1]
+    lengths[len(pattern):len(pattern) + 12] = pattern[:, 0].roll(1)  # the same pairs at odd offsets
+    e_len[len(pattern):len(pattern) + 12] = pattern[:, 1].roll(1)
+    cache = make_cache(g, fmt, 512, 2, 256, idx, "cuda")
+    e_cache = make_cache(g, fmt, 512, 40, 64, e_idx, "cuda")
+    for H in (64, 100):
+        q = torch.randn(T, H, 512, generator=g).to(torch.bfloat16)
+        run_check(q, cache, idx, fmt=fmt, scale=512 ** -0.5, device="cuda", num_splits=1, lengths=lengths,
+                  extra=dict(cache=e_cache, indices=e_idx, lengths=e_len), sink=make_sink(g, H, "finite"))
+
+
+@requires_gpu
+@pytest.mark.parametrize("fmt", ["fp8_ds_mla_v4", "fp8_ds_mla_v4_fnuz"])
 def test_gpu_balanced_64_head_tile_counts(fmt):
     """The balanced map's 64-head kernel over splits of 1-6 key tiles of 64 rows, full and partial:
     on Hopper its warpgroup kernels keep two K stages (tile j + 1 dequantised while tile j's

@@ -200,6 +200,8 @@ struct DecodeArgs {
   bool out_vec16;    // output pointer/strides allow 16-byte stores (8 bf16)
   bool balanced;     // decode_balanced(p): the balanced split map
   bool early_trigger;  // pdl_trigger_early (compat.h)
+  bool two_token;      // the asymmetric kernel may walk two tokens per block (launch_split_mt)
+  int tokens_per_block;  // 1, or 2 (asymmetric kernel, one split, uniform map)
 };
 
 // ---- balanced split map (sparse_mla_decode.h), computed by a whole block ----
@@ -1104,6 +1106,9 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
   // slots [t * S, t * S + S), under the balanced one the block finds the owner.
   int s = int(bid % uint32_t(S));
   int64_t t = int64_t(bid / uint32_t(S));
+  // Two-token blocks (ASYM, a.tokens_per_block == 2: one split, uniform map): tokens
+  // 2 bid and 2 bid + 1 walk their tiles one after the other through one pipeline.
+  if constexpr (ASYM && !BAL) t *= a.tokens_per_block;
   int ns = S;            // splits of the token
   int64_t q0 = t * S;    // its first slot
   // BAL: the balanced map (a separate instantiation, so that uniform calls run
@@ -1132,6 +1137,11 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
   if (spec0) idx_spec = p.main.indices[t * p.main.indices_stride_token + tid];
   int64_t em, ee;
   effective_lens(p.main, p.extra, t, &em, &ee);
+  // The second token of a two-token block: its lengths (one split: positions [0, E1)).
+  const bool two = ASYM && !BAL && a.tokens_per_block == 2 && t + 1 < p.num_tokens;
+  int64_t em1 = 0, ee1 = 0;
+  if (two) effective_lens(p.main, p.extra, t + 1, &em1, &ee1);
+  const int64_t E1 = em1 + ee1;
   const int64_t E = em + ee;
   int64_t p_lo, p_hi;
   decode_split_range(E, s, ns, &p_lo, &p_hi);
@@ -1141,8 +1151,25 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
   // instance spilled 8 bytes); the others from the split range (V3.2's MT=1
   // instance spills 40 bytes the other way round).
   const int last_rows = int(p_hi - p_lo - int64_t(ntiles - 1) * BN);
+  // Tiles of the block: token t's 0 .. ntiles - 1, then (two) token t + 1's.
+  const int nt1 = int((E1 + BN - 1) / BN);
+  const int NT = ntiles + nt1;
+  // Global tile g: its index load and row address for this thread (tid < BN).
+  auto g_second = [&](int gt) { return ASYM && !BAL && gt >= ntiles; };
+  auto g_index = [&](int gt) -> int32_t {
+    if (g_second(gt)) return load_index(p, t + 1, int64_t(gt - ntiles) * BN + tid, em1, E1);
+    return load_index(p, t, p_lo + int64_t(gt) * BN + tid, em, p_hi);
+  };
+  auto g_address = [&](int gt, int32_t idx, int slot) {
+    if (g_second(gt)) {
+      row_address<F>(p, int64_t(gt - ntiles) * BN + tid, em1, idx, meta_d[slot * BN + tid], meta_s[slot * BN + tid]);
+    } else {
+      row_address<F>(p, p_lo + int64_t(gt) * BN + tid, em, idx, meta_d[slot * BN + tid], meta_s[slot * BN + tid]);
+    }
+  };
 
-  const uint16_t* qt = p.q + t * p.q_stride_token + h0 * p.q_stride_head;
+  // (a two-token block whose first token has no rows starts with the second's Q)
+  const uint16_t* qt = p.q + (two && ntiles == 0 ? t + 1 : t) * p.q_stride_token + h0 * p.q_stride_head;
 
   // Q tile -> shared (tensor-core path), zero rows past the head tile. The
   // copies are asynchronous (no register round trip, every load in flight at
@@ -1183,18 +1210,18 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
 
   G g;
   int32_t idx_next = -1, idx_next2 = -1;
-  if (ntiles > 0) {
+  if (NT > 0) {
     if (tid < BN) {
       const int64_t k = p_lo + tid;
-      const int32_t idx = spec0 && k < em && k < p_hi ? idx_spec : load_index(p, t, k, em, p_hi);
-      row_address<F>(p, k, em, idx, meta_d[tid], meta_s[tid]);
+      const int32_t idx = spec0 && k < em && k < p_hi ? idx_spec : g_index(0);
+      g_address(0, idx, 0);
       if constexpr (ASYM) valid_mask_store(vmask, 0, meta_d[tid] != nullptr, tid);
     }
     __syncthreads();
     g.load(meta_d, meta_s, tid);
     if (tid < BN) {
-      idx_next = load_index(p, t, p_lo + BN + tid, em, p_hi);
-      if (ASYM) idx_next2 = load_index(p, t, p_lo + 2 * BN + tid, em, p_hi);
+      idx_next = g_index(1);
+      if (ASYM) idx_next2 = g_index(2);
     }
   }
   if (MMA) copy_async_wait_all();  // Q tile landed (made visible by the loop's first barrier)
@@ -1204,9 +1231,10 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
   // V3.2 64-head tile, where the extra live state costs 116-208 bytes of spills.
   constexpr bool kSkipRows = MMA && !(SC && MT == 4 && !WG);
   auto live_rows = [&](int jj) {
-    return !kSkipRows ? BN
-           : BAL      ? (jj == ntiles - 1 ? last_rows : BN)
-                      : int((p_hi - p_lo - int64_t(jj) * BN) < BN ? (p_hi - p_lo - int64_t(jj) * BN) : BN);
+    return !kSkipRows     ? BN
+           : BAL          ? (jj == ntiles - 1 ? last_rows : BN)
+           : g_second(jj) ? int((E1 - int64_t(jj - ntiles) * BN) < BN ? (E1 - int64_t(jj - ntiles) * BN) : BN)
+                          : int((p_hi - p_lo - int64_t(jj) * BN) < BN ? (p_hi - p_lo - int64_t(jj) * BN) : BN);
   };
   // Two K stages (Cfg::kStages): tile j + 1 is dequantised into stage (j + 1) % 2
   // while the P.V wgmmas of tile j run on stage j % 2, and one barrier per tile
@@ -1216,18 +1244,18 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
   // Tile 0 is stored here.
   constexpr bool kPipe = C::kStages == 2;  // (ASYM too: its two warpgroups then load tile 1 by halves)
   if constexpr (kPipe) {
-    if (ntiles > 0) {
+    if (NT > 0) {
       g.template store_swizzled<kWholeK>(Ks, ksc, tid, live_rows(0));
       fence_proxy_async();  // the K tile and the Q tile are read by the async proxy
       if (tid < BN) {
-        row_address<F>(p, p_lo + BN + tid, em, idx_next, meta_d[BN + tid], meta_s[BN + tid]);
+        g_address(1, idx_next, 1);
         if constexpr (ASYM) {  // and tile 2's (slot 2)
-          row_address<F>(p, p_lo + 2 * BN + tid, em, idx_next2, meta_d[2 * BN + tid], meta_s[2 * BN + tid]);
+          g_address(2, idx_next2, 2);
           valid_mask_store(vmask, 1, meta_d[BN + tid] != nullptr, tid);
           valid_mask_store(vmask, 2, meta_d[2 * BN + tid] != nullptr, tid);
-          idx_next = load_index(p, t, p_lo + 3 * BN + tid, em, p_hi);
+          idx_next = g_index(3);
         } else {
-          idx_next = load_index(p, t, p_lo + 2 * BN + tid, em, p_hi);
+          idx_next = g_index(2);
         }
       }
       __syncthreads();  // K tile 0 + addresses of tile 1 (ASYM: and 2) visible
@@ -1266,13 +1294,88 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
     const int r0 = (warp & 3) * 16 + (lane >> 2);  // rows r0, r0 + 8 of this thread's fragments
     G gh;  // this warpgroup's half of tile j + 1 (loaded during tile j - 1)
     const int vt = wg == 0 ? tid + 128 : tid - 128;  // virtual thread of the 256-thread dealing
-    if (ntiles > 1) gh.load(meta_d + BN, meta_s + BN, vt);
+    if (NT > 1) gh.load(meta_d + BN, meta_s + BN, vt);
     float rm[2] = {neg_inf(), neg_inf()}, rl[2] = {0.f, 0.f}, rle[2] = {0.f, 0.f};  // warpgroup 0's rows
+    // Two-token blocks: after token t's last tile each warpgroup writes its half of
+    // token t's output (value dims 256 wg ..) straight from the fragments, scaled by
+    // the rows' 1 / D that warpgroup 0 publishes (INV), and restarts its accumulators.
+    // Warpgroup 1 copies token t + 1's Q into the Q tile once it has P of token t's last
+    // tile (so warpgroup 0's last Q.K of token t is done), waits for the copies after
+    // its boundary and publishes them (QRDY) for Q.K of token t + 1's first tile. A
+    // first token without rows is written (zeros) before the loop, Q then being token
+    // t + 1's from the prologue on.
+    constexpr int kInv = 9, kQrdy = 10;
+    auto write_token_half = [&](float inv_a, float inv_b) {
+      const int col0 = wg * 256 + (lane & 3) * 2;
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int row = r0 + 8 * hf;
+        const float inv = hf ? inv_b : inv_a;
+        if (row < nh) {
+          uint16_t* o = p.output + t * p.output_stride_token + (h0 + row) * p.output_stride_head + col0;
+#pragma unroll
+          for (int n = 0; n < 32; ++n) {
+            const float* c = acc + n * 4 + 2 * hf;
+            const uint32_t pk = pack_bf16x2(c[0] * inv, c[1] * inv);
+            if (a.out_pairs) {
+              *reinterpret_cast<uint32_t*>(o + 8 * n) = pk;
+            } else {
+              o[8 * n] = uint16_t(pk & 0xffffu);
+              o[8 * n + 1] = uint16_t(pk >> 16);
+            }
+          }
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < kAcc; ++i) acc[i] = 0.f;
+    };
+    auto wg0_boundary = [&]() {
+      float inv2[2];
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        float l = rl[hf], le = rle[hf];
+        l += MLA_EXT_SHFL_XOR(l, 1);
+        l += MLA_EXT_SHFL_XOR(l, 2);
+        le += MLA_EXT_SHFL_XOR(le, 1);
+        le += MLA_EXT_SHFL_XOR(le, 2);
+        const int row = r0 + 8 * hf;
+        float inv = 0.f, lse = neg_inf();
+        if (l > 0.f || is_nan(l)) {  // the epilogue's rule below
+          lse = rm[hf] * kLn2 + logf(le);
+          float den = l;
+          if (p.attn_sink != nullptr && row < nh)
+            den = l + exp2f(p.attn_sink[(h0 + row) * p.attn_sink_stride] * kLog2e - rm[hf]);
+          inv = 1.f / den;
+        }
+        inv2[hf] = inv;
+        if ((lane & 3) == 0) {
+          inv_s[row] = inv;
+          if (p.lse != nullptr && row < nh) p.lse[t * p.lse_stride_token + (h0 + row) * p.lse_stride_head] = lse;
+        }
+        rm[hf] = neg_inf();
+        rl[hf] = 0.f;
+        rle[hf] = 0.f;
+      }
+      named_bar_arrive(kInv, 2 * 128);
+      write_token_half(inv2[0], inv2[1]);
+    };
+    // in_loop: warpgroup 1 copied token t + 1's Q (below) and publishes it (QRDY).
+    auto wg1_boundary = [&](bool in_loop) {
+      named_bar_sync(kInv, 2 * 128);
+      write_token_half(inv_s[r0], inv_s[r0 + 8]);
+      if (in_loop && ntiles < NT) {  // (as many QRDY arrivals as warpgroup 0's syncs)
+        copy_async_wait_all();
+        fence_proxy_async();  // the Q tile is read by the async proxy
+        named_bar_arrive(kQrdy, 2 * 128);
+      }
+    };
     if (wg == 0) {
       const uint64_t qd0 = wg_desc(smem_addr(Qs), 16, 1024);
-      for (int j = 0; j < ntiles; ++j) {
+      if (two && ntiles == 0) wg0_boundary();
+      for (int j = 0; j < NT; ++j) {
         const int cur = j & 1, nxt = cur ^ 1;
         if (j > 0) named_bar_sync(kFull + cur, 2 * 128);  // warpgroup 1's half of tile j
+        if (two && j == ntiles && j > 0) named_bar_sync(kQrdy, 2 * 128);  // token t + 1's Q
         const uint32_t ks0 = smem_addr(Ks + cur * (C::kStageBytes / 2));
         const uint64_t kd0 = wg_desc(ks0, 16, 1024), vd0 = wg_desc(ks0, uint32_t(BN * 128), 1024);
         float s2[32];
@@ -1357,7 +1460,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
         // ... and while it runs: this half of tile j + 1 into stage nxt (tile j -
         // 1's: this warpgroup's P.V of it was waited for last tile, warpgroup
         // 1's is FREE), then the loads of this half of tile j + 2.
-        if (j + 1 < ntiles) {
+        if (j + 1 < NT) {
           if (j > 0) named_bar_sync(kFree + nxt, 2 * 128);
           gh.template store_swizzled<kWholeK>(Ks + nxt * (C::kStageBytes / 2), ksc, vt, live_rows(j + 1));
           fence_proxy_async();
@@ -1367,14 +1470,13 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
           // waited for this warpgroup's loads of tile j + 2 every tile (Nsight,
           // 12% of warpgroup 0's time). Published to warpgroup 0 by FULL (or
           // the prologue's barrier), to warpgroup 1 by DONE below.
-          if (tid < BN && j + 3 < ntiles) {
+          if (tid < BN && j + 3 < NT) {
             const int ms3 = (j + 3) & 3;
-            row_address<F>(p, p_lo + int64_t(j + 3) * BN + tid, em, idx_next, meta_d[ms3 * BN + tid],
-                           meta_s[ms3 * BN + tid]);
+            g_address(j + 3, idx_next, ms3);
             valid_mask_store(vmask, ms3, meta_d[ms3 * BN + tid] != nullptr, tid);
-            idx_next = load_index(p, t, p_lo + int64_t(j + 4) * BN + tid, em, p_hi);
+            idx_next = g_index(j + 4);
           }
-          if (j + 2 < ntiles) gh.load(meta_d + ((j + 2) & 3) * BN, meta_s + ((j + 2) & 3) * BN, vt);
+          if (j + 2 < NT && !(two && j == ntiles - 1)) gh.load(meta_d + ((j + 2) & 3) * BN, meta_s + ((j + 2) & 3) * BN, vt);
         }
         wg_wait_all();
         wg_fence_operands(*reinterpret_cast<float(*)[128]>(acc));
@@ -1382,7 +1484,11 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
         // wgmma's registers until its wait_group; this only pins the source order).
 #pragma unroll
         for (int i = 0; i < 16; ++i) asm volatile("" : "+r"(pr[i])::"memory");
-        if (j + 2 < ntiles) named_bar_arrive(kDone + cur, 2 * 128);  // stage cur: warpgroup 1 stores tile j + 2
+        if (j + 2 < NT) named_bar_arrive(kDone + cur, 2 * 128);  // stage cur: warpgroup 1 stores tile j + 2
+        if (two && j == ntiles - 1) {  // (this half of tile j + 2 is loaded after it: fewer live registers)
+          wg0_boundary();
+          if (j + 2 < NT) gh.load(meta_d + ((j + 2) & 3) * BN, meta_s + ((j + 2) & 3) * BN, vt);
+        }
       }
       // Row sums over the quad.
 #pragma unroll
@@ -1393,20 +1499,30 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
         rle[hf] += MLA_EXT_SHFL_XOR(rle[hf], 2);
       }
     } else {
-      for (int j = 0; j < ntiles; ++j) {
+      if (two && ntiles == 0) wg1_boundary(false);
+      for (int j = 0; j < NT; ++j) {
         const int cur = j & 1, nxt = cur ^ 1;
         // First (while warpgroup 0 multiplies Q.K(j)): this half of tile j + 1
         // into stage nxt (tile j - 1's: warpgroup 0 is DONE with it, this
         // warpgroup's P.V of it was waited for last tile), then the loads of
         // this half of tile j + 2 (addresses published by DONE or the prologue).
-        if (j + 1 < ntiles) {
+        if (j + 1 < NT) {
           if (j > 0) named_bar_sync(kDone + nxt, 2 * 128);
           gh.template store_swizzled<kWholeK>(Ks + nxt * (C::kStageBytes / 2), ksc, vt, live_rows(j + 1));
           fence_proxy_async();
           named_bar_arrive(kFull + nxt, 2 * 128);
-          if (j + 2 < ntiles) gh.load(meta_d + ((j + 2) & 3) * BN, meta_s + ((j + 2) & 3) * BN, vt);
+          if (j + 2 < NT && !(two && j == ntiles - 1)) gh.load(meta_d + ((j + 2) & 3) * BN, meta_s + ((j + 2) & 3) * BN, vt);
         }
         named_bar_sync(kPrdy + cur, 2 * 128);  // P(j), alpha(j)
+        if (two && j == ntiles - 1 && ntiles < NT) {
+          // Warpgroup 0's Q.K of token t's last tile is done (before PRDY): token t +
+          // 1's Q into the Q tile, landing during this P.V and the boundary.
+          const uint16_t* q1 = p.q + (t + 1) * p.q_stride_token + h0 * p.q_stride_head;
+          for (int u = tid - 128; u < nh * (DQK / 8); u += 128) {
+            const int r = u / (DQK / 8), c = u - r * (DQK / 8);
+            copy16_async(swz_chunk<true, HTp>(Qs, KST, r, c), q1 + int64_t(r) * p.q_stride_head + 8 * c);
+          }
+        }
         scale_rows_m64n256(acc, alpha_s[cur * HTp + r0], alpha_s[cur * HTp + r0 + 8]);
         const uint64_t pd0 = wg_desc(smem_addr(Ps + cur * (HTp * PST)), 16, 1024);
         const uint64_t vd0 =
@@ -1420,7 +1536,11 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
         wg_commit();
         wg_wait_all();
         wg_fence_operands(*reinterpret_cast<float(*)[128]>(acc));
-        if (j + 2 < ntiles) named_bar_arrive(kFree + cur, 2 * 128);  // stage cur free for tile j + 2
+        if (j + 2 < NT) named_bar_arrive(kFree + cur, 2 * 128);  // stage cur free for tile j + 2
+        if (two && j == ntiles - 1) {
+          wg1_boundary(true);
+          if (j + 2 < NT) gh.load(meta_d + ((j + 2) & 3) * BN, meta_s + ((j + 2) & 3) * BN, vt);
+        }
       }
     }
     __syncthreads();  // both warpgroups are done with every stage
@@ -1437,6 +1557,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
     row_m = st[srow];
     row_l = st[HTp + srow];
     row_le = st[2 * HTp + srow];
+    if (two) t += 1;  // the epilogue below writes the block's last token
   } else {
 
   for (int j = 0; j < ntiles; ++j) {
@@ -2412,6 +2533,12 @@ inline bool decode_use_asym() {
   return on;
 }
 
+// Two-token blocks for the asymmetric kernel (DecodeArgs::two_token) unless MLA_EXT_TWO_TOKEN=0.
+inline bool decode_use_two_token() {
+  static const bool on = env_int("MLA_EXT_TWO_TOKEN", 1) != 0;
+  return on;
+}
+
 // wg: the 64-head tile as warpgroup MMAs (Hopper), every format.
 template <int DQK, KvFormat F, bool MMA, bool BAL = false>
 inline Status launch_split_mt(int mt, bool wg, const DecodeArgs& a, uint32_t blocks, gpuStream_t stream) {
@@ -2423,7 +2550,15 @@ inline Status launch_split_mt(int mt, bool wg, const DecodeArgs& a, uint32_t blo
         // Asymmetric warpgroups (decode_body's ASYM) for the V4 rows, both
         // split maps, unless MLA_EXT_ASYM=0 (decode_use_asym).
         if constexpr (kv_layout(F) == KvFormat::kFP8DsMlaV4 && DQK == 512) {
-          if (wg && decode_use_asym()) return launch_split<4, DQK, F, MMA, BAL, true, true>(a, blocks, stream);
+          if (wg && decode_use_asym()) {
+            if (!BAL && a.two_token) {  // two tokens per block: half the blocks (one split)
+              DecodeArgs b = a;
+              b.tokens_per_block = 2;
+              const uint32_t blocks2 = uint32_t(a.head_groups) * uint32_t((a.p.num_tokens + 1) / 2);
+              return launch_split<4, DQK, F, MMA, BAL, true, true>(b, blocks2, stream);
+            }
+            return launch_split<4, DQK, F, MMA, BAL, true, true>(a, blocks, stream);
+          }
         }
         if (wg) return launch_split<4, DQK, F, MMA, BAL, true>(a, blocks, stream);
       }
@@ -2528,6 +2663,11 @@ inline Status launch_sparse_mla_decode(const SparseDecodeParams& p, void* worksp
   a.out_vec16 = (reinterpret_cast<uintptr_t>(p.output) & 15u) == 0 && (p.output_stride_token & 7) == 0 &&
                 (p.output_stride_head & 7) == 0;
   a.balanced = decode_balanced(p);
+  // Two-token blocks for the asymmetric kernel (launch_split_mt): one split, the uniform
+  // map, more than two waves of blocks, 32-bit positions; MLA_EXT_TWO_TOKEN=0 turns them off.
+  a.tokens_per_block = 1;
+  a.two_token = S == 1 && !a.balanced && T >= 2 && HG * T > 2 * int64_t(num_sms > 0 ? num_sms : 1) &&
+                decode_total_width(p) < (int64_t(1) << 30) && decode_use_two_token();
   // Early trigger only toward the reduce (the kernel after it is the caller's: compat.h).
   a.early_trigger = S > 1 && pdl_trigger_early(blocks, num_sms);
   a.smem_limit = p.smem_limit > 0 ? size_t(p.smem_limit) : current_device_smem_optin();
@@ -2541,6 +2681,7 @@ inline Status launch_sparse_mla_decode(const SparseDecodeParams& p, void* worksp
     a.head_tile = int(HT);
     a.head_groups = int(HG);
     a.early_trigger = S > 1 && pdl_trigger_early(blocks, num_sms);
+    a.two_token = false;
   };
 
   // Tensor cores on NVIDIA sm_80+ unless forced portable (the tensor-core
