@@ -1300,8 +1300,8 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
     // token t's output (value dims 256 wg ..) straight from the fragments, scaled by
     // the rows' 1 / D that warpgroup 0 publishes (INV), and restarts its accumulators.
     // Warpgroup 1 copies token t + 1's Q into the Q tile once it has P of token t's last
-    // tile (so warpgroup 0's last Q.K of token t is done), waits for the copies after
-    // its boundary and publishes them (QRDY) for Q.K of token t + 1's first tile. A
+    // tile (so warpgroup 0's last Q.K of token t is done), waits for the copies at its
+    // boundary and publishes them (QRDY) for Q.K of token t + 1's first tile. A
     // first token without rows is written (zeros) before the loop, Q then being token
     // t + 1's from the prologue on.
     constexpr int kInv = 9, kQrdy = 10;
@@ -1359,15 +1359,16 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
       named_bar_arrive(kInv, 2 * 128);
       write_token_half(inv2[0], inv2[1]);
     };
-    // in_loop: warpgroup 1 copied token t + 1's Q (below) and publishes it (QRDY).
+    // in_loop: warpgroup 1 copied token t + 1's Q (below) and publishes it (QRDY) first,
+    // so that warpgroup 0's next Q.K does not wait for this warpgroup's output stores.
     auto wg1_boundary = [&](bool in_loop) {
-      named_bar_sync(kInv, 2 * 128);
-      write_token_half(inv_s[r0], inv_s[r0 + 8]);
       if (in_loop && ntiles < NT) {  // (as many QRDY arrivals as warpgroup 0's syncs)
         copy_async_wait_all();
         fence_proxy_async();  // the Q tile is read by the async proxy
         named_bar_arrive(kQrdy, 2 * 128);
       }
+      named_bar_sync(kInv, 2 * 128);
+      write_token_half(inv_s[r0], inv_s[r0 + 8]);
     };
     if (wg == 0) {
       const uint64_t qd0 = wg_desc(smem_addr(Qs), 16, 1024);
