@@ -22,10 +22,12 @@ from conftest import (HAS_GPU, assert_close_rel, assert_fake_refuses_like_op, e4
 
 
 @contextlib.contextmanager
-def gpu_path(portable=None, head_tile=None, mma_sync=None, smem_limit=None):
+def gpu_path(portable=None, head_tile=None, mma_sync=None, smem_limit=None, two_token=None):
     """Set the process-global GPU path switches (portable kernels, forced head tile, mma.sync
-    instead of warpgroup MMAs on Hopper, a smaller shared-memory limit per block) for the block;
-    the previous settings come back afterwards, also on failure."""
+    instead of warpgroup MMAs on Hopper, a smaller shared-memory limit per block, the two-token
+    mode of the V4 64-head kernel) for the block; the previous settings come back afterwards,
+    also on failure."""
+    prev_w = None if two_token is None else torch.ops.mla_ext._set_two_token(two_token)
     prev_p = None if portable is None else torch.ops.mla_ext._set_force_portable(portable)
     prev_t = None if head_tile is None else torch.ops.mla_ext._set_head_tile(head_tile)
     prev_m = None if mma_sync is None else torch.ops.mla_ext._set_force_mma_sync(mma_sync)
@@ -41,6 +43,8 @@ def gpu_path(portable=None, head_tile=None, mma_sync=None, smem_limit=None):
             torch.ops.mla_ext._set_head_tile(prev_t)
         if prev_p is not None:
             torch.ops.mla_ext._set_force_portable(prev_p)
+        if prev_w is not None:
+            torch.ops.mla_ext._set_two_token(prev_w)
 
 INF = float("inf")
 GEOMS = [("bf16", 576), ("bf16", 512), ("fp8_ds_mla", 576), ("fp8_ds_mla_v4", 512)]
@@ -1354,12 +1358,13 @@ def test_gpu_head_tile_output_views(fmt, d_qk, align):
 @requires_gpu
 @pytest.mark.parametrize("fmt", ["fp8_ds_mla_v4", "fp8_ds_mla_v4_fnuz"])
 def test_gpu_two_token_blocks(fmt):
-    """On Hopper, one-split V4 calls with more than two waves of 64-head blocks walk two tokens
-    per block through one pipeline (the second token's Q copied during the first's last tile,
-    the first's output written at the boundary). Window + compressed sets with lengths that give
-    the first or the second token of a block no rows, one row, whole and partial tiles; an odd
-    token count (a last block of one token); 64 heads and 100 (a partial second head group);
-    a sink and lse: the reference result, every element written."""
+    """On Hopper, one-split V4 calls with more than one wave of 64-head blocks may walk two
+    tokens per block through one pipeline (the second token's Q copied during the first's last
+    tile, the first's output written at the boundary); forced here (mode 2), since the automatic
+    choice takes only short rows. Window + compressed sets with lengths that give the first or
+    the second token of a block no rows, one row, whole and partial tiles; an odd token count (a
+    last block of one token); 64 heads and 100 (a partial second head group); a sink and lse:
+    the reference result, every element written, and bit for bit the one-token kernel's."""
     g = torch.Generator().manual_seed(523 + len(fmt))
     T, W, W2 = 301, 128, 512
     idx, lengths = make_indices(g, T, W, 2 * 256, "scattered", "random")
@@ -1374,8 +1379,14 @@ def test_gpu_two_token_blocks(fmt):
     e_cache = make_cache(g, fmt, 512, 40, 64, e_idx, "cuda")
     for H in (64, 100):
         q = torch.randn(T, H, 512, generator=g).to(torch.bfloat16)
-        run_check(q, cache, idx, fmt=fmt, scale=512 ** -0.5, device="cuda", num_splits=1, lengths=lengths,
-                  extra=dict(cache=e_cache, indices=e_idx, lengths=e_len), sink=make_sink(g, H, "finite"))
+        sink = make_sink(g, H, "finite")
+        got = {}
+        for mode in (2, 1):
+            with gpu_path(two_token=mode):
+                got[mode] = run_check(q, cache, idx, fmt=fmt, scale=512 ** -0.5, device="cuda", num_splits=1,
+                                      lengths=lengths, extra=dict(cache=e_cache, indices=e_idx, lengths=e_len),
+                                      sink=sink)[:2]
+        assert torch.equal(got[2][0], got[1][0]) and torch.equal(got[2][1], got[1][1])
 
 
 @requires_gpu
@@ -1455,6 +1466,14 @@ def test_set_head_tile_range():
     with pytest.raises(RuntimeError, match="got -1"):
         torch.ops.mla_ext._set_head_tile(-1)
     assert torch.ops.mla_ext._set_head_tile(0) == 0
+
+
+def test_set_two_token_range():
+    with pytest.raises(RuntimeError, match="expected mode 0 \\(automatic\\), 1 \\(never\\) or 2 \\(wherever allowed\\), got 3"):
+        torch.ops.mla_ext._set_two_token(3)
+    with pytest.raises(RuntimeError, match="got -1"):
+        torch.ops.mla_ext._set_two_token(-1)
+    assert torch.ops.mla_ext._set_two_token(0) == 0
 
 
 @requires_gpu

@@ -49,6 +49,14 @@ inline std::atomic<int>& head_tile_setting() {
   return tile;
 }
 
+// Process-global two-token mode of the V4 64-head kernel on Hopper
+// (SparseDecodeParams::two_token): 0 = automatic, 1 = never, 2 = wherever allowed
+// (torch.ops.mla_ext._set_two_token; used by tests and A/B runs).
+inline std::atomic<int>& two_token_setting() {
+  static std::atomic<int> mode{0};
+  return mode;
+}
+
 namespace decode_detail {
 
 constexpr const char* kOp = "sparse_mla_decode";
@@ -336,6 +344,7 @@ inline mla_ext::SparseDecodeParams make_decode_params(
   p.force_mma_sync = force_mma_sync_flag().load();
   p.smem_limit = smem_limit_setting().load();
   p.head_tile = head_tile_setting().load();
+  p.two_token = two_token_setting().load();
   return p;
 }
 

@@ -199,6 +199,12 @@ int64_t set_head_tile(int64_t head_tile) {
   return head_tile_setting().exchange(int(head_tile));
 }
 
+int64_t set_two_token(int64_t mode) {
+  MLA_CHECK(mode >= 0 && mode <= 2, "_set_two_token",
+            "expected mode 0 (automatic), 1 (never) or 2 (wherever allowed), got ", mode);
+  return two_token_setting().exchange(int(mode));
+}
+
 }  // namespace mla_ext_torch
 
 STABLE_TORCH_LIBRARY(mla_ext, m) {
@@ -222,6 +228,7 @@ STABLE_TORCH_LIBRARY(mla_ext, m) {
   m.def("_set_force_portable(bool enable) -> bool");
   m.def("_set_force_mma_sync(bool enable) -> bool");
   m.def("_set_head_tile(int head_tile) -> int");
+  m.def("_set_two_token(int mode) -> int");
   m.def("_set_smem_limit(int bytes) -> int");
   m.def("_test_late_fill(Tensor(a!) out, float value, int delay_ns) -> ()");
 }
@@ -239,6 +246,7 @@ STABLE_TORCH_LIBRARY_IMPL(mla_ext, CompositeExplicitAutograd, m) {
   m.impl("_set_force_portable", TORCH_BOX(&mla_ext_torch::set_force_portable));
   m.impl("_set_force_mma_sync", TORCH_BOX(&mla_ext_torch::set_force_mma_sync));
   m.impl("_set_head_tile", TORCH_BOX(&mla_ext_torch::set_head_tile));
+  m.impl("_set_two_token", TORCH_BOX(&mla_ext_torch::set_two_token));
   m.impl("_set_smem_limit", TORCH_BOX(&mla_ext_torch::set_smem_limit));
 }
 

@@ -200,8 +200,7 @@ struct DecodeArgs {
   bool out_vec16;    // output pointer/strides allow 16-byte stores (8 bf16)
   bool balanced;     // decode_balanced(p): the balanced split map
   bool early_trigger;  // pdl_trigger_early (compat.h)
-  bool two_token;      // the asymmetric kernel may walk two tokens per block (launch_split_mt)
-  int tokens_per_block;  // 1, or 2 (asymmetric kernel, one split, uniform map)
+  bool two_token;     // the asymmetric kernel walks two tokens per block (decode_two_token_blocks)
 };
 
 // ---- balanced split map (sparse_mla_decode.h), computed by a whole block ----
@@ -1053,10 +1052,11 @@ __device__ __forceinline__ void row_address(const SparseDecodeParams& p, int64_t
 // ---- the split kernel body ----
 // WG (sm_90a, 64-head tile, every format): Q.K and P.V as warpgroup MMAs
 // straight from shared memory (decode_split_mma_kernel).
-template <int MT, int DQK, KvFormat F, bool MMA, bool BAL, bool WG = false, bool ASYM = false>
+template <int MT, int DQK, KvFormat F, bool MMA, bool BAL, bool WG = false, bool ASYM = false, bool TWO = false>
 __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
   constexpr bool SC = kv_layout(F) == KvFormat::kFP8DsMla;  // scales applied after the products
   static_assert(!ASYM || (WG && !SC && DQK == 512), "asymmetric warpgroups: the V4 64-head tile");
+  static_assert(!TWO || (ASYM && !BAL), "two-token blocks: the asymmetric kernel, uniform map");
   using C = Cfg<MT, DQK, MMA, SC, WG, decode_two_stages(F, DQK, WG, BAL) || ASYM, ASYM>;
   // Warpgroup MMA descriptors by one add per step (wg_desc_add), except in the
   // symmetric kernels of bf16 caches, which then spill (ptxas: 24 -> 124 bytes
@@ -1106,9 +1106,9 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
   // slots [t * S, t * S + S), under the balanced one the block finds the owner.
   int s = int(bid % uint32_t(S));
   int64_t t = int64_t(bid / uint32_t(S));
-  // Two-token blocks (ASYM, a.tokens_per_block == 2: one split, uniform map): tokens
+  // Two-token blocks (TWO, a separate instantiation: one split, uniform map): tokens
   // 2 bid and 2 bid + 1 walk their tiles one after the other through one pipeline.
-  if constexpr (ASYM && !BAL) t *= a.tokens_per_block;
+  if constexpr (TWO) t *= 2;
   int ns = S;            // splits of the token
   int64_t q0 = t * S;    // its first slot
   // BAL: the balanced map (a separate instantiation, so that uniform calls run
@@ -1138,7 +1138,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
   int64_t em, ee;
   effective_lens(p.main, p.extra, t, &em, &ee);
   // The second token of a two-token block: its lengths (one split: positions [0, E1)).
-  const bool two = ASYM && !BAL && a.tokens_per_block == 2 && t + 1 < p.num_tokens;
+  const bool two = TWO && t + 1 < p.num_tokens;
   int64_t em1 = 0, ee1 = 0;
   if (two) effective_lens(p.main, p.extra, t + 1, &em1, &ee1);
   const int64_t E1 = em1 + ee1;
@@ -1155,7 +1155,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
   const int nt1 = int((E1 + BN - 1) / BN);
   const int NT = ntiles + nt1;
   // Global tile g: its index load and row address for this thread (tid < BN).
-  auto g_second = [&](int gt) { return ASYM && !BAL && gt >= ntiles; };
+  auto g_second = [&](int gt) { return TWO && gt >= ntiles; };
   auto g_index = [&](int gt) -> int32_t {
     if (g_second(gt)) return load_index(p, t + 1, int64_t(gt - ntiles) * BN + tid, em1, E1);
     return load_index(p, t, p_lo + int64_t(gt) * BN + tid, em, p_hi);
@@ -2227,13 +2227,13 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
 
 // WG: the warpgroup-MMA body where the code is compiled for sm_90a, the
 // mma.sync body elsewhere (its shared memory fits the same allocation: launch_split).
-template <int MT, int DQK, KvFormat F, bool BAL, bool WG = false, bool ASYM = false>
+template <int MT, int DQK, KvFormat F, bool BAL, bool WG = false, bool ASYM = false, bool TWO = false>
 __global__ void __launch_bounds__(kThreads, (MT == 1 && F != KvFormat::kBF16) ? MLA_EXT_DECODE_MT1_MIN_BLOCKS : 1)
     decode_split_mma_kernel(const DecodeArgs a) {
   wait_for_prior_grids();
   if (a.early_trigger) launch_dependent_grids();
 #if defined(MLA_EXT_DECODE_WGMMA)
-  decode_body<MT, DQK, F, true, BAL, WG, ASYM>(a);
+  decode_body<MT, DQK, F, true, BAL, WG, ASYM, TWO>(a);
 #elif defined(MLA_EXT_DECODE_MMA)
   decode_body<MT, DQK, F, true, BAL>(a);
 #else
@@ -2497,7 +2497,7 @@ inline Status launch_reduce(const ReduceArgs& r, uint32_t rows, gpuStream_t stre
   return launch_kernel(pdl, kernel, dim3(rows), dim3(kReduceThreads * groups), 0, stream, r);
 }
 
-template <int MT, int DQK, KvFormat F, bool MMA, bool BAL, bool WG = false, bool ASYM = false>
+template <int MT, int DQK, KvFormat F, bool MMA, bool BAL, bool WG = false, bool ASYM = false, bool TWO = false>
 inline Status launch_split(const DecodeArgs& a, uint32_t blocks, gpuStream_t stream) {
   constexpr bool kSc = kv_layout(F) == KvFormat::kFP8DsMla;
   // WG: room for either body of the kernel (decode_split_mma_kernel).
@@ -2512,7 +2512,7 @@ inline Status launch_split(const DecodeArgs& a, uint32_t blocks, gpuStream_t str
   static signed char pdl_cache[64] = {};
   void (*kernel)(DecodeArgs);
   if constexpr (MMA)
-    kernel = decode_split_mma_kernel<MT, DQK, F, BAL, WG, ASYM>;
+    kernel = decode_split_mma_kernel<MT, DQK, F, BAL, WG, ASYM, TWO>;
   else
     kernel = decode_split_portable_kernel<MT, DQK, F, BAL>;
   if (!ensure_smem(done, reinterpret_cast<const void*>(kernel), kBytes)) return Status::kLaunchFailed;
@@ -2534,10 +2534,13 @@ inline bool decode_use_asym() {
   return on;
 }
 
-// Two-token blocks for the asymmetric kernel (DecodeArgs::two_token) unless MLA_EXT_TWO_TOKEN=0.
-inline bool decode_use_two_token() {
-  static const bool on = env_int("MLA_EXT_TWO_TOKEN", 1) != 0;
-  return on;
+// The two-token mode (decode_two_token_blocks) of a call: p.two_token where set,
+// else the environment variable MLA_EXT_TWO_TOKEN (read once; "0" never, "2"
+// wherever allowed, for A/B runs), else automatic.
+inline int decode_two_token_mode(const SparseDecodeParams& p) {
+  static const int env = env_int("MLA_EXT_TWO_TOKEN", 1);
+  if (p.two_token != 0) return p.two_token;
+  return env == 0 ? 1 : (env == 2 ? 2 : 0);
 }
 
 // wg: the 64-head tile as warpgroup MMAs (Hopper), every format.
@@ -2552,11 +2555,11 @@ inline Status launch_split_mt(int mt, bool wg, const DecodeArgs& a, uint32_t blo
         // split maps, unless MLA_EXT_ASYM=0 (decode_use_asym).
         if constexpr (kv_layout(F) == KvFormat::kFP8DsMlaV4 && DQK == 512) {
           if (wg && decode_use_asym()) {
-            if (!BAL && a.two_token) {  // two tokens per block: half the blocks (one split)
-              DecodeArgs b = a;
-              b.tokens_per_block = 2;
-              const uint32_t blocks2 = uint32_t(a.head_groups) * uint32_t((a.p.num_tokens + 1) / 2);
-              return launch_split<4, DQK, F, MMA, BAL, true, true>(b, blocks2, stream);
+            if constexpr (!BAL) {
+              if (a.two_token) {  // two tokens per block: half the blocks (one split)
+                const uint32_t blocks2 = uint32_t(a.head_groups) * uint32_t((a.p.num_tokens + 1) / 2);
+                return launch_split<4, DQK, F, MMA, false, true, true, true>(a, blocks2, stream);
+              }
             }
             return launch_split<4, DQK, F, MMA, BAL, true, true>(a, blocks, stream);
           }
@@ -2664,11 +2667,9 @@ inline Status launch_sparse_mla_decode(const SparseDecodeParams& p, void* worksp
   a.out_vec16 = (reinterpret_cast<uintptr_t>(p.output) & 15u) == 0 && (p.output_stride_token & 7) == 0 &&
                 (p.output_stride_head & 7) == 0;
   a.balanced = decode_balanced(p);
-  // Two-token blocks for the asymmetric kernel (launch_split_mt): one split, the uniform
-  // map, more than two waves of blocks, 32-bit positions; MLA_EXT_TWO_TOKEN=0 turns them off.
-  a.tokens_per_block = 1;
-  a.two_token = S == 1 && !a.balanced && T >= 2 && HG * T > 2 * int64_t(num_sms > 0 ? num_sms : 1) &&
-                decode_total_width(p) < (int64_t(1) << 30) && decode_use_two_token();
+  // Two-token blocks where the asymmetric kernel runs (launch_split_mt); the uniform
+  // map always with one split (decode_balanced).
+  a.two_token = !a.balanced && decode_two_token_blocks(p, HG, num_sms, decode_two_token_mode(p));
   // Early trigger only toward the reduce (the kernel after it is the caller's: compat.h).
   a.early_trigger = S > 1 && pdl_trigger_early(blocks, num_sms);
   a.smem_limit = p.smem_limit > 0 ? size_t(p.smem_limit) : current_device_smem_optin();

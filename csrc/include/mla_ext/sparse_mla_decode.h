@@ -89,6 +89,8 @@ struct SparseDecodeParams {
                                     // warpgroup MMAs (tests and A/B runs); results agree up to rounding
   int head_tile = 0;                // GPU heads per block: 0 = automatic (decode_launch_head_tile),
                                     // 1..64 forces one (tests and sweeps); results agree up to rounding
+  int two_token = 0;                // GPU, V4 64-head blocks: 0 = automatic (decode_two_token_blocks),
+                                    // 1 = never, 2 = wherever allowed (tests and A/B runs); bit-identical
   int64_t smem_limit = 0;           // GPU: shared memory one block may use, bytes; 0 = the device's
                                     // opt-in limit. Smaller values test the fallback to smaller head
                                     // tiles and the portable kernels that GPUs with less than the
@@ -365,6 +367,25 @@ MLA_EXT_HD bool decode_balanced_shape(const SparseDecodeParams& p) {
 
 MLA_EXT_HD bool decode_balanced(const SparseDecodeParams& p) {
   return p.num_splits > 1 && decode_balanced_shape(p);
+}
+
+// Two-token blocks (GPU, the V4 FP8 64-head kernel of Hopper: its two-token
+// instantiation walks tokens 2b and 2b + 1 through one pipeline, so the second's
+// first tiles load while the first's last ones multiply, and one prologue and
+// one launch slot serve two tokens). Allowed for one split (uniform map) with
+// more than one wave of one-token blocks (else halving the blocks idles
+// processors) and 32-bit positions; chosen automatically where rows are short
+// (W_main + W_extra <= kTwoTokenMaxWidth: the window layer), since the
+// instantiation has 255 registers to the one-token kernel's 225 and loses 2-5%
+// on long rows, where the saved prologue is a small share (H200, RESULTS.md,
+// twenty-third session). mode: SparseDecodeParams::two_token.
+constexpr int64_t kTwoTokenMaxWidth = 256;
+MLA_EXT_HD bool decode_two_token_blocks(const SparseDecodeParams& p, int64_t head_groups, int num_sms, int mode) {
+  const int64_t T = p.num_tokens, W = decode_total_width(p);
+  const bool allowed = p.num_splits == 1 && T >= 2 && head_groups * T > int64_t(num_sms > 0 ? num_sms : 1) &&
+                       W < (int64_t(1) << 30);
+  if (!allowed || mode == 1) return false;
+  return mode == 2 || W <= kTwoTokenMaxWidth;
 }
 
 // The automatic split count of a call (num_splits == 0): decode_num_splits over
