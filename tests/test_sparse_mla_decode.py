@@ -1266,8 +1266,8 @@ def _check_64_head_kernel_kind(fn, mma_sync, asym=None):
         return
     names = _split_kernel_names(fn)
     if names:
-        # template arguments MT, DQK, F, BAL, WG, ASYM
-        pat = r"decode_split_mma_kernel<4, [^,]+, [^,]+, (?:true|false), true, (true|false)>"
+        # template arguments MT, DQK, F, BAL, WG, ASYM, TWO
+        pat = r"decode_split_mma_kernel<4, [^,]+, [^,]+, (?:true|false), true, (true|false), (?:true|false)>"
         wg = [re.search(pat, n) for n in names if re.search(pat, n)]
         assert bool(wg) == (not mma_sync), names
         if wg and asym is not None:
@@ -1382,10 +1382,16 @@ def test_gpu_two_token_blocks(fmt):
         sink = make_sink(g, H, "finite")
         got = {}
         for mode in (2, 1):
-            with gpu_path(two_token=mode):
+            def call():
                 got[mode] = run_check(q, cache, idx, fmt=fmt, scale=512 ** -0.5, device="cuda", num_splits=1,
                                       lengths=lengths, extra=dict(cache=e_cache, indices=e_idx, lengths=e_len),
                                       sink=sink)[:2]
+            with gpu_path(two_token=mode):
+                names = _split_kernel_names(call)
+            if _wgmma_kernel_expected() and _asym_on() and names:  # template arguments ..., ASYM, TWO
+                two = "true" if mode == 2 else "false"
+                assert all(re.search(rf"decode_split_mma_kernel<4, 512, [^>]*, true, true, {two}>", n)
+                           for n in names), names
         assert torch.equal(got[2][0], got[1][0]) and torch.equal(got[2][1], got[1][1])
 
 
@@ -1732,7 +1738,7 @@ def test_gpu_asym_switch_both_kernels(tmp_path):
             check_lse(l_, ref_l, kv_format="fp8_ds_mla_v4")
             if _wgmma_kernel_expected() and nm:
                 flag = "true" if _asym_on(asym) else "false"
-                assert any(re.search(rf"decode_split_mma_kernel<4, 512, [^>]*, true, {flag}>", n) for n in nm), nm
+                assert any(re.search(rf"decode_split_mma_kernel<4, 512, [^>]*, true, {flag}, (?:true|false)>", n) for n in nm), nm
         o0, l0 = results["0"][key][0].double(), results["0"][key][1].double()
         assert ((out.double() - o0).abs().max() / o0.abs().max()).item() < 1e-2, key
         assert (lse.double() - l0).abs().max().item() < 1e-3, key

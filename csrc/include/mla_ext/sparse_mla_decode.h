@@ -369,23 +369,28 @@ MLA_EXT_HD bool decode_balanced(const SparseDecodeParams& p) {
   return p.num_splits > 1 && decode_balanced_shape(p);
 }
 
-// Two-token blocks (GPU, the V4 FP8 64-head kernel of Hopper: its two-token
+// Two-token blocks (GPU, the V4 FP8 64-head kernel of Hopper): a separate
 // instantiation walks tokens 2b and 2b + 1 through one pipeline, so the second's
-// first tiles load while the first's last ones multiply, and one prologue and
-// one launch slot serve two tokens). Allowed for one split (uniform map) with
-// more than one wave of one-token blocks (else halving the blocks idles
-// processors) and 32-bit positions; chosen automatically where rows are short
-// (W_main + W_extra <= kTwoTokenMaxWidth: the window layer), since the
-// instantiation has 255 registers to the one-token kernel's 225 and loses 2-5%
-// on long rows, where the saved prologue is a small share (H200, RESULTS.md,
-// twenty-third session). mode: SparseDecodeParams::two_token.
-constexpr int64_t kTwoTokenMaxWidth = 256;
+// first tiles load while the first's last ones multiply, and one prologue serves
+// two tokens. Allowed for one split (the uniform map), two or more tokens and
+// 32-bit positions; mode (SparseDecodeParams::two_token) 2 takes it wherever
+// allowed, 1 never, 0 (automatic) where it measured faster on the H200 (RESULTS.md,
+// twenty-third session):
+//  - short rows, W_main + W_extra <= kTwoTokenMaxWidth (the window layer: 2 key
+//    tiles per token; -5..-9%). At 10-18 tiles (C4) the per-tile cost of walking two
+//    tokens outweighs the saved prologue (+1..+2.4%; C128 +0..+4%);
+//  - and fewer waves: a two-token block costs c ~ 1.72-1.89 one-token blocks, so it
+//    pays only where ceil(blocks / 2 / SMs) * kTwoTokenCost < ceil(blocks / SMs),
+//    e.g. 2 -> 1 or 4 -> 2 waves (-5..-9%) but not 3 -> 2 (+15..18%).
+constexpr int64_t kTwoTokenMaxWidth = 128;
+constexpr double kTwoTokenCost = 1.9;
 MLA_EXT_HD bool decode_two_token_blocks(const SparseDecodeParams& p, int64_t head_groups, int num_sms, int mode) {
   const int64_t T = p.num_tokens, W = decode_total_width(p);
-  const bool allowed = p.num_splits == 1 && T >= 2 && head_groups * T > int64_t(num_sms > 0 ? num_sms : 1) &&
-                       W < (int64_t(1) << 30);
-  if (!allowed || mode == 1) return false;
-  return mode == 2 || W <= kTwoTokenMaxWidth;
+  if (mode == 1 || p.num_splits != 1 || T < 2 || W >= (int64_t(1) << 30)) return false;
+  if (mode == 2) return true;
+  const int64_t n = num_sms > 0 ? num_sms : 1;
+  const int64_t waves1 = (head_groups * T + n - 1) / n, waves2 = (head_groups * ((T + 1) / 2) + n - 1) / n;
+  return W <= kTwoTokenMaxWidth && double(waves2) * kTwoTokenCost < double(waves1);
 }
 
 // The automatic split count of a call (num_splits == 0): decode_num_splits over
