@@ -377,11 +377,12 @@ MLA_EXT_HD bool decode_balanced(const SparseDecodeParams& p) {
 // allowed, 1 never, 0 (automatic) where it measured faster on the H200 (RESULTS.md,
 // twenty-third session):
 //  - short rows, W_main + W_extra <= kTwoTokenMaxWidth (the window layer: 2 key
-//    tiles per token; -5..-9%). At 10-18 tiles (C4) the per-tile cost of walking two
-//    tokens outweighs the saved prologue (+1..+2.4%; C128 +0..+4%);
-//  - and fewer waves: a two-token block costs c ~ 1.72-1.89 one-token blocks, so it
+//    tiles per token; -5.6..-8.5% at 64-128 heads x 128-512 tokens). At 10-18 tiles
+//    (C4) the per-tile cost of walking two tokens outweighs the saved prologue
+//    (+1..+2.4%; C128 up to +4%); 3-9 tiles were not measured;
+//  - and waves that halve: a two-token block costs ~1.72-1.89 one-token blocks, so it
 //    pays only where ceil(blocks / 2 / SMs) * kTwoTokenCost < ceil(blocks / SMs),
-//    e.g. 2 -> 1 or 4 -> 2 waves (-5..-9%) but not 3 -> 2 (+15..18%).
+//    e.g. 2 -> 1 or 4 -> 2 waves, but not 3 -> 2 (+15..18%).
 constexpr int64_t kTwoTokenMaxWidth = 128;
 constexpr double kTwoTokenCost = 1.9;
 MLA_EXT_HD bool decode_two_token_blocks(const SparseDecodeParams& p, int64_t head_groups, int num_sms, int mode) {
