@@ -192,7 +192,7 @@ def sparse_mla_decode(
             than 512 elements; ``expand()`` views), (GPU) q or cache rows not 16-byte
             aligned, or ``output`` / ``lse`` / ``workspace`` requiring grad while grad mode is
             on.
-        TypeError: ``num_splits`` not an integer (a float, a bool), ``softmax_scale`` not a
+        TypeError: ``num_splits`` not an integer (a float, a bool, a tensor), ``softmax_scale`` not a
             real number (a string, a bool, a tensor, ``None``), or a tensor argument that is not
             a tensor (``None`` for a required one), naming it.
     """

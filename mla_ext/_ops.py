@@ -18,9 +18,14 @@ _merge_n_op = torch.ops.mla_ext.merge_attn_states_n.default
 def int_arg(fn: str, name: str, value) -> int:
     """``value`` as an int: a TypeError naming the argument for floats, bools and other
     non-integers (``int()`` would silently truncate 2.5 to 2; ``True`` is not a count), a
-    RuntimeError for values outside int64 (the ops' integer type)."""
+    RuntimeError for values outside int64 (the ops' integer type). A tensor is refused too,
+    even one integer element: reading it would synchronise the host with its device (and fail
+    under CUDA-graph capture), where these arguments are host-side shape decisions."""
     if isinstance(value, bool):
         raise TypeError(f"{fn}: expected {name} to be an integer, got {value!r}")
+    if isinstance(value, torch.Tensor):
+        raise TypeError(f"{fn}: expected {name} to be an integer, got a tensor ({value.dtype}, shape "
+                        f"{tuple(value.shape)}, {value.device}); pass a Python int")
     try:
         v = operator.index(value)
     except TypeError:
@@ -223,7 +228,7 @@ def merge_attn_states(
             elements share memory among themselves (e.g. heads closer than head_size
             elements apart; ``expand()`` views), or ``output`` / ``output_lse`` requires
             grad while grad mode is on.
-        TypeError: ``prefill_tokens_with_context`` is not an integer (a float, a bool), or a
+        TypeError: ``prefill_tokens_with_context`` is not an integer (a float, a bool, a tensor), or a
             tensor argument is not a tensor (``None`` for a required one), naming it.
     """
     ctx = (None if prefill_tokens_with_context is None

@@ -1111,6 +1111,8 @@ def test_op_none_tensor_refused(device, name):
 
 @pytest.mark.parametrize("value,err,needle", [(2.5, TypeError, "prefill_tokens_with_context to be an integer"),
                                               (True, TypeError, "prefill_tokens_with_context to be an integer"),
+                                              (torch.tensor([2]), TypeError,
+                                               "prefill_tokens_with_context to be an integer, got a tensor"),
                                               (2**70, RuntimeError, "prefill_tokens_with_context to fit in int64")])
 def test_prefill_tokens_with_context_not_an_int64(device, value, err, needle):
     T, H, D = 4, 3, 16

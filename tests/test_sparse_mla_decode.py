@@ -1149,9 +1149,13 @@ def test_fake_kernel_refuses_like_the_op(i):
     assert_fake_refuses_like_op(torch.ops.mla_ext.sparse_mla_decode, _valid("cpu"), changes, words)
 
 
-@pytest.mark.parametrize("value", [True, 2.0, "2"])
+@pytest.mark.parametrize("value", [True, 2.0, "2", "tensor", "tensor1"])
 def test_num_splits_not_an_integer(device, value):
+    """Refused with a TypeError naming num_splits, nothing written; a one-element integer tensor
+    too (operator.index would accept it, reading it from the device: a host sync)."""
     args = _valid(device)
+    if value in ("tensor", "tensor1"):
+        value = torch.tensor(2, device=device) if value == "tensor" else torch.tensor([2], device=device)
     args["num_splits"] = value
     with pytest.raises(TypeError, match="expected num_splits to be an integer"):
         mla_ext.sparse_mla_decode(args.pop("q"), args.pop("kv_cache"), args.pop("indices"), **args)
