@@ -1475,20 +1475,19 @@ def test_set_smem_limit_range():
     assert torch.ops.mla_ext._set_smem_limit(0) == 0
 
 
-def test_set_head_tile_range():
-    with pytest.raises(RuntimeError, match="expected head_tile 0 \\(automatic\\) or 1..64, got 65"):
-        torch.ops.mla_ext._set_head_tile(65)
+@pytest.mark.parametrize("setter,too_big,message", [
+    ("_set_head_tile", 65, "expected head_tile 0 \\(automatic\\) or 1..64, got 65"),
+    ("_set_two_token", 3, "expected mode 0 \\(automatic\\), 1 \\(never\\) or 2 \\(wherever allowed\\), got 3")])
+def test_set_switch_range(setter, too_big, message):
+    """The GPU path switches refuse values out of range (above and below), naming the range, and
+    return the previous setting (0, automatic, after the reset)."""
+    fn = getattr(torch.ops.mla_ext, setter)
+    with pytest.raises(RuntimeError, match=message):
+        fn(too_big)
     with pytest.raises(RuntimeError, match="got -1"):
-        torch.ops.mla_ext._set_head_tile(-1)
-    assert torch.ops.mla_ext._set_head_tile(0) == 0
-
-
-def test_set_two_token_range():
-    with pytest.raises(RuntimeError, match="expected mode 0 \\(automatic\\), 1 \\(never\\) or 2 \\(wherever allowed\\), got 3"):
-        torch.ops.mla_ext._set_two_token(3)
-    with pytest.raises(RuntimeError, match="got -1"):
-        torch.ops.mla_ext._set_two_token(-1)
-    assert torch.ops.mla_ext._set_two_token(0) == 0
+        fn(-1)
+    assert fn(0) == 0
+    assert fn(0) == 0
 
 
 @requires_gpu
