@@ -45,7 +45,7 @@
 // q rows and every cache row start 16-byte aligned (q pointer and strides
 // multiples of 8 elements; cache pointers, page strides and token strides
 // multiples of 16 bytes), d_qk 512 or 576 (576 for fp8_ds_mla[_fnuz], 512 for
-// fp8_ds_mla_v4[_fnuz]). Output and lse may have any strides.
+// fp8_ds_mla_v4[_fnuz]), two_token 0..2. Output and lse may have any strides.
 //
 // FP8 decode matches numerics.h on every code, the NaN codes included
 // (e4m3fn: 0x7f / 0xff; e4m3fnuz: 0x80). e4m3fn: sm_89+ packed
@@ -1052,8 +1052,10 @@ __device__ __forceinline__ void row_address(const SparseDecodeParams& p, int64_t
 // ---- the split kernel body ----
 // WG (sm_90a, 64-head tile, every format): Q.K and P.V as warpgroup MMAs
 // straight from shared memory (decode_split_mma_kernel).
+// sub (the one-token bodies only; a compile-time -1 everywhere but below): >= 0 makes the block
+// serve token 2 b + sub of a two-token grid (decode_split_mma_kernel's TWO fallback).
 template <int MT, int DQK, KvFormat F, bool MMA, bool BAL, bool WG = false, bool ASYM = false, bool TWO = false>
-__device__ __forceinline__ void decode_body(const DecodeArgs& a) {
+__device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
   constexpr bool SC = kv_layout(F) == KvFormat::kFP8DsMla;  // scales applied after the products
   static_assert(!ASYM || (WG && !SC && DQK == 512), "asymmetric warpgroups: the V4 64-head tile");
   static_assert(!TWO || (ASYM && !BAL), "two-token blocks: the asymmetric kernel, uniform map");
@@ -1108,7 +1110,12 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a) {
   int64_t t = int64_t(bid / uint32_t(S));
   // Two-token blocks (TWO, a separate instantiation: one split, uniform map): tokens
   // 2 bid and 2 bid + 1 walk their tiles one after the other through one pipeline.
-  if constexpr (TWO) t *= 2;
+  if constexpr (TWO) {
+    t *= 2;
+  } else if (sub >= 0) {
+    t = 2 * t + sub;
+    if (t >= p.num_tokens) return;
+  }
   int ns = S;            // splits of the token
   int64_t q0 = t * S;    // its first slot
   // BAL: the balanced map (a separate instantiation, so that uniform calls run
@@ -2235,11 +2242,26 @@ __global__ void __launch_bounds__(kThreads, (MT == 1 && F != KvFormat::kBF16) ? 
 #if defined(MLA_EXT_DECODE_WGMMA)
   decode_body<MT, DQK, F, true, BAL, WG, ASYM, TWO>(a);
 #elif defined(MLA_EXT_DECODE_MMA)
-  decode_body<MT, DQK, F, true, BAL>(a);
+  if constexpr (TWO) {
+    // A two-token grid (half the blocks) where this code has no warpgroup MMAs (a
+    // Hopper build without sm_90a, e.g. TORCH_CUDA_ARCH_LIST=9.0: the launcher cannot
+    // tell): the one-token body for each of the block's two tokens in turn.
+    decode_body<MT, DQK, F, true, BAL>(a, 0);
+    __syncthreads();  // the first token's shared-memory reads are done
+    decode_body<MT, DQK, F, true, BAL>(a, 1);
+  } else {
+    decode_body<MT, DQK, F, true, BAL>(a);
+  }
 #else
   // NVIDIA below sm_80 (or a host/HIP pass): the portable body fits in this
   // kernel's (larger) shared-memory allocation.
-  decode_body<MT, DQK, F, false, BAL>(a);
+  if constexpr (TWO) {
+    decode_body<MT, DQK, F, false, BAL>(a, 0);
+    __syncthreads();
+    decode_body<MT, DQK, F, false, BAL>(a, 1);
+  } else {
+    decode_body<MT, DQK, F, false, BAL>(a);
+  }
 #endif
 }
 
@@ -2621,6 +2643,7 @@ inline Status launch_sparse_mla_decode(const SparseDecodeParams& p, void* worksp
   using namespace decode_detail;
   if (p.num_tokens < 0 || p.num_heads < 0) return Status::kInvalidArgument;
   if (p.num_splits < 1 || p.num_splits > kMaxSplits) return Status::kInvalidArgument;
+  if (p.two_token < 0 || p.two_token > 2) return Status::kInvalidArgument;
   if (p.d_qk != 512 && p.d_qk != 576) return Status::kInvalidArgument;
   if (!kv_format_valid(p.kv_format)) return Status::kInvalidArgument;
   if (kv_layout(p.kv_format) == KvFormat::kFP8DsMla && p.d_qk != 576) return Status::kInvalidArgument;

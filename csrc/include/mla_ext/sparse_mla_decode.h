@@ -389,7 +389,7 @@ MLA_EXT_HD bool decode_two_token_blocks(const SparseDecodeParams& p, int64_t hea
   const int64_t T = p.num_tokens, W = decode_total_width(p);
   if (mode == 1 || p.num_splits != 1 || T < 2 || W >= (int64_t(1) << 30)) return false;
   if (mode == 2) return true;
-  const int64_t n = num_sms > 0 ? num_sms : 1;
+  const int64_t n = num_sms > 0 ? num_sms : 128;  // (the launcher's assumption)
   const int64_t waves1 = (head_groups * T + n - 1) / n, waves2 = (head_groups * ((T + 1) / 2) + n - 1) / n;
   return W <= kTwoTokenMaxWidth && double(waves2) * kTwoTokenCost < double(waves1);
 }
