@@ -26,25 +26,21 @@ def gpu_path(portable=None, head_tile=None, mma_sync=None, smem_limit=None, two_
     """Set the process-global GPU path switches (portable kernels, forced head tile, mma.sync
     instead of warpgroup MMAs on Hopper, a smaller shared-memory limit per block, the two-token
     mode of the V4 64-head kernel) for the block; the previous settings come back afterwards,
-    also on failure."""
-    prev_w = None if two_token is None else torch.ops.mla_ext._set_two_token(two_token)
-    prev_p = None if portable is None else torch.ops.mla_ext._set_force_portable(portable)
-    prev_t = None if head_tile is None else torch.ops.mla_ext._set_head_tile(head_tile)
-    prev_m = None if mma_sync is None else torch.ops.mla_ext._set_force_mma_sync(mma_sync)
-    prev_s = None if smem_limit is None else torch.ops.mla_ext._set_smem_limit(smem_limit)
+    also on failure (a refused setting included)."""
+    ops = torch.ops.mla_ext
+    setters = [(ops._set_two_token, two_token), (ops._set_force_portable, portable),
+               (ops._set_head_tile, head_tile), (ops._set_force_mma_sync, mma_sync),
+               (ops._set_smem_limit, smem_limit)]
+    restore = []
     try:
+        for setter, value in setters:
+            if value is not None:
+                restore.append((setter, setter(value)))
         yield
     finally:
-        if prev_s is not None:
-            torch.ops.mla_ext._set_smem_limit(prev_s)
-        if prev_m is not None:
-            torch.ops.mla_ext._set_force_mma_sync(prev_m)
-        if prev_t is not None:
-            torch.ops.mla_ext._set_head_tile(prev_t)
-        if prev_p is not None:
-            torch.ops.mla_ext._set_force_portable(prev_p)
-        if prev_w is not None:
-            torch.ops.mla_ext._set_two_token(prev_w)
+        for setter, prev in reversed(restore):
+            setter(prev)
+
 
 INF = float("inf")
 GEOMS = [("bf16", 576), ("bf16", 512), ("fp8_ds_mla", 576), ("fp8_ds_mla_v4", 512)]
@@ -1359,6 +1355,16 @@ def test_gpu_head_tile_output_views(fmt, d_qk, align):
                     _check_64_head_kernel_kind(lambda: call(1, out, lse), False, _asym_expected(fmt))
 
 
+def test_gpu_path_restores_after_a_refused_setting():
+    """gpu_path (the tests' switch helper) puts back the settings it made when a later one is
+    refused, so one bad value cannot leak a forced mode into the following tests."""
+    with pytest.raises(RuntimeError, match="head_tile"):
+        with gpu_path(two_token=1, portable=False, head_tile=65):
+            pass
+    assert torch.ops.mla_ext._set_two_token(0) == 0
+    assert torch.ops.mla_ext._set_head_tile(0) == 0
+
+
 @requires_gpu
 @pytest.mark.parametrize("fmt", ["fp8_ds_mla_v4", "fp8_ds_mla_v4_fnuz"])
 def test_gpu_two_token_blocks(fmt):
@@ -1373,12 +1379,15 @@ def test_gpu_two_token_blocks(fmt):
     T, W, W2 = 301, 128, 512
     idx, lengths = make_indices(g, T, W, 2 * 256, "scattered", "random")
     e_idx, e_len = make_indices(g, T, W2, 40 * 64, "scattered", "random")
+    # (window, compressed) lengths; rows 12 and 13: a block with both tokens empty
     pattern = torch.tensor([[0, 0], [0, 5], [7, 0], [1, 1], [64, 0], [0, 64], [128, 512], [65, 63],
-                            [128, 0], [0, 512], [3, 200], [128, 129]], dtype=torch.int32)
-    lengths[:len(pattern)] = pattern[:, 0]
-    e_len[:len(pattern)] = pattern[:, 1]
-    lengths[len(pattern):len(pattern) + 12] = pattern[:, 0].roll(1)  # the same pairs at odd offsets
-    e_len[len(pattern):len(pattern) + 12] = pattern[:, 1].roll(1)
+                            [128, 0], [0, 512], [3, 200], [128, 129], [0, 0], [0, 0], [1, 0], [0, 1]],
+                           dtype=torch.int32)
+    n = len(pattern)
+    lengths[:n] = pattern[:, 0]
+    e_len[:n] = pattern[:, 1]
+    lengths[n:2 * n] = pattern[:, 0].roll(1)  # the same pairs at odd offsets
+    e_len[n:2 * n] = pattern[:, 1].roll(1)
     cache = make_cache(g, fmt, 512, 2, 256, idx, "cuda")
     e_cache = make_cache(g, fmt, 512, 40, 64, e_idx, "cuda")
     for H in (64, 100):

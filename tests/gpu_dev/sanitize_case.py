@@ -6,7 +6,8 @@ splits, sink and lse) once each on tiny shapes,
 then checks each result against the float64 reference so a sanitizer run also proves the values.
 Usage: compute-sanitizer --tool memcheck python3 tests/gpu_dev/sanitize_case.py
 Environment: MLA_EXT_SANITIZE_KINDS (comma list of decode layer kinds, default all four; "balanced"
-runs only the balanced-map cases, which v4_c128 includes) and MLA_EXT_SANITIZE_SKIP_MERGE=1 narrow a
+runs only the balanced-map cases, which v4_c128 includes; "two_token" only the forced two-token case,
+which v4_swa includes) and MLA_EXT_SANITIZE_SKIP_MERGE=1 narrow a
 run (racecheck over every case takes minutes).
 """
 import sys
@@ -64,7 +65,7 @@ for D in () if skip_merge else (128, 7):
     print(f"merge_n D={D}: max err {err:.3g}")
     bad += not err < 2e-2
 
-for kind in [k for k in kinds if k != "balanced"]:
+for kind in [k for k in kinds if k not in ("balanced", "two_token")]:
     for heads in (16, 64):
         inp = build_decode_inputs(kind, batch=2, num_heads=heads, context_len=(300, 700), mtp=1,
                                   topk=128 if kind in ("v4_c4", "v32") else None, device=dev, seed=3)
@@ -134,5 +135,52 @@ if "v4_c128" in kinds or "balanced" in kinds:
         ok = eo < 1.6e-2 and el < 1e-2 and torch.equal(torch.isfinite(lse.cpu()), fin)
         bad += not ok
         print(f"decode balanced map H={H} splits={splits}: out err {eo:.3g} lse err {el:.3g} {'ok' if ok else 'FAIL'}")
+# two-token blocks (the V4 64-head kernel, forced: MLA_EXT_SANITIZE_KINDS "two_token", or with v4_swa):
+# window + compressed sets, odd token count, blocks whose first, second or both tokens have no rows
+if "v4_swa" in kinds or "two_token" in kinds:
+    from mla_ext import formats
+    g = torch.Generator().manual_seed(7)
+    T, H, ps_w, ps_c, pages_w, pages_c = 11, 64, 256, 64, 2, 12
+    lw = torch.tensor([0, 5, 0, 0, 128, 1, 64, 0, 3, 128, 65], dtype=torch.int32)
+    lc = torch.tensor([0, 0, 0, 0, 512, 7, 65, 0, 200, 0, 64], dtype=torch.int32)
+    idx_w = torch.randint(0, pages_w * ps_w, (T, 128), generator=g, dtype=torch.int32)
+    idx_c = torch.randint(0, pages_c * ps_c, (T, 512), generator=g, dtype=torch.int32)
+    idx_c[:, ::7] = -1  # invalid slots inside rows
+    caches = []
+    for pages, ps, idx in ((pages_w, ps_w, idx_w), (pages_c, ps_c, idx_c)):
+        c = formats.alloc_kv_cache("fp8_ds_mla_v4", pages, ps, 512, device="cpu")
+        slots = torch.unique(idx.reshape(-1).to(torch.int64))
+        slots = slots[slots >= 0]
+        formats.write_kv_rows(c, "fp8_ds_mla_v4", slots, torch.randn(slots.numel(), 512, generator=g))
+        caches.append(c)
+    q = torch.randn(T, H, 512, generator=g).to(torch.bfloat16)
+    sink = torch.randn(H, generator=g)
+    kw = dict(kv_format="fp8_ds_mla_v4", softmax_scale=0.05, lengths=lw, extra_indices=idx_c, extra_lengths=lc,
+              attn_sink=sink)
+    ref_o, ref_l = reference.sparse_mla_decode(q, caches[0], idx_w, extra_kv_cache=caches[1], **kw)
+    dkw = {k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
+
+    def to_dev(c):  # keeps the padded page stride
+        base = c.as_strided((c.shape[0] * c.stride(0),), (1,), 0).to(dev)
+        return base.as_strided(c.shape, c.stride(), 0)
+    out = torch.full((T, H, 512), float("nan"), device=dev, dtype=torch.bfloat16)
+    lse = torch.full((T, H), float("nan"), device=dev)
+    ws = torch.empty(0, dtype=torch.uint8, device=dev)
+    prev_w = torch.ops.mla_ext._set_two_token(2)
+    prev_t = torch.ops.mla_ext._set_head_tile(64)
+    try:
+        mla_ext.sparse_mla_decode(q.to(dev), to_dev(caches[0]), idx_w.to(dev), extra_kv_cache=to_dev(caches[1]),
+                                  output=out, workspace=ws, lse=lse, num_splits=1, **dkw)
+        if dev == "cuda":
+            torch.cuda.synchronize()
+    finally:
+        torch.ops.mla_ext._set_head_tile(prev_t)
+        torch.ops.mla_ext._set_two_token(prev_w)
+    eo = ((out.double().cpu() - ref_o).abs().max() / ref_o.abs().max()).item()
+    fin = torch.isfinite(ref_l)
+    el = (lse.double().cpu()[fin] - ref_l[fin]).abs().max().item()
+    ok = eo < 1.6e-2 and el < 1e-2 and torch.equal(torch.isfinite(lse.cpu()), fin)
+    bad += not ok
+    print(f"decode two-token blocks H={H} T={T}: out err {eo:.3g} lse err {el:.3g} {'ok' if ok else 'FAIL'}")
 print("FAILED" if bad else "all ok")
 sys.exit(1 if bad else 0)
