@@ -121,9 +121,10 @@ def sparse_mla_decode(
         kv_format: ``"bf16"``, ``"fp8_ds_mla"``, ``"fp8_ds_mla_v4"``, ``"fp8_ds_mla_fnuz"`` or
             ``"fp8_ds_mla_v4_fnuz"`` (both sets).
         softmax_scale: finite multiplier of ``q.K`` (V3.2: ``192**-0.5 * mscale**2``; V4:
-            ``512**-0.5``; see :mod:`mla_ext.reference`). The scaled scores are float32: a row with
-            a score beyond +-3.4e38 overflows (output and lse NaN once one reaches +inf), where
-            the float64 reference stays finite.
+            ``512**-0.5``; see :mod:`mla_ext.reference`). Scores are float32 (the dot product
+            ``q.K``, then the scale): where either leaves the float32 range (+-3.4e38), or every
+            score of a row with valid keys is -inf, the row's output and lse are NaN, where the
+            float64 reference stays finite.
         output: ``[num_tokens, num_heads, 512]`` bfloat16. **Mutated**: every element written.
             Any token and head strides whose elements do not overlap; last dim stride 1.
             ``output``, ``lse`` and ``workspace`` share no memory with each other or with any

@@ -45,6 +45,8 @@ from typing import Optional
 
 import torch
 
+from ._ops import int_arg
+
 __all__ = [
     "FP8_MAX",
     "FP8_MAX_FNUZ",
@@ -344,6 +346,9 @@ def _check_cache(kv_cache: torch.Tensor, kv_format: str, name: str = "kv_cache")
                 f"{name}: kv_format {kv_format!r} needs a last dim of {ROW_BYTES[kv_format]} bytes, "
                 f"got {c.shape[-1]}"
             )
+    if _LAYOUT[kv_format] == "fp8_ds_mla_v4" and c.shape[1] > 1 and c.stride(1) != ROW_BYTES["fp8_ds_mla_v4"]:
+        raise ValueError(f"{name}: {kv_format} token stride (stride(1)) must be 584 bytes (the data rows "
+                         f"and scale rows of a page are packed), got {c.stride(1)}")
     if _LAYOUT[kv_format] == "fp8_ds_mla_v4" and c.shape[0] > 1:
         need = c.shape[1] * ROW_BYTES["fp8_ds_mla_v4"]
         if c.stride(0) < need:
@@ -397,10 +402,12 @@ def alloc_kv_cache(
     Args:
         kv_format: one of :data:`KV_FORMATS` (``"bf16"``, ``"fp8_ds_mla"`` (V3.2),
             ``"fp8_ds_mla_v4"`` (V4), or their ``_fnuz`` twins).
-        num_pages, page_size: cache geometry (tokens per page).
+        num_pages, page_size: cache geometry (tokens per page), integers >= 0 and >= 1.
         d_qk: row width for ``"bf16"`` (576 or 512); must match the format otherwise if given.
         device: torch device.
-        page_stride: V4 layouts only, bytes between pages (default :func:`default_v4_page_stride`).
+        page_stride: V4 layouts only, an integer number of bytes between pages, >=
+            ``page_size * 584`` (default :func:`default_v4_page_stride`, a multiple of 576). Used
+            as given: the GPU op needs a multiple of 16 and refuses others; the CPU op takes any.
 
     Returns:
         bf16: ``[num_pages, page_size, d_qk]`` bfloat16 filled with NaN.
@@ -410,9 +417,18 @@ def alloc_kv_cache(
         with 0xFF. Fill rows with :func:`write_kv_rows`.
     """
     _check_format(kv_format)
+    num_pages = int_arg("alloc_kv_cache", "num_pages", num_pages)
+    page_size = int_arg("alloc_kv_cache", "page_size", page_size)
+    if num_pages < 0 or page_size < 1:
+        raise ValueError(f"alloc_kv_cache: expected num_pages >= 0 and page_size >= 1, got {num_pages} and "
+                         f"{page_size}")
     if kv_format == "bf16":
         if d_qk is None:
             raise ValueError("alloc_kv_cache: d_qk is required for kv_format='bf16'")
+        d_qk = int_arg("alloc_kv_cache", "d_qk", d_qk)
+        if d_qk not in (512, 576):
+            raise ValueError(f"alloc_kv_cache: expected d_qk 576 (V3.2) or 512 (V4) for kv_format='bf16', "
+                             f"got {d_qk!r}")
         return torch.full((num_pages, page_size, d_qk), float("nan"), dtype=torch.bfloat16, device=device)
     if d_qk is not None and d_qk != D_QK[kv_format]:
         raise ValueError(f"alloc_kv_cache: kv_format {kv_format!r} has d_qk {D_QK[kv_format]}, got {d_qk}")
@@ -421,7 +437,7 @@ def alloc_kv_cache(
     row = ROW_BYTES["fp8_ds_mla_v4"]
     if page_stride is None:
         page_stride = default_v4_page_stride(page_size)
-    page_stride = int(page_stride)
+    page_stride = int_arg("alloc_kv_cache", "page_stride", page_stride)
     if page_stride < page_size * row:
         raise ValueError(
             f"page_stride must be >= page_size*584 = {page_size * row} bytes, got {page_stride}"
@@ -503,8 +519,9 @@ def pack_fp8_ds_mla_v4(kv: torch.Tensor, page_stride: Optional[int] = None, *, f
 
     Args:
         kv: ``[num_pages, page_size, 512]`` float32 or bf16 (448 no-RoPE + 64 RoPE), any device.
-        page_stride: bytes between pages; default ``page_size * 584`` rounded up to a multiple of
-            576. Must be >= ``page_size * 584`` (ValueError otherwise).
+        page_stride: bytes between pages, an integer; default ``page_size * 584`` rounded up to a
+            multiple of 576. Must be >= ``page_size * 584`` (ValueError otherwise); used as given
+            (the GPU op needs a multiple of 16, the CPU op takes any).
         fnuz: write e4m3fnuz values (e = ceil(log2(amax/240))) instead of e4m3fn
             (e = ceil(log2(amax/448))).
 
@@ -533,8 +550,8 @@ def pack_kv_cache(kv: torch.Tensor, kv_format: str, page_stride: Optional[int] =
     """
     layout, fnuz = kv_layout(kv_format), is_fnuz(kv_format)
     if layout == "bf16":
-        if kv.dim() != 3:
-            raise ValueError(f"kv: expected [num_pages, page_size, d_qk], got {tuple(kv.shape)}")
+        if kv.dim() != 3 or kv.shape[-1] not in (512, 576):
+            raise ValueError(f"kv: expected [num_pages, page_size, d_qk] with d_qk 576 or 512, got {tuple(kv.shape)}")
         return kv.to(torch.bfloat16)
     if layout == "fp8_ds_mla":
         return pack_fp8_ds_mla(kv, fnuz=fnuz)

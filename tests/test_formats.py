@@ -246,6 +246,36 @@ def test_v4_custom_stride_same_values():
     assert torch.equal(ua, F.unpack_kv_cache(exact, "fp8_ds_mla_v4"))
 
 
+@pytest.mark.parametrize("kwargs,err,needle", [
+    (dict(kv_format="bf16", num_pages=2, page_size=4, d_qk=100), ValueError, "d_qk 576 .* or 512"),
+    (dict(kv_format="bf16", num_pages=2, page_size=4, d_qk=512.0), TypeError, "d_qk to be an integer"),
+    (dict(kv_format="fp8_ds_mla_v4", num_pages=2, page_size=4, page_stride=2400.7), TypeError,
+     "page_stride to be an integer"),
+    (dict(kv_format="fp8_ds_mla_v4", num_pages=2, page_size=4, page_stride=torch.tensor(2400)), TypeError,
+     "page_stride to be an integer, got a tensor"),
+    (dict(kv_format="fp8_ds_mla", num_pages=-1, page_size=4), ValueError, "num_pages >= 0 and page_size >= 1"),
+    (dict(kv_format="fp8_ds_mla", num_pages=2, page_size=0), ValueError, "num_pages >= 0 and page_size >= 1"),
+    (dict(kv_format="fp8_ds_mla", num_pages=2, page_size=True), TypeError, "page_size to be an integer")])
+def test_alloc_kv_cache_refuses(kwargs, err, needle):
+    with pytest.raises(err, match=needle):
+        F.alloc_kv_cache(kwargs.pop("kv_format"), kwargs.pop("num_pages"), kwargs.pop("page_size"), **kwargs)
+
+
+def test_packers_and_writers_refuse_what_the_op_refuses():
+    """A bf16 width other than 576 / 512, and a V4 view whose token stride is not 584 bytes, are
+    refused by the packers and writers as by sparse_mla_decode, not packed into a cache it refuses."""
+    with pytest.raises(ValueError, match="d_qk 576 or 512"):
+        F.pack_kv_cache(torch.randn(2, 4, 100), "bf16")
+    cache = F.alloc_kv_cache("fp8_ds_mla_v4", 3, 4)
+    view = cache.as_strided((2, 4, 584), (2400, 600, 1), 0)
+    with pytest.raises(ValueError, match=r"token stride \(stride\(1\)\) must be 584 bytes"):
+        F.write_kv_rows(view, "fp8_ds_mla_v4", torch.tensor([0]), torch.randn(1, 512))
+    with pytest.raises(ValueError, match="token stride"):
+        F.unpack_kv_cache(view, "fp8_ds_mla_v4")
+    # a caller's page stride is used as given, 16-byte multiple or not (the CPU op takes any)
+    assert F.alloc_kv_cache("fp8_ds_mla_v4", 2, 4, page_stride=2341).stride() == (2341, 584, 1)
+
+
 def test_v4_page_stride_too_small_raises():
     with pytest.raises(ValueError, match="page_stride"):
         F.pack_fp8_ds_mla_v4(_kv((2, 8, 512), seed=6), page_stride=8 * 584 - 1)

@@ -73,6 +73,11 @@ def test_sharding_rejects_bad_args():
         PageSharding(2, 2)
     with pytest.raises(ValueError, match="mode"):
         PageSharding(2, 0, "random")
+    with pytest.raises(TypeError, match="expected world_size to be an integer, got 2.0"):
+        PageSharding(2.0, 1)
+    with pytest.raises(TypeError, match="expected rank to be an integer, got a tensor"):
+        PageSharding(2, torch.tensor(1))
+    assert PageSharding(2, 1).rank == 1
 
 
 @pytest.mark.parametrize("mode", SHARDING_MODES)

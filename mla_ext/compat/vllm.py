@@ -42,8 +42,8 @@ def merge_attn_states(
         RuntimeError: as :func:`mla_ext.merge_attn_states` (shapes are checked on
             the transposed ``[num_tokens, num_heads]`` views; that includes refusing an
             ``output`` / ``output_lse`` that requires grad while grad mode is on).
-        TypeError: a tensor argument that is not a tensor (``None`` for a required one),
-            naming it.
+        TypeError: ``prefill_tokens_with_context`` is not an integer (a float, a bool, a
+            tensor), or a tensor argument is not a tensor (``None`` for a required one), naming it.
     """
     try:
         for name, lse in (("prefix_lse", prefix_lse), ("suffix_lse", suffix_lse), ("output_lse", output_lse)):

@@ -42,7 +42,7 @@ import torch
 import torch.distributed as dist
 
 from .._decode import DecodeWorkspace, sparse_mla_decode
-from .._ops import merge_attn_states_n
+from .._ops import int_arg, merge_attn_states_n
 from .. import formats
 
 __all__ = ["PageSharding", "ContextParallelDecode", "compact_indices", "SHARDING_MODES", "D_V"]
@@ -103,6 +103,8 @@ class PageSharding:
     mode: str = "round_robin"
 
     def __post_init__(self):
+        for name in ("world_size", "rank"):  # (frozen: set through object)
+            object.__setattr__(self, name, int_arg("PageSharding", name, getattr(self, name)))
         if self.world_size < 1 or not 0 <= self.rank < self.world_size:
             raise ValueError(f"PageSharding: expected world_size >= 1 and 0 <= rank < world_size, got "
                              f"world_size={self.world_size}, rank={self.rank}")
@@ -214,9 +216,9 @@ class ContextParallelDecode:
         self.group = group
         self.world_size = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
-        self.max_num_tokens = int(max_num_tokens)
-        self.num_heads = int(num_heads)
-        self.num_splits = int(num_splits)
+        self.max_num_tokens = int_arg("ContextParallelDecode", "max_num_tokens", max_num_tokens)
+        self.num_heads = int_arg("ContextParallelDecode", "num_heads", num_heads)
+        self.num_splits = int_arg("ContextParallelDecode", "num_splits", num_splits)
         self.device = torch.device(device)
         self.workspace = DecodeWorkspace(self.max_num_tokens, self.num_heads, num_splits=self.num_splits,
                                          device=self.device)
