@@ -24,6 +24,18 @@ kinds = os.environ.get("MLA_EXT_SANITIZE_KINDS", "v4_swa,v4_c4,v4_c128,v32").spl
 skip_merge = os.environ.get("MLA_EXT_SANITIZE_SKIP_MERGE") == "1"
 bad = 0
 
+
+def decode_ok(label, out, lse, ref_o, ref_l):
+    """Print and return whether out / lse match the reference (lse where it is finite, and
+    finite exactly there)."""
+    eo = ((out.double().cpu() - ref_o).abs().max() / ref_o.abs().max()).item()
+    fin = torch.isfinite(ref_l)
+    el = (lse.double().cpu()[fin] - ref_l[fin]).abs().max().item()
+    ok = eo < 1.6e-2 and el < 1e-2 and torch.equal(torch.isfinite(lse.cpu()), fin)
+    print(f"decode {label}: out err {eo:.3g} lse err {el:.3g} {'ok' if ok else 'FAIL'}")
+    return ok
+
+
 # merge: 16-byte path (D=128) and narrow path (D=7), with output_lse; the last case is a large
 # call (tens of thousands of blocks)
 for T, H, D in () if skip_merge else ((5, 3, 128), (5, 3, 7), (4400, 16, 128)):
@@ -129,12 +141,7 @@ if "v4_c128" in kinds or "balanced" in kinds:
                 torch.cuda.synchronize()
         finally:
             torch.ops.mla_ext._set_head_tile(prev_t)
-        eo = ((out.double().cpu() - ref_o).abs().max() / ref_o.abs().max()).item()
-        fin = torch.isfinite(ref_l)
-        el = (lse.double().cpu()[fin] - ref_l[fin]).abs().max().item()
-        ok = eo < 1.6e-2 and el < 1e-2 and torch.equal(torch.isfinite(lse.cpu()), fin)
-        bad += not ok
-        print(f"decode balanced map H={H} splits={splits}: out err {eo:.3g} lse err {el:.3g} {'ok' if ok else 'FAIL'}")
+        bad += not decode_ok(f"balanced map H={H} splits={splits}", out, lse, ref_o, ref_l)
 # two-token blocks (the V4 64-head kernel, forced: MLA_EXT_SANITIZE_KINDS "two_token", or with v4_swa):
 # window + compressed sets, odd token count, blocks whose first, second or both tokens have no rows
 if "v4_swa" in kinds or "two_token" in kinds:
@@ -176,11 +183,6 @@ if "v4_swa" in kinds or "two_token" in kinds:
     finally:
         torch.ops.mla_ext._set_head_tile(prev_t)
         torch.ops.mla_ext._set_two_token(prev_w)
-    eo = ((out.double().cpu() - ref_o).abs().max() / ref_o.abs().max()).item()
-    fin = torch.isfinite(ref_l)
-    el = (lse.double().cpu()[fin] - ref_l[fin]).abs().max().item()
-    ok = eo < 1.6e-2 and el < 1e-2 and torch.equal(torch.isfinite(lse.cpu()), fin)
-    bad += not ok
-    print(f"decode two-token blocks H={H} T={T}: out err {eo:.3g} lse err {el:.3g} {'ok' if ok else 'FAIL'}")
+    bad += not decode_ok(f"two-token blocks H={H} T={T}", out, lse, ref_o, ref_l)
 print("FAILED" if bad else "all ok")
 sys.exit(1 if bad else 0)
