@@ -36,7 +36,14 @@ def _default_device() -> str:
 
 
 def _int_list(text: str):
-    return [int(x) for x in text.split(",") if x]
+    """A comma list of integers ("1,16"); an empty entry or a non-integer is a usage error."""
+    parts = text.split(",")
+    if any(not p.strip() for p in parts):
+        raise argparse.ArgumentTypeError(f"expected a comma list of integers, got {text!r} (an empty entry)")
+    try:
+        return [int(p) for p in parts]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a comma list of integers, got {text!r}") from None
 
 
 def _print_table(rows, columns, floatfmt=".5g"):

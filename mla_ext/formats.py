@@ -179,7 +179,14 @@ def ue8m0_to_float(byte_tensor: torch.Tensor) -> torch.Tensor:
         float32 tensor of the same shape: byte b -> 2 ** (b - 127), built from the fp32 bit
         pattern (exact, no pow, no flush): b = 0 -> 2 ** -127 (denormal, bits ``1 << 22``),
         b = 127 -> 1.0, b = 254 -> 2 ** 127, b = 255 -> NaN.
+
+    Raises:
+        ValueError: ``byte_tensor`` of a floating or bool dtype (the bytes are integers; a
+            float tensor would be truncated silently). Integer values outside 0..255 are not
+            checked (that would read the tensor on the host): their low 8 bits are decoded.
     """
+    if byte_tensor.dtype.is_floating_point or byte_tensor.dtype.is_complex or byte_tensor.dtype == torch.bool:
+        raise ValueError(f"ue8m0_to_float: expected an integer tensor of bytes, got {byte_tensor.dtype}")
     b = byte_tensor.to(torch.int32) & 0xFF
     bits = b << 23
     bits = torch.where(b == 0, torch.full_like(bits, 1 << 22), bits)
@@ -223,7 +230,14 @@ def kv_bytes_per_row(kv_format: str, d_qk: Optional[int] = None) -> int:
 
 
 def default_v4_page_stride(page_size: int) -> int:
-    """Default V4 page stride in bytes: ``page_size * 584`` rounded up to a multiple of 576."""
+    """Default V4 page stride in bytes: ``page_size * 584`` rounded up to a multiple of 576.
+
+    Raises:
+        TypeError: ``page_size`` not an integer. ValueError: ``page_size < 1``.
+    """
+    page_size = int_arg("default_v4_page_stride", "page_size", page_size)
+    if page_size < 1:
+        raise ValueError(f"default_v4_page_stride: expected page_size >= 1, got {page_size}")
     raw = page_size * ROW_BYTES["fp8_ds_mla_v4"]
     return -(-raw // V4_DATA_BYTES) * V4_DATA_BYTES
 

@@ -131,6 +131,14 @@ def test_bad_arguments_exit_2_before_any_work(argv, capsys):
     assert "error:" in err and argv[1] in err
 
 
+@pytest.mark.parametrize("value", ["4,,8", "4,", "", "4,x"])
+def test_int_lists_refuse_empty_and_non_integer_entries(value, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["decode", "--batch", value, "--no-progress"])
+    assert e.value.code == 2
+    assert "expected a comma list of integers" in capsys.readouterr().err
+
+
 def test_decode_bad_arguments(tmp_path, capsys):
     assert run_decode(tmp_path, "--tp", "3")[0] == 2
     assert "must divide the 64 heads" in capsys.readouterr().err

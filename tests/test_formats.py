@@ -261,6 +261,17 @@ def test_alloc_kv_cache_refuses(kwargs, err, needle):
         F.alloc_kv_cache(kwargs.pop("kv_format"), kwargs.pop("num_pages"), kwargs.pop("page_size"), **kwargs)
 
 
+def test_small_helpers_refuse_out_of_domain_arguments():
+    with pytest.raises(ValueError, match="page_size >= 1, got -1"):
+        F.default_v4_page_stride(-1)
+    with pytest.raises(TypeError, match="page_size to be an integer, got 2.5"):
+        F.default_v4_page_stride(2.5)
+    assert F.default_v4_page_stride(64) == 37440  # 64 * 584 = 37376 -> 65 * 576
+    with pytest.raises(ValueError, match="integer tensor of bytes, got torch.float32"):
+        F.ue8m0_to_float(torch.tensor([127.9]))
+    assert F.ue8m0_to_float(torch.tensor([127, 383], dtype=torch.int32)).tolist() == [1.0, 1.0]  # low 8 bits
+
+
 def test_packers_and_writers_refuse_what_the_op_refuses():
     """A bf16 width other than 576 / 512, and a V4 view whose token stride is not 584 bytes, are
     refused by the packers and writers as by sparse_mla_decode, not packed into a cache it refuses."""
