@@ -298,7 +298,7 @@ class DecodeWorkspace:
         num_heads = _int_arg(fn, "num_heads", num_heads)
         num_splits = _int_arg(fn, "num_splits", num_splits)
         if max_num_tokens < 0 or num_heads < 0:
-            raise ValueError(f"DecodeWorkspace: expected max_num_tokens >= 0 and num_heads >= 0, got "
+            raise ValueError(f"{fn}: expected max_num_tokens >= 0 and num_heads >= 0, got "
                              f"max_num_tokens={max_num_tokens}, num_heads={num_heads}")
         num_splits = _splits_arg(fn, num_splits)
         if device is None:  # as sparse_mla_decode_workspace_size
@@ -332,11 +332,11 @@ class DecodeWorkspace:
         s = self.num_splits if num_splits is None else _splits_arg(fn, num_splits)
         if not (0 <= num_tokens <= self.max_num_tokens and 0 <= num_heads <= self.num_heads):
             raise ValueError(
-                f"DecodeWorkspace: made for 0 <= num_tokens <= {self.max_num_tokens}, 0 <= num_heads <= "
+                f"{fn}: made for 0 <= num_tokens <= {self.max_num_tokens}, 0 <= num_heads <= "
                 f"{self.num_heads}, got num_tokens={num_tokens}, num_heads={num_heads}")
         need = sparse_mla_decode_workspace_size(num_tokens, num_heads, num_splits=s, device=self.device)
         if need > self.nbytes:
-            raise ValueError(f"DecodeWorkspace: num_splits={s} needs {need} bytes, this workspace has "
+            raise ValueError(f"{fn}: num_splits={s} needs {need} bytes, this workspace has "
                              f"{self.nbytes} (made for num_splits={self.num_splits})")
         return self.tensor
 
