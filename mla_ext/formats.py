@@ -198,7 +198,9 @@ def float_to_ue8m0_exponent(x: torch.Tensor) -> torch.Tensor:
     """Smallest integer e with 2 ** e >= x, i.e. ceil(log2(x)), computed exactly.
 
     Args:
-        x: any shape, floating dtype, values > 0 and finite (e.g. ``amax / 448`` of a tile).
+        x: any shape, floating dtype, values > 0 and finite (e.g. ``amax / 448`` of a tile);
+            not checked (that would read them on the host): 0, negative, inf or NaN values give
+            meaningless exponents.
 
     Returns:
         int32 tensor of the same shape, the unbiased exponent e (not clamped; the stored UE8M0
@@ -476,7 +478,10 @@ def write_kv_rows(kv_cache: torch.Tensor, kv_format: str, slots: torch.Tensor, k
     fp32 scale = amax / M, byte = e4m3(clamp(x / scale, +-M)); RoPE dims as bf16.
     fp8_ds_mla_v4[_fnuz] per 64-element tile, e = ceil(log2(amax / M)), value
     e4m3(clamp(x / 2**e, +-M)), UE8M0 byte clamp(e + 127, 0, 255); pad byte 0; RoPE as bf16.
-    Zeros are stored as 0x00 in both flavours (e4m3fnuz has no -0: 0x80 is its NaN).
+    Zeros are stored as 0x00 in both flavours (e4m3fnuz has no -0: 0x80 is its NaN). Rows are
+    expected finite and are not checked (that would read them on the host): an inf or NaN
+    encodes differently per format (e.g. V3.2's tile scale becomes inf or NaN and the tile reads
+    back NaN, while V4's exponent byte saturates and the tile reads back +-M).
 
     Raises (before anything is written):
         ValueError: ``kv`` not ``[n, d_qk]``, its row count not that of ``slots``, ``slots`` not
