@@ -480,8 +480,8 @@ def write_kv_rows(kv_cache: torch.Tensor, kv_format: str, slots: torch.Tensor, k
     e4m3(clamp(x / 2**e, +-M)), UE8M0 byte clamp(e + 127, 0, 255); pad byte 0; RoPE as bf16.
     Zeros are stored as 0x00 in both flavours (e4m3fnuz has no -0: 0x80 is its NaN). Rows are
     expected finite and are not checked (that would read them on the host): an inf or NaN
-    encodes differently per format (e.g. V3.2's tile scale becomes inf or NaN and the tile reads
-    back NaN, while V4's exponent byte saturates and the tile reads back +-M).
+    encodes differently per format (e.g. a V3.2 tile with an inf reads back NaN, while a V4 tile
+    with an inf gets the exponent 0 and its values clamped to +-M).
 
     Raises (before anything is written):
         ValueError: ``kv`` not ``[n, d_qk]``, its row count not that of ``slots``, ``slots`` not
