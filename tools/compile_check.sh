@@ -2,7 +2,8 @@
 # Compile-only checks of the GPU code, so a CUDA- or HIP-only break fails CI on a
 # machine without a GPU:
 #  1. nvcc, sm_90a: every GPU source of the extension (csrc/sources.txt "gpu",
-#     against the installed torch's headers) and the torch-free kernel headers.
+#     against the installed torch's headers) and the torch-free kernel headers; the
+#     kernel headers also for sm_80 and sm_90 (the mma.sync fallback bodies).
 #  2. hipcc (Debian's, HIP_PLATFORM=amd), gfx90a and gfx940: the torch-free
 #     kernel headers (Debian 12's hipcc 5.2 knows no gfx942; gfx940 is its
 #     nearest CDNA3 target).
@@ -29,6 +30,11 @@ if command -v nvcc >/dev/null; then
   done
   echo "nvcc sm_90a: tests/compile/kernels_check.cu"
   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a "${inc[@]}" -c tests/compile/kernels_check.cu -o "$out/k_cuda.o"
+  # The bodies a build without sm_90a runs (the default arch list's 8.0, and Hopper builds for
+  # plain 9.0, where the warpgroup kernels fall back to mma.sync bodies, two-token grids included).
+  echo "nvcc sm_80 + sm_90: tests/compile/kernels_check.cu"
+  nvcc -std=c++17 -O3 --threads 2 -gencode=arch=compute_80,code=sm_80 -gencode=arch=compute_90,code=sm_90 \
+    "${inc[@]}" -c tests/compile/kernels_check.cu -o "$out/k_cuda_8090.o"
 else
   echo "compile_check: nvcc not found" >&2
   exit 1
