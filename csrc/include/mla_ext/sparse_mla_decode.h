@@ -377,7 +377,7 @@ MLA_EXT_HD bool decode_balanced(const SparseDecodeParams& p) {
 // allowed, 1 never, 0 (automatic) where it measured faster on the H200 (RESULTS.md,
 // twenty-third session):
 //  - short rows, W_main + W_extra <= kTwoTokenMaxWidth (the window layer: 2 key
-//    tiles per token; -5.6..-8.5% at 64-128 heads x 128-512 tokens). At 10-18 tiles
+//    tiles per token; -5.5..-8.5% at 64-128 heads x 128-512 tokens). At 10-18 tiles
 //    (C4) the per-tile cost of walking two tokens outweighs the saved prologue
 //    (+1..+2.4%; C128 up to +4%); 3-9 tiles were not measured;
 //  - and waves that halve: a two-token block costs ~1.72-1.89 one-token blocks, so it
