@@ -15,6 +15,7 @@ from . import _fake_checks
 from ._ops import (any_requires_grad, check_same_device, explain_bad_tensor_args, mark_written, recording,
                    refuse_requires_grad)
 from ._ops import int_arg as _int_arg
+from ._ops import with_autograd_note
 
 _ops = torch.ops.mla_ext
 
@@ -54,6 +55,7 @@ def _sparse_mla_decode_fake(q, kv_cache, indices, kv_format, softmax_scale, outp
     return None
 
 
+@with_autograd_note
 def sparse_mla_decode(
     q: torch.Tensor,
     kv_cache: torch.Tensor,
@@ -166,13 +168,7 @@ def sparse_mla_decode(
     Runs on the tensors' device (CPU with OpenMP, or CUDA/ROCm on the current stream); no
     allocation, no host synchronisation, CUDA-graph capturable. Offsets are 64-bit.
 
-    Not differentiable. With grad mode on, the written tensors' version counters are bumped as
-    by torch's in-place ops (a backward that needs a saved tensor this overwrote then fails),
-    and a written tensor that requires grad, leaf or not, is refused (RuntimeError, naming it:
-    with no backward the op would leave it a wrong history; the ``torch.ops.mla_ext`` ops
-    themselves do not look at autograd state). Unlike torch's in-place ops, it writes an
-    inference tensor outside ``torch.inference_mode()`` (checking would cost every eager call
-    host time; such a tensor cannot be in an autograd graph).
+    AUTOGRAD_NOTE (mla_ext._ops.with_autograd_note fills it in)
 
     Precision: the CPU computes in fp32 from exactly dequantised keys. The GPU's tensor-core path
     feeds keys and probabilities to the MMA as bf16 with fp32 accumulation. Keys are exact there:

@@ -101,6 +101,26 @@ def any_requires_grad(a, b, c=None) -> bool:
         return False
 
 
+# The autograd paragraph of every public op's docstring (one text, filled in at import).
+_AUTOGRAD_NOTE = """\
+    Not differentiable. With grad mode on, the written tensors' version counters are bumped as
+    by torch's in-place ops (a backward that needs a saved tensor this overwrote then fails),
+    and a written tensor that requires grad, leaf or not, is refused (RuntimeError, naming it:
+    with no backward the op would leave it a wrong history; the ``torch.ops.mla_ext`` ops
+    themselves do not look at autograd state). Unlike torch's in-place ops, it writes an
+    inference tensor outside ``torch.inference_mode()`` (checking would cost every eager call
+    host time; such a tensor cannot be in an autograd graph).
+"""
+_AUTOGRAD_MARKER = "    AUTOGRAD_NOTE (mla_ext._ops.with_autograd_note fills it in)\n"
+
+
+def with_autograd_note(fn):
+    """Decorator: put the shared autograd paragraph into ``fn``'s docstring at its marker line."""
+    if fn.__doc__:  # (None under python -OO)
+        fn.__doc__ = fn.__doc__.replace(_AUTOGRAD_MARKER, _AUTOGRAD_NOTE)
+    return fn
+
+
 def check_same_device(op: str, **tensors) -> None:
     """Raise RuntimeError when the given tensors (None skipped) are not all on one device.
 
@@ -136,6 +156,7 @@ def _merge_attn_states_n_fake(output, output_lse, values, lses, attn_sink=None):
     return None
 
 
+@with_autograd_note
 def merge_attn_states(
     output: torch.Tensor,
     output_lse: Optional[torch.Tensor],
@@ -205,13 +226,7 @@ def merge_attn_states(
     allocates nothing and never synchronises, so it can be captured in a CUDA
     graph. Element offsets are 64-bit.
 
-    Not differentiable. With grad mode on, the written tensors' version counters are bumped as
-    by torch's in-place ops (a backward that needs a saved tensor this overwrote then fails),
-    and a written tensor that requires grad, leaf or not, is refused (RuntimeError, naming it:
-    with no backward the op would leave it a wrong history; the ``torch.ops.mla_ext`` ops
-    themselves do not look at autograd state). Unlike torch's in-place ops, it writes an
-    inference tensor outside ``torch.inference_mode()`` (checking would cost every eager call
-    host time; such a tensor cannot be in an autograd graph).
+    AUTOGRAD_NOTE (mla_ext._ops.with_autograd_note fills it in)
 
     Raises:
         RuntimeError: before anything is written, naming the argument, when value
@@ -246,6 +261,7 @@ def merge_attn_states(
     mark_written(rec, (output,) if output_lse is None else (output, output_lse))
 
 
+@with_autograd_note
 def merge_attn_states_n(
     output: torch.Tensor,
     output_lse: Optional[torch.Tensor],
@@ -300,13 +316,7 @@ def merge_attn_states_n(
     Runs on the tensors' device (CPU or CUDA/ROCm), on the current stream, allocates
     nothing and never synchronises (CUDA-graph capturable). Offsets are 64-bit.
 
-    Not differentiable. With grad mode on, the written tensors' version counters are bumped as
-    by torch's in-place ops (a backward that needs a saved tensor this overwrote then fails),
-    and a written tensor that requires grad, leaf or not, is refused (RuntimeError, naming it:
-    with no backward the op would leave it a wrong history; the ``torch.ops.mla_ext`` ops
-    themselves do not look at autograd state). Unlike torch's in-place ops, it writes an
-    inference tensor outside ``torch.inference_mode()`` (checking would cost every eager call
-    host time; such a tensor cannot be in an autograd graph).
+    AUTOGRAD_NOTE (mla_ext._ops.with_autograd_note fills it in)
 
     Raises:
         RuntimeError: before anything is written, naming the argument, when ``values`` is

@@ -65,3 +65,12 @@ def test_sdist_carries_every_source(tmp_path):
     missing = [f for f in ["csrc/sources.txt", "LICENSE", "CMakeLists.txt", *listed, *headers] if f not in names]
     assert not missing, f"sdist lacks {missing}"
     assert "mla_ext/_build_info.py" not in names and not any(n.endswith(".so") for n in names)
+
+
+def test_public_ops_carry_the_autograd_paragraph():
+    """The shared autograd paragraph (mla_ext._ops.with_autograd_note) is filled into each public
+    op's docstring, with no marker left behind."""
+    import mla_ext
+    for fn in (mla_ext.merge_attn_states, mla_ext.merge_attn_states_n, mla_ext.sparse_mla_decode):
+        assert fn.__doc__.count("Not differentiable. With grad mode on") == 1, fn.__name__
+        assert "AUTOGRAD_NOTE" not in fn.__doc__, fn.__name__
