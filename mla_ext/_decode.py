@@ -13,9 +13,8 @@ import torch
 
 from . import _fake_checks
 from ._ops import (any_requires_grad, check_same_device, explain_bad_tensor_args, mark_written, recording,
-                   refuse_requires_grad)
+                   refuse_requires_grad, with_autograd_note)
 from ._ops import int_arg as _int_arg
-from ._ops import with_autograd_note
 
 _ops = torch.ops.mla_ext
 
