@@ -255,6 +255,54 @@ def test_overlap_check_never_misses_random_views():
     assert refused > 10 and accepted > 20 and self_refused > 20  # every outcome exercised
 
 
+def test_overlap_check_fields_of_large_buffers():
+    """Output and prefix_output as fields of one [T, F, H, D] buffer with more token x head rows
+    (76800) than the check enumerates, each shifted by a random number of elements: refused
+    exactly when they share an element (brute force over the element indices), accepted and
+    correct otherwise; the decode's q / output pair the same (disjoint fields accepted)."""
+    g = torch.Generator().manual_seed(29)
+    T, F, H, D = 600, 3, 128, 4
+    buf = torch.empty(T * F * H * D + 3 * H * D, dtype=torch.float16)
+    la, lb = torch.randn(T, H, generator=g), torch.randn(T, H, generator=g)
+    pb = torch.randn(T, H, D, generator=g).half()
+    outcomes = set()
+    for i in range(24):
+        fo, fp = (int(x) for x in torch.randperm(F, generator=g)[:2])
+        shift = int(torch.randint(-H * D - 2 * D, H * D + 2 * D, (1,), generator=g)) if i % 3 else 0
+        off_o, off_p = fo * H * D + H * D + 2 * D, fp * H * D + H * D + 2 * D + shift
+        strides = (F * H * D, D, 1)
+        out = buf.as_strided((T, H, D), strides, off_o)
+        pre = buf.as_strided((T, H, D), strides, off_p)
+        elems = lambda off: (torch.arange(T)[:, None, None] * F * H * D + torch.arange(H)[None, :, None] * D
+                             + torch.arange(D)[None, None, :] + off).flatten()
+        shares = bool(torch.isin(elems(off_o), elems(off_p)).any())
+        buf.copy_(torch.randn(buf.shape, generator=g).half())
+        pa = pre.clone()
+        before = buf.clone()
+        try:
+            mla_ext.merge_attn_states(out, None, pre, la, pb, lb)
+        except RuntimeError as e:
+            assert shares and "very same view as prefix_output" in str(e), (fo, fp, shift, str(e)[:200])
+            assert torch.equal(buf, before)
+            outcomes.add("refused")
+            continue
+        assert not shares, (fo, fp, shift)
+        ref_o, _ = reference.merge_attn_states(pa, la, pb, lb)
+        assert_close_rel(out, ref_o, torch.float16)
+        outcomes.add("accepted")
+    assert outcomes == {"refused", "accepted"}
+    # decode: q and output as the two fields of one [T, 2, H, 512] buffer
+    qo = torch.randn(520, 2, 128, 512, generator=g).bfloat16()
+    cache = torch.randn(2, 4, 512, generator=g).bfloat16()
+    idx = torch.randint(0, 8, (520, 2), generator=g, dtype=torch.int32)
+    q = qo[:, 0].clone()
+    mla_ext.sparse_mla_decode(qo[:, 0], cache, idx, kv_format="bf16", softmax_scale=0.04, output=qo[:, 1],
+                              workspace=torch.empty(0, dtype=torch.uint8), num_splits=1)
+    ref_o, _ = reference.sparse_mla_decode(q, cache, idx, kv_format="bf16", softmax_scale=0.04)
+    assert torch.equal(qo[:, 0], q)
+    assert (qo[:, 1].double() - ref_o).abs().max() <= 2 ** -7 * ref_o.abs().max() + 1e-3
+
+
 def test_empty_batch(device):
     for shape in [(0, 4, 64), (4, 0, 64)]:
         z = torch.empty(*shape, dtype=torch.bfloat16, device=device)

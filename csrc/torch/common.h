@@ -274,7 +274,8 @@ inline void check_no_repeats(const char* op, const Tensor& t, const char* name) 
 // pass as disjoint). What that test cannot clear (e.g. the fields of a [T, F, H, D] buffer,
 // whose gap is a multiple of the gcd) is decided exactly by enumeration: both spans' rows
 // sorted by address, no row of one meeting a row of the other, up to kMaxOverlapRows rows each
-// (host time only on this path); larger ambiguous pairs count as sharing.
+// (host time only on this path), after peeling a leading dim both share (below: the fields of
+// one buffer at any token count); larger ambiguous pairs count as sharing.
 inline bool may_share_bytes(const Span& a, const Span& b) {
   // Rows: the last dim when it has stride 1 (or the span's element size is unknown).
   auto rows = [](const Span& t) {
@@ -310,6 +311,38 @@ inline bool may_share_bytes(const Span& a, const Span& b) {
   if (g >= (xa > xb ? xa : xb)) {            // rows shorter than the period: the residues decide
     const int64_t r = ((gap % g) + g) % g;   // x - y is r or r - g (mod g)
     if (!(r < xb || r > g - xa)) return false;
+  }
+  // A leading dim both spans share (same size, same byte stride S > 0; e.g. the tokens of the
+  // fields of one [T, F, H, D] buffer) whose slabs (the other dims) are each at most S bytes
+  // long: slab k of a can meet slab k' of b only for the one to three k - k' that bring their
+  // ranges together, and every such pair of slabs has the same relative placement, so the
+  // question becomes that of the slabs, shifted by (k - k') S: decided in O(dims) recursions
+  // instead of enumerating T x H rows.
+  if (a.dims >= 2 && b.dims >= 2 && a.esize > 0 && b.esize > 0 && a.size[0] == b.size[0] &&
+      a.stride[0] * a.esize == b.stride[0] * b.esize && a.stride[0] > 0) {
+    const int64_t S = a.stride[0] * a.esize, N = a.size[0];
+    auto slab = [](const Span& t) {
+      Span v{t.ptr, t.esize, t.dims - 1, {0, 0, 0, 0}, {0, 0, 0, 0}};
+      for (int d = 1; d < t.dims; ++d) v.size[d - 1] = t.size[d], v.stride[d - 1] = t.stride[d];
+      return v;
+    };
+    const Span sa = slab(a), sb = slab(b);
+    int64_t slo_a, shi_a, sx_a, slo_b, shi_b, sx_b;
+    if (range(sa, &slo_a, &shi_a, &sx_a) && range(sb, &slo_b, &shi_b, &sx_b) && shi_a - slo_a <= S &&
+        shi_b - slo_b <= S) {
+      // Slab k of a, [slo_a + k S, shi_a + k S), meets slab k' of b iff d = k - k' has
+      // slo_b - shi_a < d S < shi_b - slo_a (and |d| < N).
+      auto floor_div = [](int64_t x, int64_t y) { return x / y - ((x % y != 0) && ((x < 0) != (y < 0))); };
+      int64_t d_lo = floor_div(slo_b - shi_a, S) + 1, d_hi = -floor_div(slo_a - shi_b, S) - 1;
+      if (d_lo < -(N - 1)) d_lo = -(N - 1);
+      if (d_hi > N - 1) d_hi = N - 1;
+      for (int64_t d = d_lo; d <= d_hi; ++d) {
+        Span shifted = sa;
+        shifted.ptr = uintptr_t(int64_t(sa.ptr) + d * S);
+        if (may_share_bytes(shifted, sb)) return true;
+      }
+      return false;
+    }
   }
   // Exact: the two sorted row lists, no pair meeting (each list's rows have one length, so a
   // row ending before the other list's current row starts can be passed by).
