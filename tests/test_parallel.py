@@ -104,6 +104,28 @@ def test_shard_kv_cache_keeps_rows_and_layout(mode, kv_format, d_qk, ps):
         assert torch.equal(got, want[gslots])
 
 
+@pytest.mark.parametrize("kv_format,d_qk", [("fp8_ds_mla", 576), ("fp8_ds_mla_v4", 512)])
+@pytest.mark.parametrize("dtype", [torch.int8, torch.float8_e4m3fn])
+def test_shard_kv_cache_byte_dtypes(kv_format, d_qk, dtype):
+    """FP8 caches held as int8 or float8 tensors (the op takes both) shard like the uint8 ones:
+    the same dtype back, the owned pages' bytes equal to the uint8 cache's shard, a rank
+    without pages gets a page of 0xFF (int8) / NaN (float8) garbage."""
+    cache = formats.alloc_kv_cache(kv_format, 5, 4, d_qk)
+    formats.write_kv_rows(cache, kv_format, torch.arange(20), torch.randn(20, d_qk))
+    for r in range(2):
+        sh = PageSharding(2, r)
+        want = sh.shard_kv_cache(cache)
+        got = sh.shard_kv_cache(cache.view(dtype))
+        assert got.dtype == dtype and got.stride() == want.stride() and got.shape == want.shape
+        assert torch.equal(got.view(torch.uint8), want)
+    empty = PageSharding(8, 7).shard_kv_cache(cache.view(dtype))
+    assert empty.shape[0] == 1
+    if dtype == torch.int8:
+        assert (empty.view(torch.uint8) == 0xFF).all()
+    else:
+        assert empty.float().isnan().all()
+
+
 def test_shard_kv_cache_rank_without_pages():
     cache = formats.alloc_kv_cache("bf16", 2, 4, 512)
     local = PageSharding(4, 3).shard_kv_cache(cache)  # round-robin: pages 0, 1 go to ranks 0, 1
@@ -235,7 +257,21 @@ def _gloo_worker(rank, world, port, result_dir):
                lengths=inp.lengths, extra_kv_cache=xcache, extra_indices=xidx, extra_lengths=inp.extra_lengths)
             errs.append(1.0)  # no error: counted as a failure below
         except ValueError as e:
-            errs.append(0.0 if "output must have the" in str(e) and padded.isnan().all() else 1.0)
+            errs.append(0.0 if "slice a padded buffer to output[:" in str(e) and padded.isnan().all() else 1.0)
+        # a float32 output or a wrong-sized sink: refused before the local decode and the collective,
+        # naming the caller's argument (not the merge's internal ones)
+        bad = [dict(output=poison_(torch.empty(T, H, 512))),
+               dict(output=poison_(torch.empty(T, H, 512, dtype=torch.bfloat16)), attn_sink=torch.zeros(H + 1))]
+        for kw, want in zip(bad, ["expected output to be torch.bfloat16", "expected attn_sink of shape [4]"]):
+            cp._send.fill_(7)
+            try:
+                cp(inp.q[:T], cache, idx[:T], kv_format=inp.kv_format, softmax_scale=inp.softmax_scale,
+                   lengths=inp.lengths, extra_kv_cache=xcache, extra_indices=xidx, extra_lengths=inp.extra_lengths,
+                   **kw)
+                errs.append(1.0)
+            except ValueError as e:
+                untouched = kw["output"].isnan().all() and (cp._send == 7).all()
+                errs.append(0.0 if want in str(e) and untouched else 1.0)
         with open(os.path.join(result_dir, f"rank{rank}.json"), "w") as f:
             json.dump(errs, f)
     finally:
@@ -251,6 +287,7 @@ def test_context_parallel_decode_gloo_spawn(tmp_path):
         e = json.loads((tmp_path / f"rank{r}.json").read_text())
         assert e[0] <= 2e-2 and e[2] <= 2e-2 and e[1] <= 1e-3 and e[3] <= 1e-3, e
         assert e[4] == 0.0, "a padded output was not refused with a clear error"
+        assert e[5:] == [0.0, 0.0], "a wrong output dtype / sink shape was not refused before the decode"
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")

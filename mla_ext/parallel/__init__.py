@@ -167,7 +167,8 @@ class PageSharding:
         Works for every ``kv_format``: the page stride (``stride(0)``; padded for DeepSeek V4's
         ``fp8_ds_mla_v4``) and the strides inside a page are kept, and each owned page's bytes
         (its ``[page_size, row]`` window: V4 data rows and scale groups included) are copied.
-        Bytes outside those windows are filled with garbage (NaN / 0xFF), never read. A rank
+        Bytes outside those windows are filled with garbage (NaN for float caches, 0xFF bytes for
+        uint8 / int8 ones), never read. A rank
         that owns no page gets one garbage page (no local index points at it).
 
         Args:
@@ -184,8 +185,11 @@ class PageSharding:
             raise ValueError(f"shard_kv_cache: pages overlap (stride(0) = {page_stride} < page extent {extent})")
         pages = self.owned_pages(num_pages, device=kv_cache.device)
         n = max(1, pages.numel())
-        fill = formats.GARBAGE_BYTE if kv_cache.dtype == torch.uint8 else float("nan")
-        flat = torch.full((n * page_stride,), fill, dtype=kv_cache.dtype, device=kv_cache.device)
+        if kv_cache.dtype.is_floating_point:
+            flat = torch.full((n * page_stride,), float("nan"), dtype=kv_cache.dtype, device=kv_cache.device)
+        else:  # uint8 / int8 byte caches: 0xFF bytes (a NaN fill cannot be an int8 value)
+            flat = torch.full((n * page_stride * kv_cache.element_size(),), formats.GARBAGE_BYTE, dtype=torch.uint8,
+                              device=kv_cache.device).view(kv_cache.dtype)
         local = flat.as_strided((n,) + tuple(kv_cache.shape[1:]), (page_stride,) + tuple(kv_cache.stride()[1:]), 0)
         if pages.numel():
             local[:pages.numel()].copy_(kv_cache.index_select(0, pages))
@@ -237,6 +241,31 @@ class ContextParallelDecode:
         if not 0 <= num_tokens <= self.max_num_tokens:
             raise ValueError(f"ContextParallelDecode: made for num_tokens <= {self.max_num_tokens}, "
                              f"got {num_tokens}")
+
+    def _check_outputs(self, T: int, output, lse, attn_sink) -> None:
+        """The merge's arguments as the caller passes them: output [T, H, 512] bf16, lse [T, H]
+        fp32, attn_sink [H] fp32, all on this rank's device (ValueError / TypeError)."""
+        H = self.num_heads
+
+        def on_device(t):
+            return t.device.type == self.device.type and (self.device.index is None or
+                                                         t.device.index == self.device.index)
+
+        for name, t, shape, dtype in (("output", output, [T, H, D_V], torch.bfloat16), ("lse", lse, [T, H], torch.float32),
+                                      ("attn_sink", attn_sink, [H], torch.float32)):
+            if t is None and name != "output":
+                continue
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"ContextParallelDecode: expected {name} to be a tensor, got {type(t).__name__}")
+            if list(t.shape) != shape:
+                hint = f" (slice a padded buffer to {name}[:{T}])" if name != "attn_sink" and t.dim() == len(shape) \
+                    and list(t.shape[1:]) == shape[1:] else ""
+                raise ValueError(f"ContextParallelDecode: expected {name} of shape {shape} (num_tokens {T}, num_heads "
+                                 f"{H}), got {list(t.shape)}{hint}")
+            if t.dtype != dtype:
+                raise ValueError(f"ContextParallelDecode: expected {name} to be {dtype}, got {t.dtype}")
+            if not on_device(t):
+                raise ValueError(f"ContextParallelDecode: expected {name} on {self.device}, got {t.device}")
 
     def partial_views(self, num_tokens: int):
         """(partial output ``[T, H, 512]`` bf16, partial lse ``[T, H]`` fp32): this rank's slice
@@ -292,11 +321,7 @@ class ContextParallelDecode:
         T = getattr(self, "_exchanged_tokens", None)
         if T is None:
             raise ValueError("ContextParallelDecode.merge: call exchange() first")
-        if output.dim() != 3 or int(output.shape[0]) != T:
-            raise ValueError(f"ContextParallelDecode: output must have the {T} tokens of q (slice a padded "
-                             f"buffer to output[:{T}]), got shape {list(output.shape)}")
-        if lse is not None and (lse.dim() != 2 or int(lse.shape[0]) != T):
-            raise ValueError(f"ContextParallelDecode: lse must have the {T} tokens of q, got shape {list(lse.shape)}")
+        self._check_outputs(T, output, lse, attn_sink)
         values, lses = self.gathered_views(T)
         merge_attn_states_n(output, lse, values, lses, attn_sink)
 
@@ -315,12 +340,11 @@ class ContextParallelDecode:
         :func:`mla_ext.sparse_mla_decode` over the union of the shards, sink applied once.
         Arguments as :func:`mla_ext.sparse_mla_decode`. Collective: every rank must call it.
         """
-        T = int(q.shape[0])
-        if output.dim() != 3 or int(output.shape[0]) != T:  # before any collective, so no rank hangs
-            raise ValueError(f"ContextParallelDecode: output must have the {T} tokens of q (slice a padded "
-                             f"buffer to output[:{T}]), got shape {list(output.shape)}")
-        if lse is not None and (lse.dim() != 2 or int(lse.shape[0]) != T):
-            raise ValueError(f"ContextParallelDecode: lse must have the {T} tokens of q, got shape {list(lse.shape)}")
+        if not isinstance(q, torch.Tensor):
+            raise TypeError(f"ContextParallelDecode: expected q to be a tensor, got {type(q).__name__}")
+        # The caller's buffers are checked before any work or collective (so no rank hangs and
+        # an error names the caller's argument, not the merge's internal ones).
+        self._check_outputs(int(q.shape[0]), output, lse, attn_sink)
         self.local_decode(q, kv_cache, indices, kv_format=kv_format, softmax_scale=softmax_scale, lengths=lengths,
                           extra_kv_cache=extra_kv_cache, extra_indices=extra_indices, extra_lengths=extra_lengths)
         self.exchange(int(q.shape[0]))
