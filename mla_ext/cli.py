@@ -12,7 +12,7 @@ Sub-commands:
 
 Exit status: 0 success; 1 a result was off the reference (the rows are named on stderr);
 2 bad arguments; 3 ``--plot`` was asked for but matplotlib is missing (everything else ran);
-4 out of device memory.
+4 out of memory (device or host).
 
 Test hook (hidden from ``--help``): ``mla-ext decode --test-perturb KIND:TOKEN`` adds a large
 error to token TOKEN of the first input set of layer kind KIND (e.g. ``v4_c4:0``) after the op
@@ -74,6 +74,17 @@ def _check_out_paths(**paths) -> Optional[str]:
     return None
 
 
+def _out_of_memory(e: BaseException) -> bool:
+    """A failed allocation: torch's OutOfMemoryError on a GPU, the CPU allocator's RuntimeError."""
+    oom = getattr(torch, "OutOfMemoryError", None)
+    return (oom is not None and isinstance(e, oom)) or "can't allocate memory" in str(e)
+
+
+def _first_line(e: BaseException) -> str:
+    lines = str(e).splitlines()
+    return lines[0] if lines else type(e).__name__
+
+
 def cmd_merge(args) -> int:
     from tqdm import tqdm
 
@@ -95,9 +106,16 @@ def cmd_merge(args) -> int:
     dtype = getattr(torch, args.dtype)
     shapes = [(t, h) for t in tokens for h in heads]
     rows = []
-    for t, h in tqdm(shapes, desc="merge_attn_states", disable=args.no_progress):
-        rows.append(measure_merge(t, h, args.head_size, dtype=dtype, device=args.device,
-                                  layout=args.layout, with_copy=gpu))
+    try:
+        for t, h in tqdm(shapes, desc="merge_attn_states", disable=args.no_progress):
+            rows.append(measure_merge(t, h, args.head_size, dtype=dtype, device=args.device,
+                                      layout=args.layout, with_copy=gpu))
+    except RuntimeError as e:
+        if not _out_of_memory(e):
+            raise
+        print(f"mla-ext merge: out of memory on {args.device} ({_first_line(e)}); use smaller --num-tokens, "
+              "--num-heads or --head-size", file=sys.stderr)
+        return 4
     bad = [r for r in rows if not (r["max_rel_err"] <= 2e-2)]
     cols = ["T", "H", "D", "dtype", "layout", "bytes", "us", "GB/s", "max_rel_err"]
     if gpu:
@@ -132,7 +150,7 @@ selected rows are allocated, in random physical order. On a GPU each layer kind 
 input sets to exceed the L2 cache (layer j of a kind uses set j % sets), so timings are L2-cold.
 
 exit status: 0 ok; 1 verification failed (rows named on stderr); 2 bad arguments;
-3 --plot asked for but matplotlib missing (the rest ran); 4 out of device memory.
+3 --plot asked for but matplotlib missing (the rest ran); 4 out of memory (device or host).
 """
 
 _TEST_PERTURB_HELP = ("test hook KIND:TOKEN: after the timed runs, add a large error to that token of the "
@@ -271,7 +289,6 @@ def cmd_decode(args) -> int:
           f"{bench.context_range(context, args.mtp)[1]}); kv_format {kv_format}; "
           f"{_device_name(args.device)}", flush=True)
 
-    oom = getattr(torch, "OutOfMemoryError", RuntimeError)
     bar = tqdm(total=len(batches) * (3 * len(kinds) + steps) + 2, desc="mla-ext decode", unit="step",
                disable=args.no_progress, file=sys.stderr, leave=False)
     results = []
@@ -288,9 +305,11 @@ def cmd_decode(args) -> int:
                 device=args.device, mtp=args.mtp, kv_format=kv_format, steps=steps, copy_gbs=copy_gbs,
                 mm_tflops=mm_tflops, sets=args.sets, seed=args.seed + i, progress=bar,
                 perturb=perturb if i == 0 else None))
-    except oom as e:
+    except RuntimeError as e:
+        if not _out_of_memory(e):
+            raise
         bar.close()
-        print(f"mla-ext decode: out of device memory ({str(e).splitlines()[0]}); use a smaller --batch or "
+        print(f"mla-ext decode: out of memory on {args.device} ({_first_line(e)}); use a smaller --batch or "
               "--context, or fewer input sets (--sets)", file=sys.stderr)
         return 4
     bar.close()

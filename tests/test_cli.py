@@ -131,6 +131,18 @@ def test_bad_arguments_exit_2_before_any_work(argv, capsys):
     assert "error:" in err and argv[1] in err
 
 
+@pytest.mark.parametrize("argv", [["merge", "--device", "cpu", "--num-tokens", "99999999999999"],
+                                  ["decode", "--device", "cpu", "--batch", "1", "--context", "100000000000000000",
+                                   "--layers", "swa", "--steps", "1"]])
+def test_out_of_memory_exits_4(argv, capsys):
+    """A shape the host cannot hold (allocations past the 2^47-byte address space, refused
+    whatever the overcommit policy): exit 4 with a one-line hint (not a traceback and exit 1,
+    the code for a failed verification)."""
+    assert cli.main(argv + ["--no-progress"]) == 4
+    err = capsys.readouterr().err
+    assert f"mla-ext {argv[0]}: out of memory on cpu" in err and "can't allocate memory" in err
+
+
 @pytest.mark.parametrize("value", ["4,,8", "4,", "", "4,x"])
 def test_int_lists_refuse_empty_and_non_integer_entries(value, capsys):
     with pytest.raises(SystemExit) as e:
