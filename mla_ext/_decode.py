@@ -211,23 +211,34 @@ def sparse_mla_decode(
     mark_written(rec, (output, workspace) if lse is None else (output, workspace, lse))
 
 
-def _device_index(device: DeviceLike) -> int:
-    """-1 for the CPU, else the CUDA device index (None: current CUDA device if any, else CPU)."""
+def _resolve_device(fn: str, device: DeviceLike) -> torch.device:
+    """The CPU or an indexed CUDA device (None: the current CUDA device if any, else the CPU; an
+    int: that CUDA index). TypeError for a bool or another type, ValueError for a negative index,
+    an unparsable string or another device type, RuntimeError for CUDA without CUDA."""
     if device is None:
-        return torch.cuda.current_device() if torch.cuda.is_available() else -1
+        return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    if isinstance(device, bool) or not isinstance(device, (int, str, torch.device)):
+        raise TypeError(f"{fn}: expected device to be a torch.device, a string or a CUDA device index, got "
+                        f"{type(device).__name__}")
     if isinstance(device, int):
-        return device
-    device = torch.device(device)
+        if device < 0:
+            raise ValueError(f"{fn}: expected a CUDA device index >= 0, got {device}")
+        device = torch.device("cuda", device)
+    elif isinstance(device, str):
+        try:
+            device = torch.device(device)
+        except RuntimeError:
+            raise ValueError(f"{fn}: expected device to be 'cpu', 'cuda' or 'cuda:<index>', got {device!r}") from None
     if device.type == "cpu":
-        return -1
-    if device.type == "cuda":
-        if device.index is not None:
-            return device.index
+        return torch.device("cpu")
+    if device.type != "cuda":
+        raise ValueError(f"{fn}: expected a CPU or CUDA device, got {device}")
+    if device.index is None:
         if not torch.cuda.is_available():
-            raise RuntimeError(f"sparse_mla_decode_workspace_size: expected device 'cpu' or an available "
-                               f"CUDA device, got {device!r} but torch {torch.__version__} sees no CUDA device")
-        return torch.cuda.current_device()
-    raise ValueError(f"sparse_mla_decode_workspace_size: expected a CPU or CUDA device, got {device}")
+            raise RuntimeError(f"{fn}: expected device 'cpu' or an available CUDA device, got {device!r} but "
+                               f"torch {torch.__version__} sees no CUDA device")
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
 
 
 def sparse_mla_decode_workspace_size(num_tokens: int, num_heads: int, *, num_splits: int = 0,
@@ -240,8 +251,9 @@ def sparse_mla_decode_workspace_size(num_tokens: int, num_heads: int, *, num_spl
         num_heads: upper bound of the calls' num_heads (>= 0).
         num_splits: 0 (automatic: the maximum the policy can pick over every smaller shape and
             any index width on this device) or the explicit 1..256 the calls will pass.
-        device: where the calls run: a CPU or CUDA ``torch.device`` / string / CUDA index;
-            ``None`` = the current CUDA device when CUDA is available, else the CPU. The
+        device: where the calls run: a CPU or CUDA ``torch.device`` / string / CUDA index
+            (an int >= 0); ``None`` = the current CUDA device when CUDA is available, else the
+            CPU. The
             automatic split count depends on the device's processor count (CUDA: multiprocessor
             count; CPU: OpenMP threads).
 
@@ -251,14 +263,21 @@ def sparse_mla_decode_workspace_size(num_tokens: int, num_heads: int, *, num_spl
     Raises:
         RuntimeError: negative sizes, ``num_tokens x num_heads`` above 2^43, ``num_splits``
             outside 0..256, a CUDA device on a CPU-only build.
-        ValueError: a device that is neither CPU nor CUDA.
-        TypeError: a size or ``num_splits`` that is not an integer (e.g. a float).
+        ValueError: a device that is neither CPU nor CUDA (or a string that names none, or a
+            negative index).
+        TypeError: a size or ``num_splits`` that is not an integer (e.g. a float), a device of
+            another type (e.g. a bool).
     """
     fn = "sparse_mla_decode_workspace_size"
     return int(_ops.sparse_mla_decode_workspace_size(_int_arg(fn, "num_tokens", num_tokens),
                                                      _int_arg(fn, "num_heads", num_heads),
                                                      _int_arg(fn, "num_splits", num_splits),
-                                                     _device_index(device)))
+                                                     _device_ordinal(_resolve_device(fn, device))))
+
+
+def _device_ordinal(device: torch.device) -> int:
+    """-1 for the CPU, else the CUDA index (the op's device argument)."""
+    return -1 if device.type == "cpu" else device.index
 
 
 class DecodeWorkspace:
@@ -275,8 +294,9 @@ class DecodeWorkspace:
 
     Raises:
         ValueError: ``max_num_tokens`` or ``num_heads`` negative, ``num_splits`` outside
-            0..256, a device that is neither CPU nor CUDA.
-        TypeError: a size or ``num_splits`` that is not an integer.
+            0..256, a device that is neither CPU nor CUDA (or a string that names none, or a
+            negative index).
+        TypeError: a size or ``num_splits`` that is not an integer, a device of another type.
         RuntimeError: ``max_num_tokens x num_heads`` above 2^43, a CUDA device on a CPU-only
             build.
 
@@ -296,13 +316,7 @@ class DecodeWorkspace:
             raise ValueError(f"{fn}: expected max_num_tokens >= 0 and num_heads >= 0, got "
                              f"max_num_tokens={max_num_tokens}, num_heads={num_heads}")
         num_splits = _splits_arg(fn, num_splits)
-        if device is None:  # as sparse_mla_decode_workspace_size
-            index = _device_index(None)
-            dev = torch.device("cpu") if index < 0 else torch.device("cuda", index)
-        else:
-            dev = torch.device(device) if not isinstance(device, int) else torch.device("cuda", device)
-        if dev.type == "cuda" and dev.index is None and torch.cuda.is_available():
-            dev = torch.device("cuda", torch.cuda.current_device())
+        dev = _resolve_device(fn, device)  # as sparse_mla_decode_workspace_size
         self.max_num_tokens = int(max_num_tokens)
         self.num_heads = int(num_heads)
         self.num_splits = int(num_splits)

@@ -790,6 +790,21 @@ def test_workspace_size_extremes_and_default_device():
     assert w.nbytes == mla_ext.sparse_mla_decode_workspace_size(4, 8, device=None)
 
 
+@pytest.mark.parametrize("device,exc,msg", [
+    (True, TypeError, "expected device to be a torch.device, a string or a CUDA device index, got bool"),
+    (1.0, TypeError, "expected device to be a torch.device, a string or a CUDA device index, got float"),
+    (-1, ValueError, "expected a CUDA device index >= 0, got -1"),
+    ("xyz", ValueError, "expected device to be 'cpu', 'cuda' or 'cuda:<index>', got 'xyz'"),
+    ("meta", ValueError, "expected a CPU or CUDA device, got meta")])
+def test_workspace_device_argument_refused(device, exc, msg):
+    """Both workspace helpers take the device the same way and name it when it is wrong: a bool
+    is not a CUDA index (True was cuda:1), a negative index is not the CPU."""
+    with pytest.raises(exc, match=re.escape(f"sparse_mla_decode_workspace_size: {msg}")):
+        mla_ext.sparse_mla_decode_workspace_size(4, 16, device=device)
+    with pytest.raises(exc, match=re.escape(f"DecodeWorkspace: {msg}")):
+        mla_ext.DecodeWorkspace(4, 16, device=device)
+
+
 def _opcheck_args(device, S):
     g = torch.Generator().manual_seed(13)
     T, H, W = 3, 8, 40
