@@ -3,7 +3,8 @@
 # machine without a GPU:
 #  1. nvcc, sm_90a: every GPU source of the extension (csrc/sources.txt "gpu",
 #     against the installed torch's headers) and the torch-free kernel headers; the
-#     kernel headers also for sm_80 and sm_90 (the mma.sync fallback bodies).
+#     kernel headers also for sm_80 and sm_90 (the mma.sync fallback bodies); compat.h's
+#     environment-switch parser built for the host and run.
 #  2. hipcc (Debian's, HIP_PLATFORM=amd), gfx90a and gfx940: the torch-free
 #     kernel headers (Debian 12's hipcc 5.2 knows no gfx942; gfx940 is its
 #     nearest CDNA3 target).
@@ -35,6 +36,13 @@ if command -v nvcc >/dev/null; then
   echo "nvcc sm_80 + sm_90: tests/compile/kernels_check.cu"
   nvcc -std=c++17 -O3 --threads 2 -gencode=arch=compute_80,code=sm_80 -gencode=arch=compute_90,code=sm_90 \
     "${inc[@]}" -c tests/compile/kernels_check.cu -o "$out/k_cuda_8090.o"
+  # compat.h's environment switches (host code, run here): integers taken, anything else ignored.
+  echo "nvcc host + run: tests/compile/env_int_check.cu"
+  nvcc -std=c++17 "${inc[@]}" tests/compile/env_int_check.cu -o "$out/env_int_check"
+  for case in "=5" "0=0" "2=2" "0x10=16" "off=5" "2x=5"; do
+    got=$(MLA_EXT_TEST_ENV="${case%=*}" "$out/env_int_check" 2>/dev/null)
+    [ "$got" = "${case##*=}" ] || { echo "env_int(\"${case%=*}\") = $got, expected ${case##*=}" >&2; exit 1; }
+  done
 else
   echo "compile_check: nvcc not found" >&2
   exit 1

@@ -13,6 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <stdio.h>
 
 #include "mla_ext/numerics.h"
 #include "mla_ext/status.h"
@@ -188,10 +189,19 @@ __device__ __forceinline__ void launch_dependent_grids() {
 }
 
 // An integer from the environment (strtol, base from the prefix), `dflt` where
-// the variable is unset or empty. For switches read once per process.
+// the variable is unset or empty, or (with a warning on stderr) where it is not
+// an integer: "off" is not read as 0. For switches read once per process.
 inline long env_int(const char* name, long dflt) {
   const char* e = getenv(name);
-  return (e == nullptr || e[0] == 0) ? dflt : strtol(e, nullptr, 0);
+  if (e == nullptr || e[0] == 0) return dflt;
+  char* end = nullptr;
+  const long v = strtol(e, &end, 0);
+  while (end != nullptr && (*end == ' ' || *end == '\t' || *end == '\n')) ++end;
+  if (end == e || end == nullptr || *end != 0) {
+    fprintf(stderr, "mla_ext: ignoring %s=\"%s\" (expected an integer); using %ld\n", name, e, dflt);
+    return dflt;
+  }
+  return v;
 }
 
 // Kernels that may be launched programmatically in this process, as a bit
