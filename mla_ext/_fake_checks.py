@@ -49,6 +49,11 @@ def _lse(op: str, t, name: str, T, H) -> None:
           f"expected {name} of shape [num_tokens, num_heads] = [{T}, {H}] (any strides), got {list(t.shape)}")
 
 
+def _lse_needs_values(op: str, T, H, D) -> None:
+    _need(D > 0 or T == 0 or H == 0, op, f"got head_size 0 with {T} tokens and {H} heads: output_lse would not "
+          "be written; pass output_lse=None or head_size >= 1")
+
+
 def check_merge(output, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse,
                 prefill_tokens_with_context, output_scale) -> None:
     op = "merge_attn_states"
@@ -77,6 +82,7 @@ def check_merge(output, output_lse, prefix_output, prefix_lse, suffix_output, su
     _lse(op, suffix_lse, "suffix_lse", T, H)
     if output_lse is not None:
         _lse(op, output_lse, "output_lse", T, H)
+        _lse_needs_values(op, T, H, D)
     if output_scale is not None:
         _need(output_scale.dtype == torch.float32, op,
               f"expected output_scale to be float32, got {_name(output_scale.dtype)}")
@@ -107,6 +113,7 @@ def check_merge_n(output, output_lse, values, lses, attn_sink) -> None:
           f"{list(lses.shape)}")
     if output_lse is not None:
         _lse(op, output_lse, "output_lse", T, H)
+        _lse_needs_values(op, T, H, D)
     if attn_sink is not None:
         _need(attn_sink.dtype == torch.float32, op, f"expected attn_sink to be float32, got {_name(attn_sink.dtype)}")
         _need(attn_sink.dim() == 1 and attn_sink.shape[0] == H, op,
@@ -119,6 +126,7 @@ def _cache(op: str, c, name: str, kv_format: str, d_qk) -> None:
           f"row] or [num_pages, page_size, 1, row], got shape {list(c.shape)}")
     _need(c.dtype in dtypes, op, f"expected {name} to be "
           f"{' / '.join(_name(d) for d in dtypes)} for kv_format \"{kv_format}\", got {_name(c.dtype)}")
+    _need(c.shape[1] >= 1, op, f"expected {name} to have page_size >= 1, got shape {list(c.shape)}")
     want = d_qk if row is None else row
     _need(c.shape[-1] == want, op,
           f"expected {name} rows of {want} {'elements' if row is None else 'bytes'} for kv_format \"{kv_format}\", "

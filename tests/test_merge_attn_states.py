@@ -712,6 +712,8 @@ _MERGE_FAKE_REFUSALS = [
     (dict(output=lambda a: a["output"][0]), "expected output to be 3-D"),
     (dict(output_scale=lambda a: torch.ones(1, device=a["output"].device)), "expected output_scale to be None"),
     (dict(ctx=lambda a: -1), "expected prefill_tokens_with_context >= 0"),
+    (dict(output=lambda a: a["output"][..., :0], prefix_output=lambda a: a["prefix_output"][..., :0],
+          suffix_output=lambda a: a["suffix_output"][..., :0]), "got head_size 0 with 4 tokens and 3 heads"),
 ]
 
 
@@ -728,8 +730,8 @@ def test_fake_kernel_refuses_like_the_op(i):
 
 
 def test_fake_kernel_refuses_like_the_op_n_way():
-    """merge_attn_states_n: values of another dtype, lses of the wrong shape and zero states are
-    refused on meta tensors as on CPU ones."""
+    """merge_attn_states_n: values of another dtype, lses of the wrong shape, zero states and an
+    output_lse with head_size 0 are refused on meta tensors as on CPU ones."""
     T, H, D = 4, 3, 16
     pa, la, pb, lb = make_case(T, H, D, torch.float32, "cpu", gen_seed=13)
     for dev in ("cpu", "meta"):
@@ -742,6 +744,8 @@ def test_fake_kernel_refuses_like_the_op_n_way():
                              (values[:0], lses[:0], "expected at least one state")):
             with pytest.raises(RuntimeError, match=re.escape(words)):
                 torch.ops.mla_ext.merge_attn_states_n(out, None, v, ls)
+        with pytest.raises(RuntimeError, match=re.escape("got head_size 0 with 4 tokens and 3 heads")):
+            torch.ops.mla_ext.merge_attn_states_n(out[..., :0], torch.empty(T, H, device=dev), values[..., :0], lses)
 
 
 def test_prefill_tokens_with_context_must_be_an_integer():

@@ -1139,6 +1139,7 @@ _FAKE_REFUSALS = [
     (dict(kv_format=lambda a: "nonsense"), "expected kv_format to be one of"),
     (dict(kv_format=lambda a: "fp8_ds_mla"), "expected q's d_qk to be 576"),
     (dict(kv_cache=lambda a: a["kv_cache"][..., :576]), "expected kv_cache rows of 584 bytes"),
+    (dict(kv_cache=lambda a: a["kv_cache"][:, :0]), "expected kv_cache to have page_size >= 1"),
     (dict(indices=lambda a: a["indices"].long()), "expected indices to be int32"),
     (dict(lengths=lambda a: a["lengths"][:2]), "expected lengths of shape [num_tokens]"),
     (dict(extra_indices=lambda a: None, extra_lengths=lambda a: None),
