@@ -2,6 +2,7 @@
 and real torch.distributed runs (gloo on the CPU always; NCCL with 2 GPUs when present)."""
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -102,6 +103,30 @@ def test_shard_kv_cache_keeps_rows_and_layout(mode, kv_format, d_qk, ps):
         got = formats.gather_kv_rows(local, kv_format, lslots, torch.float64)
         gslots = owned.repeat_interleave(ps) * ps + torch.arange(ps).repeat(owned.numel())
         assert torch.equal(got, want[gslots])
+
+
+def test_localize_indices_arguments():
+    """Bad sizes, index dtypes and out buffers are refused naming the argument (out untouched);
+    a cache of no pages maps everything to -1 in both modes; out gets the result."""
+    idx = torch.tensor([[0, 5, -1, 9]], dtype=torch.int32)
+    sh = PageSharding(2, 0, "contiguous")
+    fn = "PageSharding.localize_indices: "
+    for kw, exc, words in [(dict(page_size=0, num_pages=4), ValueError, "expected page_size >= 1 and num_pages >= 0"),
+                           (dict(page_size=2.5, num_pages=4), TypeError, "expected page_size to be an integer"),
+                           (dict(page_size=2, num_pages=-1), ValueError, "got page_size=2, num_pages=-1")]:
+        with pytest.raises(exc, match=re.escape(fn) + ".*" + re.escape(words)):
+            sh.localize_indices(idx, **kw)
+    with pytest.raises(TypeError, match=re.escape(fn + "expected indices to be an integer tensor, got torch.float32")):
+        sh.localize_indices(idx.float(), page_size=2, num_pages=4)
+    for out in (torch.full((1, 4), 7, dtype=torch.int64), torch.full((2, 4), 7, dtype=torch.int32)):
+        with pytest.raises(ValueError, match=re.escape(fn + "expected out to be int32 of indices' shape [1, 4]")):
+            sh.localize_indices(idx, page_size=2, num_pages=4, out=out)
+        assert (out == 7).all()
+    for mode in SHARDING_MODES:
+        assert (PageSharding(2, 1, mode).localize_indices(idx, page_size=2, num_pages=0) == -1).all()
+    out = torch.full((1, 4), 7, dtype=torch.int32)
+    assert sh.localize_indices(idx, page_size=2, num_pages=8, out=out) is out
+    assert out.tolist() == [[0, 5, -1, -1]]  # pages 0..3 (slots 0..7) are rank 0's; slot 9 is rank 1's
 
 
 @pytest.mark.parametrize("kv_format,d_qk", [("fp8_ds_mla", 576), ("fp8_ds_mla_v4", 512)])

@@ -144,7 +144,29 @@ class PageSharding:
             int32 ``[num_tokens, W]``: ``local_page * page_size + offset`` where this rank owns
             the slot's page, else -1 (also for entries < 0 or >= ``num_pages * page_size``, which
             the op would skip anyway). Positions are kept, so ``lengths`` still apply.
+
+        Raises:
+            TypeError: ``indices`` not an integer tensor, ``page_size`` / ``num_pages`` not
+                integers, ``out`` not a tensor.
+            ValueError: ``page_size < 1``, ``num_pages < 0``, ``out`` not int32 of ``indices``'
+                shape on its device.
         """
+        fn = "PageSharding.localize_indices"
+        page_size = int_arg(fn, "page_size", page_size)
+        num_pages = int_arg(fn, "num_pages", num_pages)
+        if not isinstance(indices, torch.Tensor) or indices.dtype.is_floating_point or indices.dtype.is_complex \
+                or indices.dtype == torch.bool:
+            raise TypeError(f"{fn}: expected indices to be an integer tensor, got "
+                            f"{indices.dtype if isinstance(indices, torch.Tensor) else type(indices).__name__}")
+        if page_size < 1 or num_pages < 0:
+            raise ValueError(f"{fn}: expected page_size >= 1 and num_pages >= 0, got page_size={page_size}, "
+                             f"num_pages={num_pages}")
+        if out is not None:
+            if not isinstance(out, torch.Tensor):
+                raise TypeError(f"{fn}: expected out to be a tensor or None, got {type(out).__name__}")
+            if out.dtype != torch.int32 or out.shape != indices.shape or out.device != indices.device:
+                raise ValueError(f"{fn}: expected out to be int32 of indices' shape {list(indices.shape)} on "
+                                 f"{indices.device}, got {out.dtype} {list(out.shape)} on {out.device}")
         idx = indices.to(torch.int64)
         valid = (idx >= 0) & (idx < num_pages * page_size)
         safe = torch.where(valid, idx, torch.zeros_like(idx))
@@ -152,7 +174,7 @@ class PageSharding:
         if self.mode == "round_robin":
             owner, local = page % self.world_size, page // self.world_size
         else:
-            c = self._chunk(num_pages)
+            c = max(1, self._chunk(num_pages))  # (num_pages 0: no slot is valid)
             owner, local = page // c, page % c
         mine = valid & (owner == self.rank)
         res = torch.where(mine, local * page_size + off, torch.full_like(idx, -1)).to(torch.int32)
