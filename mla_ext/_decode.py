@@ -101,7 +101,8 @@ def sparse_mla_decode(
             multiples of 8 elements). Not mutated.
         kv_cache: the main paged cache in ``kv_format``, ``[num_pages, page_size, row]`` or
             ``[num_pages, page_size, 1, row]``, last dim stride 1. Not mutated.
-            ``"bf16"``: bfloat16, row = d_qk elements, any page / token strides.
+            ``"bf16"``: bfloat16, row = d_qk elements, any page stride, token stride >= d_qk
+            (rows must not overlap; a ``page_size`` of 1 has no token stride to check).
             ``"fp8_ds_mla"`` (DeepSeek V3.2): uint8, row = 656 bytes per token (512 e4m3fn +
             4 fp32 scales, one per 128 elements + 64 bf16 RoPE values).
             ``"fp8_ds_mla_v4"`` (DeepSeek V4): uint8 view with row = 584 whose page stride

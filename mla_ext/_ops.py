@@ -213,8 +213,9 @@ def merge_attn_states(
             saturated to the format's largest finite value (448 for e4m3fn, 240 for
             e4m3fnuz; +-inf saturate too), rounded to nearest even; NaN stays NaN.
             The scale is read on the device at run time (a captured CUDA graph
-            picks up a new value); it should be positive and finite. LSEs are not
-            scaled.
+            picks up a new value); it should be positive and finite, with a finite
+            reciprocal (>= 2.94e-39: below that ``1 / output_scale`` is inf and an
+            exactly-zero merged value becomes NaN, 0 x inf). LSEs are not scaled.
 
     Edge cases: an LSE of ``+inf`` or ``-inf`` marks an empty side; one empty
     side selects the other side's values exactly (NaN or garbage in the empty

@@ -217,17 +217,29 @@ def kv_bytes_per_row(kv_format: str, d_qk: Optional[int] = None) -> int:
     Args:
         kv_format: one of :data:`KV_FORMATS`: ``"bf16"``, ``"fp8_ds_mla"`` (V3.2),
             ``"fp8_ds_mla_v4"`` (V4) or their ``_fnuz`` twins.
-        d_qk: row width in elements; required for ``"bf16"`` (576 or 512), ignored otherwise.
+        d_qk: row width in elements; required for ``"bf16"`` (576 or 512); optional for the
+            FP8 formats, where it must be theirs (576 V3.2, 512 V4), as in :func:`alloc_kv_cache`.
 
     Returns:
         bytes: ``2 * d_qk`` for bf16, 656 for fp8_ds_mla[_fnuz], 584 for fp8_ds_mla_v4[_fnuz]
         (576 data bytes + 8 scale bytes; page padding is not counted).
+
+    Raises:
+        ValueError: an unknown ``kv_format``, a missing or wrong ``d_qk``. TypeError: ``d_qk``
+            not an integer.
     """
     _check_format(kv_format)
+    if d_qk is not None:
+        d_qk = int_arg("kv_bytes_per_row", "d_qk", d_qk)
     if kv_format == "bf16":
         if d_qk is None:
             raise ValueError("kv_bytes_per_row: d_qk is required for kv_format='bf16'")
-        return 2 * int(d_qk)
+        if d_qk not in (512, 576):
+            raise ValueError(f"kv_bytes_per_row: expected d_qk 576 (V3.2) or 512 (V4) for kv_format='bf16', "
+                             f"got {d_qk}")
+        return 2 * d_qk
+    if d_qk is not None and d_qk != D_QK[kv_format]:
+        raise ValueError(f"kv_bytes_per_row: kv_format {kv_format!r} has d_qk {D_QK[kv_format]}, got {d_qk}")
     return ROW_BYTES[kv_format]
 
 
@@ -438,10 +450,11 @@ def alloc_kv_cache(
     if num_pages < 0 or page_size < 1:
         raise ValueError(f"alloc_kv_cache: expected num_pages >= 0 and page_size >= 1, got {num_pages} and "
                          f"{page_size}")
+    if d_qk is not None:
+        d_qk = int_arg("alloc_kv_cache", "d_qk", d_qk)
     if kv_format == "bf16":
         if d_qk is None:
             raise ValueError("alloc_kv_cache: d_qk is required for kv_format='bf16'")
-        d_qk = int_arg("alloc_kv_cache", "d_qk", d_qk)
         if d_qk not in (512, 576):
             raise ValueError(f"alloc_kv_cache: expected d_qk 576 (V3.2) or 512 (V4) for kv_format='bf16', "
                              f"got {d_qk!r}")
@@ -491,8 +504,13 @@ def write_kv_rows(kv_cache: torch.Tensor, kv_format: str, slots: torch.Tensor, k
     """
     c = _check_cache(kv_cache, kv_format)
     d_qk = _cache_d_qk(c, kv_format)
+    if not isinstance(kv, torch.Tensor) or not kv.dtype.is_floating_point:
+        raise ValueError(f"kv: expected a floating-point (float32 / bfloat16) tensor [n, {d_qk}], got "
+                         f"{kv.dtype if isinstance(kv, torch.Tensor) else type(kv).__name__}")
     if kv.dim() != 2 or kv.shape[1] != d_qk:
         raise ValueError(f"kv: expected [n, {d_qk}], got {tuple(kv.shape)}")
+    if not isinstance(slots, torch.Tensor):
+        raise ValueError(f"slots: expected an integer tensor [n], got {type(slots).__name__}")
     page, off = _split_slots(slots.to(c.device), c.shape[0], c.shape[1])
     if kv.shape[0] != page.numel():
         raise ValueError(f"kv has {kv.shape[0]} rows but slots has {page.numel()} entries")

@@ -1,5 +1,6 @@
 """Tests of mla_ext.formats: DeepSeek V3.2 / V4 KV cache byte layouts (CPU, pure PyTorch)."""
 
+import re
 import struct
 
 import pytest
@@ -156,6 +157,24 @@ def test_bf16_dispatch():
                        F.pack_fp8_ds_mla(_kv((2, 4, 576), 3)))
     with pytest.raises(ValueError):
         F.pack_kv_cache(kv, "fp8_fnuz")
+
+
+@pytest.mark.parametrize("call,exc,words", [
+    (lambda: F.kv_bytes_per_row("bf16", 100), ValueError, "expected d_qk 576 (V3.2) or 512 (V4)"),
+    (lambda: F.kv_bytes_per_row("fp8_ds_mla_v4", 576), ValueError, "kv_format 'fp8_ds_mla_v4' has d_qk 512, got 576"),
+    (lambda: F.kv_bytes_per_row("bf16", "576"), TypeError, "expected d_qk to be an integer"),
+    (lambda: F.alloc_kv_cache("fp8_ds_mla", 1, 1, d_qk=576.0), TypeError, "expected d_qk to be an integer, got 576.0"),
+    (lambda: F.write_kv_rows(F.alloc_kv_cache("bf16", 2, 4, 512), "bf16", [0, 1], torch.randn(2, 512)), ValueError,
+     "slots: expected an integer tensor [n], got list"),
+    (lambda: F.write_kv_rows(F.alloc_kv_cache("bf16", 2, 4, 512), "bf16", torch.tensor([0, 1]),
+                             torch.ones(2, 512, dtype=torch.int32)), ValueError,
+     "kv: expected a floating-point (float32 / bfloat16) tensor [n, 512], got torch.int32"),
+])
+def test_format_helpers_refuse_bad_arguments(call, exc, words):
+    """Widths that do not match the format, non-integer widths, and slots / rows that are not
+    tensors of the right kind: refused naming the argument (write_kv_rows: before any write)."""
+    with pytest.raises(exc, match=re.escape(words)):
+        call()
 
 
 def test_bytes_per_row():

@@ -54,6 +54,12 @@ D_V = 512  # output width of every DeepSeek MLA layout
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
+def _integer_tensor(fn: str, name: str, t) -> None:
+    if not isinstance(t, torch.Tensor) or t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
+        raise TypeError(f"{fn}: expected {name} to be an integer tensor, got "
+                        f"{t.dtype if isinstance(t, torch.Tensor) else type(t).__name__}")
+
+
 def compact_indices(indices: torch.Tensor, lengths: Optional[torch.Tensor] = None):
     """Move each row's usable entries to its front, keeping their order: ``(indices, lengths)``.
 
@@ -71,7 +77,13 @@ def compact_indices(indices: torch.Tensor, lengths: Optional[torch.Tensor] = Non
         ``(int32 [num_tokens, W], int32 [num_tokens])``: the usable entries of each row first, in
         their original order, then -1; and their count per row (pass it as the set's lengths).
         Slots >= the cache's slot count are still skipped by the op, not here.
+
+    Raises:
+        TypeError: ``indices`` or ``lengths`` not an integer tensor.
     """
+    _integer_tensor("compact_indices", "indices", indices)
+    if lengths is not None:
+        _integer_tensor("compact_indices", "lengths", lengths)
     idx = indices.to(torch.int64)
     usable = idx >= 0
     if lengths is not None:
@@ -154,10 +166,7 @@ class PageSharding:
         fn = "PageSharding.localize_indices"
         page_size = int_arg(fn, "page_size", page_size)
         num_pages = int_arg(fn, "num_pages", num_pages)
-        if not isinstance(indices, torch.Tensor) or indices.dtype.is_floating_point or indices.dtype.is_complex \
-                or indices.dtype == torch.bool:
-            raise TypeError(f"{fn}: expected indices to be an integer tensor, got "
-                            f"{indices.dtype if isinstance(indices, torch.Tensor) else type(indices).__name__}")
+        _integer_tensor(fn, "indices", indices)
         if page_size < 1 or num_pages < 0:
             raise ValueError(f"{fn}: expected page_size >= 1 and num_pages >= 0, got page_size={page_size}, "
                              f"num_pages={num_pages}")
