@@ -25,13 +25,23 @@ def merge_attn_states(
 ) -> None:
     """vLLM-compatible ``merge_attn_states``: same math as :func:`mla_ext.merge_attn_states`.
 
+    The LSE buffers are taken in vLLM's ``[num_heads, num_tokens]`` layout and passed on as
+    zero-copy transposed views; everything else (math, edge cases: ``+inf`` / ``-inf`` LSE
+    marks an empty side, NaN propagates; aliasing rules; autograd) is
+    :func:`mla_ext.merge_attn_states`'s.
+
     Args:
         output: ``[num_tokens, num_heads, head_size]`` float32/float16/bfloat16 (the inputs'
             dtype) or float8_e4m3fn/float8_e4m3fnuz with ``output_scale``; **mutated**; any
-            token/head strides, last dim stride 1.
-        prefix_output, suffix_output: ``[num_tokens, num_heads, head_size]``, same dtype.
-        prefix_lse, suffix_lse: ``[num_heads, num_tokens]`` float32 (vLLM's layout), any strides.
-        output_lse: optional ``[num_heads, num_tokens]`` float32, **mutated**.
+            token/head strides, last dim stride 1; may be the very same view as
+            ``prefix_output`` or ``suffix_output`` (in place), must not otherwise share memory
+            with an input.
+        prefix_output, suffix_output: ``[num_tokens, num_heads, head_size]``, same dtype; any
+            token/head strides (independent of each other and of ``output``), last dim stride
+            1. Not mutated (unless one is ``output``).
+        prefix_lse, suffix_lse: ``[num_heads, num_tokens]`` float32 (vLLM's layout), natural
+            log, any strides. Not mutated.
+        output_lse: optional ``[num_heads, num_tokens]`` float32, any strides, **mutated**.
         prefill_tokens_with_context: optional int; tokens at and after it copy the suffix
             (values and LSE) instead of merging (decode tokens packed after the prefills).
         output_scale: float32 one-element per-tensor scale of an FP8 ``output``: the merged
