@@ -242,6 +242,10 @@ def _resolve_device(fn: str, device: DeviceLike) -> torch.device:
     return device
 
 
+def _device_ordinal(device: torch.device) -> int:
+    """-1 for the CPU, else the CUDA index (the op's device argument)."""
+    return -1 if device.type == "cpu" else device.index
+
 def sparse_mla_decode_workspace_size(num_tokens: int, num_heads: int, *, num_splits: int = 0,
                                      device: DeviceLike = None) -> int:
     """Workspace bytes :func:`sparse_mla_decode` needs for any call with at most ``num_tokens``
@@ -254,9 +258,8 @@ def sparse_mla_decode_workspace_size(num_tokens: int, num_heads: int, *, num_spl
             any index width on this device) or the explicit 1..256 the calls will pass.
         device: where the calls run: a CPU or CUDA ``torch.device`` / string / CUDA index
             (an int >= 0); ``None`` = the current CUDA device when CUDA is available, else the
-            CPU. The
-            automatic split count depends on the device's processor count (CUDA: multiprocessor
-            count; CPU: OpenMP threads).
+            CPU. The automatic split count depends on the device's processor count (CUDA:
+            multiprocessor count; CPU: OpenMP threads).
 
     Returns:
         bytes (int; 0 when no split-K scratch is needed, e.g. ``num_splits=1``).
@@ -275,10 +278,6 @@ def sparse_mla_decode_workspace_size(num_tokens: int, num_heads: int, *, num_spl
                                                      _int_arg(fn, "num_splits", num_splits),
                                                      _device_ordinal(_resolve_device(fn, device))))
 
-
-def _device_ordinal(device: torch.device) -> int:
-    """-1 for the CPU, else the CUDA index (the op's device argument)."""
-    return -1 if device.type == "cpu" else device.index
 
 
 class DecodeWorkspace:
