@@ -89,11 +89,14 @@ def main():
     if build_gpu:
         sources += groups["gpu"]
         nvcc = common + ["-DUSE_CUDA"]
+        # Hidden visibility for the GPU object too (as cxx): without it the .so exported ~230
+        # mla_ext:: launcher templates and per-device static flags, which could bind to another
+        # copy of the kernel headers loaded in the same process.
         if not is_rocm:
-            nvcc += ["--expt-relaxed-constexpr", "-lineinfo"]
+            nvcc += ["--expt-relaxed-constexpr", "-lineinfo", "-Xcompiler=-fvisibility=hidden"]
         else:
             cxx += ["-DUSE_ROCM"]
-            nvcc += ["-DUSE_ROCM"]
+            nvcc += ["-DUSE_ROCM", "-fvisibility=hidden"]
         ext = cpp_extension.CUDAExtension(extra_compile_args={"cxx": cxx + ["-DUSE_CUDA", "-DMLA_EXT_WITH_GPU"],
                                                               "nvcc": nvcc},
                                           **kwargs)

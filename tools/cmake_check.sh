@@ -40,6 +40,11 @@ cmake --install "$out/build" --prefix "$out/prefix" >/dev/null
 step "built and installed libmla_ext"
 
 check_exports "$out/prefix/lib/libmla_ext.so"
+# The soname is the C API version (a program built against another version's header must not bind).
+capi=$(sed -n 's/^#define MLA_EXT_CAPI_VERSION \([0-9]*\).*/\1/p' csrc/capi/mla_ext_capi.h)
+soname=$(readelf -d "$out/prefix/lib/libmla_ext.so" | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p')
+[ "$soname" = "libmla_ext.so.$capi" ] || { echo "cmake_check: soname $soname, expected libmla_ext.so.$capi" >&2; exit 1; }
+step "soname $soname"
 cc -std=c99 -Wall -Wextra -pedantic -Werror -fsyntax-only -x c "$out/prefix/include/mla_ext_capi.h"
 c++ -std=c++11 -Wall -Wextra -pedantic -Werror -fsyntax-only -x c++ "$out/prefix/include/mla_ext_capi.h"
 step "mla_ext_capi.h is C99 and C++11 clean"

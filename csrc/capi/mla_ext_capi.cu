@@ -1,8 +1,10 @@
 // mla_ext C entry points (see mla_ext_capi.h): copy the C structs field by
 // field into the C++ params of the header-only launchers and launch. The C
 // structs mirror the C++ ones in order and type (the ctypes harness in
-// tests/gpu_dev relies on it); the size checks below catch a field added to a
-// C++ params struct without its C mirror.
+// tests/gpu_dev relies on it); the size and offset checks below catch a field
+// added to a C++ params struct without its C mirror, except the C++-only test
+// switches of SparseDecodeParams (force_mma_sync, two_token), which sit in the
+// C struct's padding and keep their defaults (offsets checked around them).
 #include "mla_ext_capi.h"
 
 #include "mla_ext/merge_attn_states.cuh"
@@ -17,6 +19,15 @@ static_assert(sizeof(mla_ext_kv_set) == sizeof(mla_ext::KvSet),
               "mla_ext_kv_set (mla_ext_capi.h) no longer mirrors mla_ext::KvSet");
 static_assert(sizeof(mla_ext_sparse_decode_params) == sizeof(mla_ext::SparseDecodeParams),
               "mla_ext_sparse_decode_params (mla_ext_capi.h) no longer mirrors mla_ext::SparseDecodeParams");
+#define MLA_EXT_SAME_OFFSET(field)                                                                \
+  static_assert(offsetof(mla_ext_sparse_decode_params, field) == offsetof(mla_ext::SparseDecodeParams, field), \
+                "mla_ext_sparse_decode_params." #field " no longer at mla_ext::SparseDecodeParams' offset")
+MLA_EXT_SAME_OFFSET(lse_stride_head);
+MLA_EXT_SAME_OFFSET(num_splits);
+MLA_EXT_SAME_OFFSET(force_portable);
+MLA_EXT_SAME_OFFSET(head_tile);
+MLA_EXT_SAME_OFFSET(smem_limit);
+#undef MLA_EXT_SAME_OFFSET
 static_assert(int(mla_ext::Status::kUnsupported) == MLA_EXT_STATUS_UNSUPPORTED, "status codes drifted");
 static_assert(int(mla_ext::KvFormat::kFP8DsMlaV4) == MLA_EXT_KV_FP8_DS_MLA_V4, "kv formats drifted");
 static_assert(int(mla_ext::KvFormat::kFP8DsMlaFnuz) == MLA_EXT_KV_FP8_DS_MLA_FNUZ, "kv formats drifted");
@@ -157,6 +168,9 @@ int mla_ext_sparse_mla_decode(const mla_ext_sparse_decode_params* c, void* works
   p.head_tile = c->head_tile;
   p.smem_limit = c->smem_limit;
   const int sms = resolve_sms(num_sms);
+  // No processor count (num_sms <= 0 and no current device to ask): the automatic split count
+  // has nothing to go by, and a launch could not run anyway.
+  if (sms <= 0 && c->num_splits == 0) return MLA_EXT_STATUS_LAUNCH_FAILED;
   p.num_splits = c->num_splits;
   if (p.num_splits == 0) p.num_splits = mla_ext::decode_auto_splits(p, sms);
   return int(mla_ext::launch_sparse_mla_decode(p, workspace, workspace_bytes, sms,

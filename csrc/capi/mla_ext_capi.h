@@ -7,8 +7,13 @@
  * stream). Every call is asynchronous on that stream: no allocation, no host
  * synchronisation, CUDA-graph capturable. Every pointer is a device pointer
  * unless stated otherwise. Strides are in elements of the tensor they belong to.
- * Every function returns an mla_ext_status value (0 = success); bad input is
- * rejected before anything is launched.
+ * The functions that launch or check return an mla_ext_status value (0 = success); bad
+ * input is rejected before anything is launched, except what the library cannot see from
+ * the params (e.g. an output_lse whose elements overlap an input LSE: the caller's to avoid).
+ * The size, split-count, version and string functions return their value. Thread safety:
+ * calls may come from several host threads at once (one per device, or several per device on
+ * different streams); the library keeps only per-device caches of device attributes, which
+ * every thread fills with the same values.
  *
  * Semantics: DESIGN.md §3 (merge_attn_states) and §4 (sparse_mla_decode). */
 #ifndef MLA_EXT_CAPI_H_
@@ -27,11 +32,15 @@
 extern "C" {
 #endif
 
-/* Bumped when a struct below or a signature changes (fields are only ever appended) or an
- * enum gains values. 2: MLA_EXT_KV_FP8_DS_MLA_FNUZ and MLA_EXT_KV_FP8_DS_MLA_V4_FNUZ (a
- * version-1 library rejects them with MLA_EXT_STATUS_INVALID_ARGUMENT); merge output type,
- * output_scale and prefill_tokens_with_context appended to mla_ext_merge_params;
- * mla_ext_merge_attn_states_n. */
+/* Bumped when a struct below or a signature changes or an enum gains values; it is also the
+ * shared library's soname (libmla_ext.so.<version>, CMakeLists.txt): the structs carry no size
+ * field, so the library reads the whole struct of its own version, and a program built against
+ * another version's header must be rebuilt (the loader refuses the other soname instead of the
+ * library reading past a shorter struct). Programs that dlopen the library check
+ * mla_ext_capi_version() and the *_params_size() functions below. 2: MLA_EXT_KV_FP8_DS_MLA_FNUZ
+ * and MLA_EXT_KV_FP8_DS_MLA_V4_FNUZ; merge output type, output_scale and
+ * prefill_tokens_with_context appended to mla_ext_merge_params; mla_ext_merge_attn_states_n.
+ * (Version 1 libraries were named libmla_ext.so.0.1.) */
 #define MLA_EXT_CAPI_VERSION 2
 
 /* Status codes (the values of mla_ext::Status). */
@@ -95,7 +104,7 @@ typedef struct mla_ext_merge_params {
   const float* suffix_lse;
   int64_t suffix_lse_stride_token, suffix_lse_stride_head;
 
-  /* Version 2 (zero = version 1 behaviour). */
+  /* Version 2 (zero: the version-1 behaviour, a plain merge in the values' dtype). */
   int32_t output_kind; /* enum mla_ext_merge_output; FP8: output = saturate(merged * (1 / *output_scale)) */
   int32_t has_prefill_tokens_with_context; /* nonzero: tokens >= prefill_tokens_with_context copy the suffix */
   int64_t prefill_tokens_with_context;     /* >= 0; the suffix (values and LSE) is copied, the prefix not read */
@@ -163,7 +172,8 @@ typedef struct mla_ext_kv_set {
   int64_t lengths_stride;       /* elements */
 } mla_ext_kv_set;
 
-/* Field order and types mirror mla_ext::SparseDecodeParams. */
+/* Field order and types mirror mla_ext::SparseDecodeParams (whose test-only switches
+ * force_mma_sync and two_token, not exposed here, sit in this struct's padding). */
 typedef struct mla_ext_sparse_decode_params {
   int32_t kv_format; /* enum mla_ext_kv_format */
   int32_t d_qk;      /* 576 (V3.2) or 512 (V4); V = the first 512 dims */
@@ -197,7 +207,7 @@ typedef struct mla_ext_sparse_decode_params {
  * bytes of device memory, 16-byte aligned (any contents; the caller owns and
  * reuses it; a misaligned one gives MLA_EXT_STATUS_INVALID_ARGUMENT).
  * num_sms: the device's multiprocessor count (used by num_splits == 0); <= 0
- * queries the current device. */
+ * queries the current device (none to query: MLA_EXT_STATUS_LAUNCH_FAILED). */
 MLA_EXT_CAPI_EXPORT int mla_ext_sparse_mla_decode(const mla_ext_sparse_decode_params* p, void* workspace,
                                                   size_t workspace_bytes, int num_sms, void* stream);
 

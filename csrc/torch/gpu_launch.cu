@@ -7,14 +7,18 @@
 namespace mla_ext_gpu {
 
 int processor_count(int device) {
-  static int cache[256] = {0};
-  if (device >= 0 && device < 256 && cache[device] != 0) return cache[device];
+  static mla_ext::PerDevice<int> cache;  // (host threads may launch concurrently)
+  const bool slot = device >= 0 && device < 64;
+  if (slot) {
+    const int c = cache.get(device);
+    if (c != 0) return c;
+  }
   int n = 0;
   if (mlaDeviceGetAttribute(&n, mlaDevAttrMultiProcessorCount, device) != MLA_EXT_GPU_SUCCESS) {
     (void)mlaGetLastError();
     return 0;
   }
-  if (device >= 0 && device < 256) cache[device] = n;
+  if (slot) cache.set(device, n);
   return n;
 }
 

@@ -119,6 +119,13 @@ int main(void) {
     bad.main.indices_stride_token = -100;
     EXPECT(mla_ext_sparse_mla_decode(&bad, aligned, ws, 132, NULL) == MLA_EXT_STATUS_INVALID_ARGUMENT,
            "negative indices stride");
+    if (mla_ext_sparse_mla_decode_workspace_size_for(2, 16, 0, 0) == MLA_EXT_INVALID_SIZE) {
+      /* no device here to give a processor count: automatic splits are a device error */
+      bad = p;
+      bad.num_splits = 0;
+      EXPECT(mla_ext_sparse_mla_decode(&bad, aligned, ws, 0, NULL) == MLA_EXT_STATUS_LAUNCH_FAILED,
+             "automatic splits without a device");
+    }
     bad = p;
     bad.num_splits = 257;
     EXPECT(mla_ext_sparse_mla_decode(&bad, aligned, ws, 132, NULL) == MLA_EXT_STATUS_INVALID_ARGUMENT,

@@ -15,6 +15,8 @@
 #include <stdlib.h>
 #include <stdio.h>
 
+#include <atomic>
+
 #include "mla_ext/numerics.h"
 #include "mla_ext/status.h"
 
@@ -116,27 +118,42 @@ inline int current_device_sm_count() {
   return n;
 }
 
+// One value per device (ordinals 0..63), shared by every host thread that launches: 0 = not
+// known yet. Declared static (zero-initialised); a slot is filled by whichever thread gets
+// there first, and any other thread racing it computes and stores the same value (atomics, so
+// concurrent callers are well defined; acquire / release, so a thread that sees a flag also
+// sees what was done before it was set).
+template <typename T>
+struct PerDevice {
+  std::atomic<T> slot[64];
+  T get(int dev) const { return slot[dev].load(std::memory_order_acquire); }
+  void set(int dev, T v) { slot[dev].store(v, std::memory_order_release); }
+};
+
 // Attribute `attr` of the current device, read once per device (launchers ask
 // on every launch); 0 when the runtime does not say (its error is cleared).
 template <typename Attr>
-inline int current_device_attribute_cached(int (&cache)[64], Attr attr) {
+inline int current_device_attribute_cached(PerDevice<int>& cache, Attr attr) {
   int dev = 0;
   if (mlaGetDevice(&dev) != MLA_EXT_GPU_SUCCESS) return 0;
   const bool slot = dev >= 0 && dev < 64;
-  if (slot && cache[dev] != 0) return cache[dev] > 0 ? cache[dev] : 0;
+  if (slot) {
+    const int c = cache.get(dev);
+    if (c != 0) return c > 0 ? c : 0;
+  }
   int n = 0;
   if (mlaDeviceGetAttribute(&n, attr, dev) != MLA_EXT_GPU_SUCCESS) {
     (void)mlaGetLastError();
     n = 0;
   }
-  if (slot) cache[dev] = n > 0 ? n : -1;
+  if (slot) cache.set(dev, n > 0 ? n : -1);
   return n > 0 ? n : 0;
 }
 
 // Compute-capability major of the current device (NVIDIA: 8 = Ampere, 9 =
 // Hopper; HIP reports its own numbering), 0 on failure.
 inline int current_device_cc_major() {
-  static int cache[64] = {};
+  static PerDevice<int> cache;
   return current_device_attribute_cached(cache, mlaDevAttrComputeCapabilityMajor);
 }
 
@@ -144,7 +161,7 @@ inline int current_device_cc_major() {
 // (bytes: A100 163 KB, H100 / H200 227 KB, sm_86 / sm_89 99 KB), 0 when the
 // runtime does not say.
 inline size_t current_device_smem_optin() {
-  static int cache[64] = {};
+  static PerDevice<int> cache;
   return size_t(current_device_attribute_cached(cache, mlaDevAttrMaxSharedMemoryPerBlockOptin));
 }
 
@@ -246,7 +263,7 @@ inline bool pdl_trigger_early(int64_t blocks, int num_sms) {
 // Hopper does not. `cache` is per kernel, indexed by device: 0 unknown, 1 yes,
 // -1 no. A failed query leaves no pending error and is not cached.
 template <typename K>
-inline bool use_pdl(int bit, signed char (&cache)[64], K* kernel) {
+inline bool use_pdl(int bit, PerDevice<signed char>& cache, K* kernel) {
 #if defined(MLA_EXT_CUDA) && defined(CUDART_VERSION) && CUDART_VERSION >= 12030
   if ((pdl_mask() & bit) == 0) return false;
   int dev = 0;
@@ -254,7 +271,8 @@ inline bool use_pdl(int bit, signed char (&cache)[64], K* kernel) {
     (void)mlaGetLastError();
     return false;
   }
-  if (cache[dev] == 0) {
+  signed char c = cache.get(dev);
+  if (c == 0) {
     static const int driver = [] {
       int v = 0;
       if (cudaDriverGetVersion(&v) != cudaSuccess) {
@@ -269,9 +287,10 @@ inline bool use_pdl(int bit, signed char (&cache)[64], K* kernel) {
       (void)cudaGetLastError();
       return false;
     }
-    cache[dev] = driver >= 12030 && cc >= 9 && attr.ptxVersion >= 90 ? 1 : -1;
+    c = driver >= 12030 && cc >= 9 && attr.ptxVersion >= 90 ? 1 : -1;
+    cache.set(dev, c);
   }
-  return cache[dev] > 0;
+  return c > 0;
 #else
   (void)bit;
   (void)cache;

@@ -187,7 +187,7 @@ Status launch_merge_vec(const MergeParams& full, gpuStream_t stream, int tile_sh
                                  (!full.output_lse || full.output_lse_stride_token == 1);
     tile_shift = lse_token_major && full.num_tokens >= (int64_t(1) << kMergeLseTileShift) ? kMergeLseTileShift : 0;
   }
-  static signed char pdl_cache[64] = {};
+  static PerDevice<signed char> pdl_cache;
   const bool pdl = use_pdl(kPdlMerge, pdl_cache, merge_attn_states_kernel<E, O, VEC, THREADS>);
   // One launch: k.p, first_head, num_chunks, merge_tokens, num_tokens and tile_shift set by the caller.
   auto launch = [&](MergeKernelArgs& k) {
@@ -394,7 +394,7 @@ Status launch_merge_n_vec(const MergeNParams& full, int num_sms, gpuStream_t str
   const int threads = 256;
   const int64_t max_blocks = int64_t(num_sms > 0 ? num_sms : 132) * 8;
   using S = typename E::storage;
-  static signed char pdl_cache[64] = {};
+  static PerDevice<signed char> pdl_cache;
   const bool pdl = use_pdl(kPdlMerge, pdl_cache, merge_attn_states_n_kernel<E, VEC>);
   for (int64_t t0 = 0; t0 < full.num_tokens; t0 += max_tokens) {
     const int64_t nt = full.num_tokens - t0 < max_tokens ? full.num_tokens - t0 : max_tokens;

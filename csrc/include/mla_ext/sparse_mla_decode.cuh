@@ -2486,15 +2486,15 @@ __global__ void __launch_bounds__(GROUPED ? kReduceThreads * kReduceMaxGroups : 
 
 // Raise the dynamic shared-memory limit of one kernel once per device (the
 // caller passes a flag array that is static per kernel instantiation).
-inline bool ensure_smem(bool (&done)[64], const void* kernel, size_t bytes) {
+inline bool ensure_smem(PerDevice<bool>& done, const void* kernel, size_t bytes) {
   if (bytes <= 48 * 1024) return true;
   int dev = 0;
   if (mlaGetDevice(&dev) != MLA_EXT_GPU_SUCCESS) return false;
-  if (dev >= 0 && dev < 64 && done[dev]) return true;
+  if (dev >= 0 && dev < 64 && done.get(dev)) return true;
   if (mlaFuncSetAttribute(kernel, mlaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)) !=
       MLA_EXT_GPU_SUCCESS)
     return false;
-  if (dev >= 0 && dev < 64) done[dev] = true;
+  if (dev >= 0 && dev < 64) done.set(dev, true);
   return true;
 }
 
@@ -2508,7 +2508,7 @@ inline bool ensure_smem(bool (&done)[64], const void* kernel, size_t bytes) {
 // kReduceMaxGroups; the balanced map's token-slot search is written for one group.
 template <bool SCAN, int BATCH = 8, bool GROUPED = false>
 inline Status launch_reduce(const ReduceArgs& r, uint32_t rows, gpuStream_t stream) {
-  static signed char pdl_cache[64] = {};
+  static PerDevice<signed char> pdl_cache;
   auto* kernel = decode_reduce_kernel<SCAN, BATCH, GROUPED>;
   const bool pdl = use_pdl(kPdlDecodeReduce, pdl_cache, kernel);
   int groups = 1;
@@ -2530,8 +2530,8 @@ inline Status launch_split(const DecodeArgs& a, uint32_t blocks, gpuStream_t str
   // 576; sm_86 / sm_89: every tensor-core kernel above 16 heads): nothing is
   // launched, and the caller takes a smaller head tile.
   if (a.smem_limit != 0 && kBytes > a.smem_limit) return Status::kUnsupported;
-  static bool done[64] = {};
-  static signed char pdl_cache[64] = {};
+  static PerDevice<bool> done;
+  static PerDevice<signed char> pdl_cache;
   void (*kernel)(DecodeArgs);
   if constexpr (MMA)
     kernel = decode_split_mma_kernel<MT, DQK, F, BAL, WG, ASYM, TWO>;
