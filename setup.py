@@ -107,7 +107,7 @@ def main():
     setup(
         ext_modules=[ext],
         cmdclass={"build_ext": cpp_extension.BuildExtension.with_options(use_ninja=True)},
-        options={"bdist_wheel": {"py_limited_api": "cp39"}},
+        options={"bdist_wheel": {"py_limited_api": "cp310"}},
         **license_metadata(),
     )
 
