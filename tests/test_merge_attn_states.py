@@ -255,6 +255,39 @@ def test_overlap_check_never_misses_random_views():
     assert refused > 10 and accepted > 20 and self_refused > 20  # every outcome exercised
 
 
+def test_overlap_check_views_sharing_a_token_stride():
+    """Random output / prefix_output views of one buffer with the same token stride (the case the
+    check decides by peeling that dim) and random head strides and offsets: refused exactly when
+    they share an element without being the same view (brute force), or when the output's own
+    elements overlap; nothing written when refused."""
+    g = torch.Generator().manual_seed(31)
+    rnd = lambda lo, hi: int(torch.randint(lo, hi + 1, (1,), generator=g))
+    buf = torch.zeros(2000)
+    seen = set()
+    for _ in range(400):
+        T, H, D, S0 = rnd(1, 6), rnd(1, 4), rnd(1, 5), rnd(1, 40)
+        so, sp, oo, op = rnd(1, 12), rnd(1, 12), rnd(0, 200), rnd(0, 200)
+        out = buf.as_strided((T, H, D), (S0, so, 1), oo)
+        pre = buf.as_strided((T, H, D), (S0, sp, 1), op)
+        elems = lambda o, s: {o + a * S0 + b * s + c for a in range(T) for b in range(H) for c in range(D)}
+        eo, ep = elems(oo, so), elems(op, sp)
+        self_overlap = len(eo) < T * H * D
+        same = oo == op and (so == sp or H == 1)
+        shares = bool(eo & ep) and not same
+        buf.copy_(torch.arange(2000, dtype=torch.float32))
+        before = buf.clone()
+        try:
+            mla_ext.merge_attn_states(out, None, pre, torch.randn(T, H, generator=g), torch.randn(T, H, D, generator=g),
+                                      torch.randn(T, H, generator=g))
+            assert not shares and not self_overlap, (T, H, D, S0, so, sp, oo, op)
+            seen.add("accepted")
+        except RuntimeError as e:
+            assert (self_overlap if "hold each element once" in str(e) else shares), (T, H, D, S0, so, sp, oo, op)
+            assert torch.equal(buf, before)
+            seen.add("refused")
+    assert seen == {"accepted", "refused"}
+
+
 def test_overlap_check_fields_of_large_buffers():
     """Output and prefix_output as fields of one [T, F, H, D] buffer with more token x head rows
     (76800) than the check enumerates, each shifted by a random number of elements: refused
