@@ -229,18 +229,24 @@ def kv_bytes_per_row(kv_format: str, d_qk: Optional[int] = None) -> int:
             not an integer.
     """
     _check_format(kv_format)
+    d_qk = _format_d_qk("kv_bytes_per_row", kv_format, d_qk)
+    return 2 * d_qk if kv_format == "bf16" else ROW_BYTES[kv_format]
+
+
+def _format_d_qk(fn: str, kv_format: str, d_qk) -> int:
+    """The row width (elements) of a known ``kv_format``: ``d_qk`` itself for bf16 (required, 512
+    or 576), else the format's own, which ``d_qk`` must equal when given."""
     if d_qk is not None:
-        d_qk = int_arg("kv_bytes_per_row", "d_qk", d_qk)
+        d_qk = int_arg(fn, "d_qk", d_qk)
     if kv_format == "bf16":
         if d_qk is None:
-            raise ValueError("kv_bytes_per_row: d_qk is required for kv_format='bf16'")
+            raise ValueError(f"{fn}: d_qk is required for kv_format='bf16'")
         if d_qk not in (512, 576):
-            raise ValueError(f"kv_bytes_per_row: expected d_qk 576 (V3.2) or 512 (V4) for kv_format='bf16', "
-                             f"got {d_qk}")
-        return 2 * d_qk
+            raise ValueError(f"{fn}: expected d_qk 576 (V3.2) or 512 (V4) for kv_format='bf16', got {d_qk}")
+        return d_qk
     if d_qk is not None and d_qk != D_QK[kv_format]:
-        raise ValueError(f"kv_bytes_per_row: kv_format {kv_format!r} has d_qk {D_QK[kv_format]}, got {d_qk}")
-    return ROW_BYTES[kv_format]
+        raise ValueError(f"{fn}: kv_format {kv_format!r} has d_qk {D_QK[kv_format]}, got {d_qk}")
+    return D_QK[kv_format]
 
 
 def default_v4_page_stride(page_size: int) -> int:
@@ -450,17 +456,9 @@ def alloc_kv_cache(
     if num_pages < 0 or page_size < 1:
         raise ValueError(f"alloc_kv_cache: expected num_pages >= 0 and page_size >= 1, got {num_pages} and "
                          f"{page_size}")
-    if d_qk is not None:
-        d_qk = int_arg("alloc_kv_cache", "d_qk", d_qk)
+    d_qk = _format_d_qk("alloc_kv_cache", kv_format, d_qk)
     if kv_format == "bf16":
-        if d_qk is None:
-            raise ValueError("alloc_kv_cache: d_qk is required for kv_format='bf16'")
-        if d_qk not in (512, 576):
-            raise ValueError(f"alloc_kv_cache: expected d_qk 576 (V3.2) or 512 (V4) for kv_format='bf16', "
-                             f"got {d_qk!r}")
         return torch.full((num_pages, page_size, d_qk), float("nan"), dtype=torch.bfloat16, device=device)
-    if d_qk is not None and d_qk != D_QK[kv_format]:
-        raise ValueError(f"alloc_kv_cache: kv_format {kv_format!r} has d_qk {D_QK[kv_format]}, got {d_qk}")
     if _LAYOUT[kv_format] == "fp8_ds_mla":
         return torch.full((num_pages, page_size, 656), GARBAGE_BYTE, dtype=torch.uint8, device=device)
     row = ROW_BYTES["fp8_ds_mla_v4"]
