@@ -15,6 +15,11 @@ _merge_op = torch.ops.mla_ext.merge_attn_states.default
 _merge_n_op = torch.ops.mla_ext.merge_attn_states_n.default
 
 
+def is_integer_dtype(dtype: torch.dtype) -> bool:
+    """An integer dtype (not floating, complex or bool): what slot ids, indices and bytes take."""
+    return not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool)
+
+
 def int_arg(fn: str, name: str, value) -> int:
     """``value`` as an int: a TypeError naming the argument for floats, bools and other
     non-integers (``int()`` would silently truncate 2.5 to 2; ``True`` is not a count), a

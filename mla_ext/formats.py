@@ -45,7 +45,7 @@ from typing import Optional
 
 import torch
 
-from ._ops import int_arg
+from ._ops import int_arg, is_integer_dtype
 
 __all__ = [
     "FP8_MAX",
@@ -185,7 +185,7 @@ def ue8m0_to_float(byte_tensor: torch.Tensor) -> torch.Tensor:
             float tensor would be truncated silently). Integer values outside 0..255 are not
             checked (that would read the tensor on the host): their low 8 bits are decoded.
     """
-    if byte_tensor.dtype.is_floating_point or byte_tensor.dtype.is_complex or byte_tensor.dtype == torch.bool:
+    if not is_integer_dtype(byte_tensor.dtype):
         raise ValueError(f"ue8m0_to_float: expected an integer tensor of bytes, got {byte_tensor.dtype}")
     b = byte_tensor.to(torch.int32) & 0xFF
     bits = b << 23
@@ -405,10 +405,14 @@ def _v4_views(c: torch.Tensor):
     return data, scales
 
 
-def _split_slots(slots: torch.Tensor, num_pages: int, page_size: int, name: str = "slots"):
+def _split_slots(slots: torch.Tensor, cache: torch.Tensor, name: str = "slots"):
+    """(page, offset) of each slot id of ``cache`` (``[num_pages, page_size, ...]``), on its device."""
+    if not isinstance(slots, torch.Tensor):
+        raise ValueError(f"{name}: expected an integer tensor [n], got {type(slots).__name__}")
     if slots.dtype.is_floating_point or slots.dtype == torch.bool:
         raise ValueError(f"{name}: expected an integer tensor, got {slots.dtype}")
-    s = slots.reshape(-1).to(torch.int64)
+    num_pages, page_size = cache.shape[0], cache.shape[1]
+    s = slots.to(cache.device).reshape(-1).to(torch.int64)
     if s.numel() and (bool((s < 0).any()) or bool((s >= num_pages * page_size).any())):
         raise IndexError(
             f"{name}: every slot must be in [0, num_pages*page_size) = [0, {num_pages * page_size}); "
@@ -507,9 +511,7 @@ def write_kv_rows(kv_cache: torch.Tensor, kv_format: str, slots: torch.Tensor, k
                          f"{kv.dtype if isinstance(kv, torch.Tensor) else type(kv).__name__}")
     if kv.dim() != 2 or kv.shape[1] != d_qk:
         raise ValueError(f"kv: expected [n, {d_qk}], got {tuple(kv.shape)}")
-    if not isinstance(slots, torch.Tensor):
-        raise ValueError(f"slots: expected an integer tensor [n], got {type(slots).__name__}")
-    page, off = _split_slots(slots.to(c.device), c.shape[0], c.shape[1])
+    page, off = _split_slots(slots, c)
     if kv.shape[0] != page.numel():
         raise ValueError(f"kv has {kv.shape[0]} rows but slots has {page.numel()} entries")
     if page.numel() > 1:
@@ -619,7 +621,7 @@ def gather_kv_rows(
         ``[n, d_qk]`` in ``dtype`` (d_qk 576 / 512). Only the bytes of the given slots are read.
     """
     c = _check_cache(kv_cache, kv_format)
-    page, off = _split_slots(slots.to(c.device), c.shape[0], c.shape[1])
+    page, off = _split_slots(slots, c)
     layout, fnuz = _LAYOUT[kv_format], kv_format.endswith("_fnuz")
     if layout == "bf16":
         return c[page, off].to(dtype)

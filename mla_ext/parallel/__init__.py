@@ -42,7 +42,7 @@ import torch
 import torch.distributed as dist
 
 from .._decode import DecodeWorkspace, sparse_mla_decode
-from .._ops import int_arg, merge_attn_states_n
+from .._ops import int_arg, is_integer_dtype, merge_attn_states_n
 from .. import formats
 
 __all__ = ["PageSharding", "ContextParallelDecode", "compact_indices", "SHARDING_MODES", "D_V"]
@@ -55,7 +55,7 @@ _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather
 
 
 def _integer_tensor(fn: str, name: str, t) -> None:
-    if not isinstance(t, torch.Tensor) or t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
+    if not isinstance(t, torch.Tensor) or not is_integer_dtype(t.dtype):
         raise TypeError(f"{fn}: expected {name} to be an integer tensor, got "
                         f"{t.dtype if isinstance(t, torch.Tensor) else type(t).__name__}")
 
