@@ -7,19 +7,8 @@
 namespace mla_ext_gpu {
 
 int processor_count(int device) {
-  static mla_ext::PerDevice<int> cache;  // (host threads may launch concurrently)
-  const bool slot = device >= 0 && device < 64;
-  if (slot) {
-    const int c = cache.get(device);
-    if (c != 0) return c;
-  }
-  int n = 0;
-  if (mlaDeviceGetAttribute(&n, mlaDevAttrMultiProcessorCount, device) != MLA_EXT_GPU_SUCCESS) {
-    (void)mlaGetLastError();
-    return 0;
-  }
-  if (slot) cache.set(device, n);
-  return n;
+  static mla_ext::PerDevice<int> cache;
+  return mla_ext::device_attribute_cached(cache, mlaDevAttrMultiProcessorCount, device);
 }
 
 int launch_merge_attn_states(const mla_ext::MergeParams& p, int device, void* stream) {

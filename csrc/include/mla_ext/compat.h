@@ -130,12 +130,10 @@ struct PerDevice {
   void set(int dev, T v) { slot[dev].store(v, std::memory_order_release); }
 };
 
-// Attribute `attr` of the current device, read once per device (launchers ask
-// on every launch); 0 when the runtime does not say (its error is cleared).
+// Attribute `attr` of device `dev`, read once per device (launchers ask on
+// every launch); 0 when the runtime does not say (its error is cleared).
 template <typename Attr>
-inline int current_device_attribute_cached(PerDevice<int>& cache, Attr attr) {
-  int dev = 0;
-  if (mlaGetDevice(&dev) != MLA_EXT_GPU_SUCCESS) return 0;
+inline int device_attribute_cached(PerDevice<int>& cache, Attr attr, int dev) {
   const bool slot = dev >= 0 && dev < 64;
   if (slot) {
     const int c = cache.get(dev);
@@ -148,6 +146,14 @@ inline int current_device_attribute_cached(PerDevice<int>& cache, Attr attr) {
   }
   if (slot) cache.set(dev, n > 0 ? n : -1);
   return n > 0 ? n : 0;
+}
+
+// The same for the current device.
+template <typename Attr>
+inline int current_device_attribute_cached(PerDevice<int>& cache, Attr attr) {
+  int dev = 0;
+  if (mlaGetDevice(&dev) != MLA_EXT_GPU_SUCCESS) return 0;
+  return device_attribute_cached(cache, attr, dev);
 }
 
 // Compute-capability major of the current device (NVIDIA: 8 = Ampere, 9 =
