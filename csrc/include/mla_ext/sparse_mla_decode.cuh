@@ -2283,7 +2283,8 @@ struct ReduceArgs {
 
 constexpr int kReduceThreads = kDV / 4;
 constexpr int kReduceWarps = kReduceThreads / kWarpSize;
-constexpr int kReduceLsePerThread = (kMaxSplits + kReduceThreads - 1) / kReduceThreads;
+// Column chunks per row the reduce may use (whole warps per chunk: 4 with 32-lane warps, 2 with 64).
+constexpr int kReduceMaxChunks = kReduceThreads / kWarpSize >= 4 ? 4 : kReduceThreads / kWarpSize;
 // The block-wide scan path folds its partials in batches of kReduceScanBatch splits, and with
 // many splits runs up to kReduceMaxGroups groups of kReduceThreads threads per block, group g
 // taking batches g, g + G, ... (one L2 round trip per batch and group instead of S / 16 in a
@@ -2295,6 +2296,7 @@ constexpr int kReduceMaxWarps = kReduceThreads * kReduceMaxGroups / kWarpSize;
 // (below it, each thread scans them itself: fewer registers, no shared memory,
 // and at num_tokens 64 thousands of reduce blocks want the occupancy).
 constexpr int kReduceBlockScanSplits = 16;
+static_assert(kReduceBlockScanSplits == 16, "decode_reduce_chunks (sparse_mla_decode.h) uses this threshold");
 
 // The split rule of sparse_mla_decode.h (split_merge_scan / split_merge_finish).
 // BLOCK_SCAN = false: every thread scans the S split LSEs itself and folds the
@@ -2304,9 +2306,15 @@ constexpr int kReduceBlockScanSplits = 16;
 // (deterministic), and the weights reach the partial loop, 16 splits per batch,
 // through shared memory. H200, one token: 0.4-1 us faster at 20-32 splits; at
 // num_tokens 64 (2-4 splits) its 86 registers cost 1.4-11 us, hence the switch.
-template <bool BLOCK_SCAN, int BATCH = 8, bool GROUPED = false>
-__global__ void __launch_bounds__(GROUPED ? kReduceThreads * kReduceMaxGroups : kReduceThreads)
+// CH (block-wide scan only, uniform map): the row's 512 columns are split over CH blocks
+// (blockIdx.y = column chunk) of kReduceThreads / CH threads per group, each scanning the
+// split LSEs itself (the same fixed-order reductions in every chunk of a row, so one weight
+// sum per row). For calls with fewer (token, head) rows than processors.
+template <bool BLOCK_SCAN, int BATCH = 8, bool GROUPED = false, int CH = 1>
+__global__ void __launch_bounds__(GROUPED ? (kReduceThreads / CH) * kReduceMaxGroups : kReduceThreads / CH)
     decode_reduce_kernel(const ReduceArgs a) {
+  constexpr int TPG = kReduceThreads / CH;  // threads per column group
+  static_assert(CH == 1 || (BLOCK_SCAN && TPG % kWarpSize == 0), "column chunks: block scan, whole warps");
   wait_for_prior_grids();
   const SparseDecodeParams& p = a.p;
   const int64_t H = p.num_heads;
@@ -2315,18 +2323,18 @@ __global__ void __launch_bounds__(GROUPED ? kReduceThreads * kReduceMaxGroups : 
   const int tid = threadIdx.x;
   // Column group: threads [128 g, 128 g + 128) cover the 512 output columns once (the
   // per-thread path and the balanced map run one group: blockDim.x == kReduceThreads).
-  const int grp = GROUPED ? tid / kReduceThreads : 0, ctid = tid - grp * kReduceThreads;
+  const int grp = GROUPED ? tid / TPG : 0, ctid = tid - grp * TPG;
   // The token's split slots (sparse_mla_decode.h split map): S of them from q0.
   const int64_t NQ = p.num_tokens * p.num_splits;
   int S = p.num_splits;
   int64_t q0 = t * S;
-  if (!GROUPED && a.balanced) {  // the grouped instance never runs the balanced map
+  if (!GROUPED && CH == 1 && a.balanced) {  // the grouped and chunked instances never run the balanced map
     __shared__ int64_t s_bal[kReduceWarps];
     balanced_token_slots<kReduceThreads>(p, t, &q0, &S, s_bal);
   }
   const float* lse = a.ws_lse + h * NQ + q0;
   const float* parts = a.ws_out + (h * NQ + q0) * kDV;  // split i's partial: parts + i * kDV
-  const int col = ctid * 4;
+  const int col = (CH > 1 ? int(blockIdx.y) * TPG + ctid : ctid) * 4;
   float o[4] = {0.f, 0.f, 0.f, 0.f};
   float out_lse = neg_inf();
   // Both paths: fold a split's partial in with weight w; normalise at the end (sink once).
@@ -2388,8 +2396,9 @@ __global__ void __launch_bounds__(GROUPED ? kReduceThreads * kReduceMaxGroups : 
     __shared__ float4 s_part[kReduceMaxGroups - 1][kReduceThreads];
     const int lane = tid % kWarpSize, warp = tid / kWarpSize;
     // GROUPED = false: one group, every count below a compile-time constant.
-    const int nt = GROUPED ? int(blockDim.x) : kReduceThreads;
-    const int nwarps = nt / kWarpSize, groups = nt / kReduceThreads;
+    const int nt = GROUPED ? int(blockDim.x) : TPG;
+    const int nwarps = nt / kWarpSize, groups = nt / TPG;
+    constexpr int kLsePerThread = (kMaxSplits + TPG - 1) / TPG;  // (one group: the most per thread)
     // The first batch of this group's partials goes out with the LSE loads (one
     // L2 round trip for both); loaded but unused for a NaN or empty row.
     constexpr int kBatch = kReduceScanBatch;
@@ -2398,11 +2407,11 @@ __global__ void __launch_bounds__(GROUPED ? kReduceThreads * kReduceMaxGroups : 
 #pragma unroll
     for (int u = 0; u < kBatch; ++u)
       if (grp * kBatch + u < S) v[u] = *reinterpret_cast<const float4*>(part_out + int64_t(grp * kBatch + u) * kDV);
-    float l[kReduceLsePerThread];
+    float l[kLsePerThread];
     float mx = neg_inf();
     int nan = 0;
 #pragma unroll
-    for (int u = 0; u < kReduceLsePerThread; ++u) {
+    for (int u = 0; u < kLsePerThread; ++u) {
       const int i = tid + u * nt;
       l[u] = i < S ? lse[i] : neg_inf();
       mx = fmaxf(mx, l[u]);  // fmaxf skips a NaN; the flag records it
@@ -2429,7 +2438,7 @@ __global__ void __launch_bounds__(GROUPED ? kReduceThreads * kReduceMaxGroups : 
     } else if (mx != neg_inf()) {  // kMix; the same branch for the whole block
       float part = 0.f;
 #pragma unroll
-      for (int u = 0; u < kReduceLsePerThread; ++u) {
+      for (int u = 0; u < kLsePerThread; ++u) {
         const int i = tid + u * nt;
         if (i < S) {
           const float w = expf(l[u] - mx);
@@ -2481,7 +2490,8 @@ __global__ void __launch_bounds__(GROUPED ? kReduceThreads * kReduceMaxGroups : 
     out[2] = uint16_t(hi & 0xffffu);
     out[3] = uint16_t(hi >> 16);
   }
-  if (tid == 0 && p.lse != nullptr) p.lse[t * p.lse_stride_token + h * p.lse_stride_head] = out_lse;
+  if (tid == 0 && (CH == 1 || blockIdx.y == 0) && p.lse != nullptr)
+    p.lse[t * p.lse_stride_token + h * p.lse_stride_head] = out_lse;
 }
 
 // Raise the dynamic shared-memory limit of one kernel once per device (the
@@ -2506,17 +2516,17 @@ inline bool ensure_smem(PerDevice<bool>& done, const void* kernel, size_t bytes)
 // after it is the caller's (compat.h).
 // GROUPED (block-wide scan only): one column group per batch of splits, up to
 // kReduceMaxGroups; the balanced map's token-slot search is written for one group.
-template <bool SCAN, int BATCH = 8, bool GROUPED = false>
+template <bool SCAN, int BATCH = 8, bool GROUPED = false, int CH = 1>
 inline Status launch_reduce(const ReduceArgs& r, uint32_t rows, gpuStream_t stream) {
   static PerDevice<signed char> pdl_cache;
-  auto* kernel = decode_reduce_kernel<SCAN, BATCH, GROUPED>;
+  auto* kernel = decode_reduce_kernel<SCAN, BATCH, GROUPED, CH>;
   const bool pdl = use_pdl(kPdlDecodeReduce, pdl_cache, kernel);
   int groups = 1;
   if (GROUPED) {
     groups = (r.p.num_splits + kReduceScanBatch - 1) / kReduceScanBatch;
     if (groups > kReduceMaxGroups) groups = kReduceMaxGroups;
   }
-  return launch_kernel(pdl, kernel, dim3(rows), dim3(kReduceThreads * groups), 0, stream, r);
+  return launch_kernel(pdl, kernel, dim3(rows, CH), dim3((kReduceThreads / CH) * groups), 0, stream, r);
 }
 
 template <int MT, int DQK, KvFormat F, bool MMA, bool BAL, bool WG = false, bool ASYM = false, bool TWO = false>
@@ -2563,6 +2573,13 @@ inline int decode_two_token_mode(const SparseDecodeParams& p) {
   static const int env = env_int("MLA_EXT_TWO_TOKEN", 1);
   if (p.two_token != 0) return p.two_token;
   return env == 0 ? 1 : (env == 2 ? 2 : 0);
+}
+
+// The most column chunks the reduce may use (decode_reduce_chunks): kReduceMaxChunks unless
+// the environment variable MLA_EXT_REDUCE_CHUNKS (read once) is 1 (never chunk) or 2.
+inline int decode_reduce_chunk_cap() {
+  static const int cap = int(env_int("MLA_EXT_REDUCE_CHUNKS", 0));
+  return cap >= 1 && cap < kReduceMaxChunks ? cap : kReduceMaxChunks;
 }
 
 // wg: the 64-head tile as warpgroup MMAs (Hopper), every format.
@@ -2746,9 +2763,20 @@ inline Status launch_sparse_mla_decode(const SparseDecodeParams& p, void* worksp
   // while the rows fit one wave of these one-per-processor blocks (95 registers x up to 640
   // threads); more rows keep the 128-thread blocks, several per processor.
   const int64_t one_wave = num_sms > 0 ? num_sms : 128;
-  if (S > 2 * kReduceScanBatch && !a.balanced && int64_t(rows) <= one_wave)
+  // Fewer rows than processors (one token at 8-64 heads): each row's columns over up to
+  // four blocks (two with 64-lane warps: chunks <= kReduceMaxChunks), so that more
+  // processors read the partials (a row of 65 splits is 130 KB).
+  const int chunks = decode_reduce_chunks(rows, S, a.balanced, one_wave, decode_reduce_chunk_cap());
+  if (S > 2 * kReduceScanBatch && !a.balanced && int64_t(rows) <= one_wave) {
+    if (chunks > 2) return launch_reduce<true, 8, true, kReduceMaxChunks>(r, rows, stream);
+    if (chunks >= 2) return launch_reduce<true, 8, true, 2>(r, rows, stream);
     return launch_reduce<true, 8, true>(r, rows, stream);
-  if (S >= kReduceBlockScanSplits) return launch_reduce<true>(r, rows, stream);
+  }
+  if (S >= kReduceBlockScanSplits) {
+    if (chunks > 2) return launch_reduce<true, 8, false, kReduceMaxChunks>(r, rows, stream);
+    if (chunks >= 2) return launch_reduce<true, 8, false, 2>(r, rows, stream);
+    return launch_reduce<true>(r, rows, stream);
+  }
   if (a.balanced) return launch_reduce<false, 8>(r, rows, stream);  // a token may own many more than S splits
   if (S <= 2) return launch_reduce<false, 2>(r, rows, stream);
   if (S <= 4) return launch_reduce<false, 4>(r, rows, stream);

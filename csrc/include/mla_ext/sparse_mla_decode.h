@@ -244,6 +244,21 @@ inline int64_t decode_launch_head_tile(int64_t num_tokens, int64_t num_heads, in
   return big;
 }
 
+// Column chunks of the GPU reduce for a call of `rows` (token, head) rows and S
+// resolved splits: with fewer rows than processors (one token at 8-64 heads) a
+// row's 512 columns go to up to max_chunks blocks (4, or 2 with 64-lane warps),
+// so that more processors read its partials (65 splits: 130 KB per row, which
+// one processor reads from L2 at ~0.1 TB/s). Only for the block-wide scan (S >=
+// 16, kReduceBlockScanSplits) and the uniform map. Shapes and processor count
+// only (graph-safe; a given call is bit-reproducible).
+inline int decode_reduce_chunks(int64_t rows, int num_splits, bool balanced, int64_t sms, int max_chunks) {
+  if (balanced || num_splits < 16 || rows <= 0) return 1;
+  const int64_t room = (sms > 0 ? sms : 128) / rows;
+  int c = 1;
+  while (c * 2 <= max_chunks && c * 2 <= room) c *= 2;
+  return c;
+}
+
 // Rows per split up to which the automatic split count (below) gives up splits
 // to let a smaller head tile fit: 16 heads while a split stays within one tile
 // step (64 rows), 32 heads up to 160 rows (H200 sweeps, eighth session: 32-head
