@@ -1777,6 +1777,66 @@ def test_gpu_asym_switch_both_kernels(tmp_path):
         assert (lse.double() - l0).abs().max().item() < 1e-3, key
 
 
+_CHUNKS_CHILD = """
+import sys, torch, mla_ext
+from mla_ext import builders
+from torch.profiler import ProfilerActivity, profile
+res = {}
+# Calls with fewer (token, head) rows than processors and >= 16 splits: the reduce splits each
+# row's columns over 2-4 blocks (decode_reduce_chunks), on the block-scan path with one column
+# group (16-32 splits) and with several (> 32 splits); sinks and lse on the V4 layers.
+for kind, heads, batch, ctx, splits in (("v4_c4", 8, 1, 3000, 0), ("v4_c128", 16, 1, 10**6, 65),
+                                        ("v4_c4", 64, 1, 3000, 64), ("v32", 32, 2, 5000, 32),
+                                        ("v4_c128", 3, 1, 10**6, 40)):
+    inp = builders.build_decode_inputs(kind, batch=batch, num_heads=heads, context_len=(2000, ctx), device="cuda",
+                                       seed=heads + batch + 7)
+    T = inp.num_tokens
+    out = torch.full((T, heads, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+    lse = torch.full((T, heads), float("nan"), device="cuda")
+    ws = torch.full((mla_ext.sparse_mla_decode_workspace_size(T, heads, num_splits=splits, device="cuda"),), 255,
+                    dtype=torch.uint8, device="cuda")
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        mla_ext.sparse_mla_decode(inp.q, inp.kv_cache, inp.indices, output=out, workspace=ws, lse=lse,
+                                  num_splits=splits, **inp.op_kwargs())
+        torch.cuda.synchronize()
+    names = [e.key for e in prof.key_averages() if "decode_reduce" in e.key]
+    ref_o, ref_l = ([r.cpu() for r in inp.reference(dtype=torch.float64)] if sys.argv[2] == "ref"
+                    else (None, None))
+    res[f"{kind}_{heads}_{batch}"] = (out.cpu(), lse.cpu(), ref_o, ref_l, names, inp.kv_format)
+torch.save(res, sys.argv[1])
+"""
+
+
+@requires_gpu
+def test_gpu_reduce_column_chunks(tmp_path):
+    """One-token-like calls (fewer token x head rows than processors, >= 16 splits) reduce each
+    row in 2-4 column chunks by default and in one block with MLA_EXT_REDUCE_CHUNKS=1: both
+    against the float64 reference, and within rounding of each other (the weight sum's order
+    differs with the block size). Each in its own process: the switch is read once. Where the
+    profiler names kernels, the reduce kernel's last template argument shows the chunk count."""
+    results = {}
+    for chunks in ("1", ""):
+        env = dict(os.environ)
+        env.pop("MLA_EXT_REDUCE_CHUNKS", None)
+        if chunks:
+            env["MLA_EXT_REDUCE_CHUNKS"] = chunks
+        path = tmp_path / f"chunks_{chunks or 'default'}.pt"
+        subprocess.run([sys.executable, "-c", _CHUNKS_CHILD, str(path), "ref" if chunks else "-"], check=True,
+                       env=env)
+        results[chunks] = torch.load(path)
+    for key, (out, lse, ref_o, ref_l, names, fmt) in results["1"].items():
+        o, l_, _, _, nm, _ = results[""][key]
+        for got_o, got_l in ((out, lse), (o, l_)):
+            check_out(got_o, ref_o, fmt)
+            check_lse(got_l, ref_l, kv_format=fmt)
+        assert ((o.double() - out.double()).abs().max() / out.double().abs().max()).item() < 1e-2, key
+        assert (l_.double() - lse.double()).abs().max().item() < 1e-4, key
+        if names and nm:  # (bool, int, bool, int) template arguments: the last is CH
+            assert all(re.search(r"decode_reduce_kernel<true, 8, (?:true|false), 1>", n) for n in names), names
+            if torch.cuda.get_device_properties(0).multi_processor_count >= 2 * 64:
+                assert any(re.search(r"decode_reduce_kernel<true, 8, (?:true|false), [24]>", n) for n in nm), nm
+
+
 @requires_gpu
 def test_gpu_pdl_chain_of_small_grids():
     """Decode and merge calls back to back with no host sync, each reading the previous one's

@@ -167,7 +167,6 @@ MLA_EXT_ALWAYS_INLINE inline void run_unit_body(const SparseDecodeParams& p, con
   const int S = p.num_splits;
   const int64_t N = p.num_tokens * S;  // split slots
   const int d_qk = p.d_qk;
-  const int64_t H = p.num_heads;
   const int64_t t = u.t;
   const int64_t nh = u.h1 - u.h0;
   const float* lut = kv_is_fnuz(p.kv_format) ? e4m3_tables().fnuz : e4m3_tables().fn;
