@@ -1782,12 +1782,12 @@ import sys, torch, mla_ext
 from mla_ext import builders
 from torch.profiler import ProfilerActivity, profile
 res = {}
-# Calls with fewer (token, head) rows than processors and >= 16 splits: the reduce splits each
-# row's columns over 2-4 blocks (decode_reduce_chunks), on the block-scan path with one column
-# group (16-32 splits) and with several (> 32 splits); sinks and lse on the V4 layers.
-for kind, heads, batch, ctx, splits in (("v4_c4", 8, 1, 3000, 0), ("v4_c128", 16, 1, 10**6, 65),
-                                        ("v4_c4", 64, 1, 3000, 64), ("v32", 32, 2, 5000, 32),
-                                        ("v4_c128", 3, 1, 10**6, 40)):
+# Calls with fewer (token, head) rows than processors and more than 32 splits: the reduce splits
+# each row's columns over 2-4 blocks (decode_reduce_chunks); sinks and lse on the V4 layers. The
+# last case (20 splits) keeps one block per row either way.
+for kind, heads, batch, ctx, splits in (("v4_c128", 16, 1, 10**6, 65), ("v4_c4", 64, 1, 3000, 64),
+                                        ("v32", 8, 1, 5000, 48), ("v4_c128", 3, 1, 10**6, 40),
+                                        ("v4_c4", 8, 1, 3000, 0)):
     inp = builders.build_decode_inputs(kind, batch=batch, num_heads=heads, context_len=(2000, ctx), device="cuda",
                                        seed=heads + batch + 7)
     T = inp.num_tokens
@@ -1809,8 +1809,9 @@ torch.save(res, sys.argv[1])
 
 @requires_gpu
 def test_gpu_reduce_column_chunks(tmp_path):
-    """One-token-like calls (fewer token x head rows than processors, >= 16 splits) reduce each
-    row in 2-4 column chunks by default and in one block with MLA_EXT_REDUCE_CHUNKS=1: both
+    """One-token calls with fewer token x head rows than processors and more than 32 splits
+    reduce each row in 2-4 column chunks by default and in one block with
+    MLA_EXT_REDUCE_CHUNKS=1 (20 splits: one block either way): both
     against the float64 reference, and within rounding of each other (the weight sum's order
     differs with the block size). Each in its own process: the switch is read once. Where the
     profiler names kernels, the reduce kernel's last template argument shows the chunk count."""
@@ -1833,8 +1834,11 @@ def test_gpu_reduce_column_chunks(tmp_path):
         assert (l_.double() - lse.double()).abs().max().item() < 1e-4, key
         if names and nm:  # (bool, int, bool, int) template arguments: the last is CH
             assert all(re.search(r"decode_reduce_kernel<true, 8, (?:true|false), 1>", n) for n in names), names
-            if torch.cuda.get_device_properties(0).multi_processor_count >= 2 * 64:
-                assert any(re.search(r"decode_reduce_kernel<true, 8, (?:true|false), [24]>", n) for n in nm), nm
+            chunked = any(re.search(r"decode_reduce_kernel<true, 8, true, [24]>", n) for n in nm)
+            if key == "v4_c4_8_1":
+                assert not chunked, nm
+            elif torch.cuda.get_device_properties(0).multi_processor_count >= 2 * 64:
+                assert chunked, nm
 
 
 @requires_gpu

@@ -2296,7 +2296,7 @@ constexpr int kReduceMaxWarps = kReduceThreads * kReduceMaxGroups / kWarpSize;
 // (below it, each thread scans them itself: fewer registers, no shared memory,
 // and at num_tokens 64 thousands of reduce blocks want the occupancy).
 constexpr int kReduceBlockScanSplits = 16;
-static_assert(kReduceBlockScanSplits == 16, "decode_reduce_chunks (sparse_mla_decode.h) uses this threshold");
+static_assert(2 * kReduceScanBatch == 32, "decode_reduce_chunks (sparse_mla_decode.h): chunks with column groups only");
 
 // The split rule of sparse_mla_decode.h (split_merge_scan / split_merge_finish).
 // BLOCK_SCAN = false: every thread scans the S split LSEs itself and folds the
@@ -2306,15 +2306,15 @@ static_assert(kReduceBlockScanSplits == 16, "decode_reduce_chunks (sparse_mla_de
 // (deterministic), and the weights reach the partial loop, 16 splits per batch,
 // through shared memory. H200, one token: 0.4-1 us faster at 20-32 splits; at
 // num_tokens 64 (2-4 splits) its 86 registers cost 1.4-11 us, hence the switch.
-// CH (block-wide scan only, uniform map): the row's 512 columns are split over CH blocks
-// (blockIdx.y = column chunk) of kReduceThreads / CH threads per group, each scanning the
-// split LSEs itself (the same fixed-order reductions in every chunk of a row, so one weight
-// sum per row). For calls with fewer (token, head) rows than processors.
+// CH (GROUPED only): the row's 512 columns are split over CH blocks (blockIdx.y = column
+// chunk) of kReduceThreads / CH threads per group, each scanning the split LSEs itself (the
+// same fixed-order reductions in every chunk of a row, so one weight sum per row). For calls
+// with fewer (token, head) rows than processors (decode_reduce_chunks).
 template <bool BLOCK_SCAN, int BATCH = 8, bool GROUPED = false, int CH = 1>
 __global__ void __launch_bounds__(GROUPED ? (kReduceThreads / CH) * kReduceMaxGroups : kReduceThreads / CH)
     decode_reduce_kernel(const ReduceArgs a) {
   constexpr int TPG = kReduceThreads / CH;  // threads per column group
-  static_assert(CH == 1 || (BLOCK_SCAN && TPG % kWarpSize == 0), "column chunks: block scan, whole warps");
+  static_assert(CH == 1 || (GROUPED && TPG % kWarpSize == 0), "column chunks: column groups, whole warps");
   wait_for_prior_grids();
   const SparseDecodeParams& p = a.p;
   const int64_t H = p.num_heads;
@@ -2328,7 +2328,7 @@ __global__ void __launch_bounds__(GROUPED ? (kReduceThreads / CH) * kReduceMaxGr
   const int64_t NQ = p.num_tokens * p.num_splits;
   int S = p.num_splits;
   int64_t q0 = t * S;
-  if (!GROUPED && CH == 1 && a.balanced) {  // the grouped and chunked instances never run the balanced map
+  if (!GROUPED && a.balanced) {  // the grouped instance never runs the balanced map
     __shared__ int64_t s_bal[kReduceWarps];
     balanced_token_slots<kReduceThreads>(p, t, &q0, &S, s_bal);
   }
@@ -2763,20 +2763,16 @@ inline Status launch_sparse_mla_decode(const SparseDecodeParams& p, void* worksp
   // while the rows fit one wave of these one-per-processor blocks (95 registers x up to 640
   // threads); more rows keep the 128-thread blocks, several per processor.
   const int64_t one_wave = num_sms > 0 ? num_sms : 128;
-  // Fewer rows than processors (one token at 8-64 heads): each row's columns over up to
-  // four blocks (two with 64-lane warps: chunks <= kReduceMaxChunks), so that more
-  // processors read the partials (a row of 65 splits is 130 KB).
-  const int chunks = decode_reduce_chunks(rows, S, a.balanced, one_wave, decode_reduce_chunk_cap());
+  // Fewer rows than processors as well (one token at 3-64 heads): each row's columns over up
+  // to four blocks (two with 64-lane warps: chunks <= kReduceMaxChunks), so that more
+  // processors read the partials (65 splits: 130 KB per row; decode_reduce_chunks).
   if (S > 2 * kReduceScanBatch && !a.balanced && int64_t(rows) <= one_wave) {
+    const int chunks = decode_reduce_chunks(rows, S, false, one_wave, decode_reduce_chunk_cap());
     if (chunks > 2) return launch_reduce<true, 8, true, kReduceMaxChunks>(r, rows, stream);
-    if (chunks >= 2) return launch_reduce<true, 8, true, 2>(r, rows, stream);
+    if (chunks == 2) return launch_reduce<true, 8, true, 2>(r, rows, stream);
     return launch_reduce<true, 8, true>(r, rows, stream);
   }
-  if (S >= kReduceBlockScanSplits) {
-    if (chunks > 2) return launch_reduce<true, 8, false, kReduceMaxChunks>(r, rows, stream);
-    if (chunks >= 2) return launch_reduce<true, 8, false, 2>(r, rows, stream);
-    return launch_reduce<true>(r, rows, stream);
-  }
+  if (S >= kReduceBlockScanSplits) return launch_reduce<true>(r, rows, stream);
   if (a.balanced) return launch_reduce<false, 8>(r, rows, stream);  // a token may own many more than S splits
   if (S <= 2) return launch_reduce<false, 2>(r, rows, stream);
   if (S <= 4) return launch_reduce<false, 4>(r, rows, stream);
