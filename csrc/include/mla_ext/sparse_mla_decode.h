@@ -249,9 +249,9 @@ inline int64_t decode_launch_head_tile(int64_t num_tokens, int64_t num_heads, in
 // rows of 8320 entries take 65) and fewer rows than processors (one token at
 // 3-64 heads), a row's 512 columns go to up to max_chunks blocks (4, or 2 with
 // 64-lane warps), so that more processors read its partials (65 splits: 130 KB
-// per row). H200, one token (twenty-fifth session): C128 8-64 heads -3..-7%, the
-// straggler layer at 8 heads -10%; at 20-32 splits (C4, V3.2: 40-64 KB per row)
-// the same chunks cost +2..+4%, hence the 32. Uniform map only. Shapes and
+// per row). H200, one token (twenty-fifth session): C128 8 / 16 / 64 heads -8 / -7
+// / -2.5%, the straggler layer at 8 heads -11%; at 20-32 splits (C4, V3.2: 40-64
+// KB per row) the same chunks cost +2..+4%, hence the 32. Uniform map only. Shapes and
 // processor count only (graph-safe; a given call is bit-reproducible).
 inline int decode_reduce_chunks(int64_t rows, int num_splits, bool balanced, int64_t sms, int max_chunks) {
   if (balanced || num_splits <= 32 || rows <= 0) return 1;
