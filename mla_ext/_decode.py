@@ -264,6 +264,10 @@ def sparse_mla_decode_workspace_size(num_tokens: int, num_heads: int, *, num_spl
     Returns:
         bytes (int; 0 when no split-K scratch is needed, e.g. ``num_splits=1``).
 
+    A host-side query, meant for allocation time: ``torch.compile(fullgraph=True)`` cannot trace
+    it (size the workspace outside the compiled function; :meth:`DecodeWorkspace.check` is
+    skipped while compiling).
+
     Raises:
         RuntimeError: negative sizes, ``num_tokens x num_heads`` above 2^43, ``num_splits``
             outside 0..256, a CUDA device on a CPU-only build.
@@ -329,12 +333,19 @@ class DecodeWorkspace:
         """Return :attr:`tensor` after checking that a call with ``num_tokens`` tokens and
         ``num_heads`` heads (and ``num_splits``, default this workspace's) fits.
 
+        Inside a function being compiled by ``torch.compile`` (``torch.compiler.is_compiling()``)
+        it returns :attr:`tensor` unchecked, so that ``workspace=ws.check(T, H)`` traces without a
+        graph break (the size query is a host-side call); :func:`sparse_mla_decode` itself still
+        refuses a workspace that is too small when the compiled code runs.
+
         Raises:
             ValueError: the call exceeds the sizes this workspace was made for (or a size is
                 negative), or uses another
                 split setting that needs more bytes, or ``num_splits`` outside 0..256.
             TypeError: a size or ``num_splits`` that is not an integer.
         """
+        if torch.compiler.is_compiling():
+            return self.tensor
         fn = "DecodeWorkspace.check"
         num_tokens = _int_arg(fn, "num_tokens", num_tokens)
         num_heads = _int_arg(fn, "num_heads", num_heads)

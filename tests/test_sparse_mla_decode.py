@@ -846,6 +846,33 @@ def test_torch_compile_fullgraph(device):
     check_lse(lse, ref_l)
 
 
+def test_torch_compile_fullgraph_workspace_check(device):
+    """``workspace=ws.check(T, H)`` inside a fullgraph-compiled step traces (the check, a host-side
+    size query, is skipped while compiling) and the step computes the reference result; outside
+    compilation the same check still refuses a call too large for the workspace."""
+    (q, cache, idx, fmt, scale, out, _, lengths, e_cache, e_idx, e_len, sink, lse, S) = _opcheck_args(device, 2)
+    dws = mla_ext.DecodeWorkspace(q.shape[0], q.shape[1], num_splits=S, device=device)
+
+    @torch.compile(fullgraph=True, backend="inductor" if device == "cpu" or HAS_GPU else "eager")
+    def step(q, out, lse):
+        mla_ext.sparse_mla_decode(q * 1, cache, idx, kv_format=fmt, softmax_scale=scale, output=out,
+                                  workspace=dws.check(q.shape[0], q.shape[1]), lengths=lengths,
+                                  extra_kv_cache=e_cache, extra_indices=e_idx, extra_lengths=e_len,
+                                  attn_sink=sink, lse=lse, num_splits=S)
+        return out.float().sum()
+
+    poison_(out), poison_(lse)
+    step(q, out, lse)
+    ref_o, ref_l = reference.sparse_mla_decode(q.cpu(), _cpu_v4(cache), idx.cpu(), kv_format=fmt, softmax_scale=scale,
+                                               lengths=lengths.cpu(), extra_kv_cache=_cpu_v4(e_cache),
+                                               extra_indices=e_idx.cpu(), extra_lengths=e_len.cpu(),
+                                               attn_sink=sink.cpu())
+    assert_close_rel(out, ref_o, torch.bfloat16)
+    check_lse(lse, ref_l)
+    with pytest.raises(ValueError, match="DecodeWorkspace.check: made for"):
+        dws.check(q.shape[0] + 1, q.shape[1])
+
+
 # ---------------------------------------------------------------------------------------------
 # errors: raised before anything is written
 # ---------------------------------------------------------------------------------------------
