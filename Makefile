@@ -1,4 +1,5 @@
-# mla_ext: set up, run, test. Every target works on a fresh machine: it installs
+# mla_ext: set up, run, test. Every target works on a fresh machine (`bench` needs a GPU: without
+# one it stops with a one-line message, status 1): it installs
 # torch==2.13.0 (from pip's index; the CPU wheel on our build machines) only when no torch >= 2.10 is present, and uses the
 # installed torch (CUDA/ROCm included) otherwise, downloading nothing then.
 PYTHON ?= python3
@@ -35,6 +36,7 @@ hipify-check:
 wheel-size:
 	$(PYTHON) tools/wheel_size.py
 
+# The merge benchmark against a device-to-device copy (GPU only; the other benchmarks/ scripts too).
 bench: setup
 	$(PYTHON) benchmarks/bench_merge.py
 

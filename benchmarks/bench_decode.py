@@ -22,7 +22,7 @@ import json
 import torch
 from tabulate import tabulate
 
-from mla_ext.bench import DECODE_LAYERS, copy_bandwidth_gbs, matmul_tflops, measure_decode
+from mla_ext.bench import DECODE_LAYERS, require_gpu, copy_bandwidth_gbs, matmul_tflops, measure_decode
 
 FULL = dict(heads=[8, 16, 64, 128], tokens=[1, 16, 64, 128, 512])
 QUICK = dict(heads=[16, 128], tokens=[1, 64])
@@ -38,6 +38,7 @@ def main():
     ap.add_argument("--ab-mma-sync", action="store_true",
                     help="also time each shape on the forced mma.sync kernel (columns us_mma_sync, ratio)")
     args = ap.parse_args()
+    require_gpu("bench_decode.py")
     grid = dict(QUICK if args.quick else FULL)
     if args.heads:
         grid["heads"] = [int(x) for x in args.heads.split(",")]

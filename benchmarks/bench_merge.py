@@ -15,7 +15,7 @@ import json
 import torch
 from tabulate import tabulate
 
-from mla_ext.bench import copy_bandwidth_gbs, host_overhead_us, measure_merge, time_graph
+from mla_ext.bench import require_gpu, copy_bandwidth_gbs, host_overhead_us, measure_merge, time_graph
 
 SHAPES = [(1, 128, 512), (64, 128, 512), (256, 16, 512), (4096, 128, 128), (8192, 128, 128),
           (16384, 16, 128)]
@@ -25,7 +25,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json")
     args = ap.parse_args()
-    assert torch.cuda.is_available(), "this benchmark needs a GPU"
+    require_gpu("bench_merge.py")
     bw = copy_bandwidth_gbs(nbytes=512 << 20)
     # The smallest a kernel node costs under the same timing: 64 one-element fill kernels.
     tiny = [torch.empty(1, device="cuda") for _ in range(64)]

@@ -21,7 +21,7 @@ from tabulate import tabulate
 
 import mla_ext
 from mla_ext import reference
-from mla_ext.bench import copy_bandwidth_gbs, copy_ceiling_us, num_rotations, time_graph
+from mla_ext.bench import require_gpu, copy_bandwidth_gbs, copy_ceiling_us, num_rotations, time_graph
 
 # (S, T, H, D): context-parallel decode (S ranks, 512-wide MLA latent output), split-K partials,
 # and a prefill-sized merge of a few context chunks.
@@ -98,7 +98,7 @@ def main():
     ap.add_argument("--json")
     ap.add_argument("--quick", action="store_true", help="four shapes only")
     args = ap.parse_args()
-    assert torch.cuda.is_available(), "this benchmark needs a GPU"
+    require_gpu("bench_merge_n.py")
     bw = copy_bandwidth_gbs(nbytes=512 << 20)
     rows = [measure(*shape) for shape in (QUICK if args.quick else SHAPES)]
     cols = ["S", "T", "H", "D", "bytes", "us", "chain_us", "speedup", "copy_us", "pct_copy", "GB/s",

@@ -19,6 +19,14 @@ import torch
 L2_FLUSH_BYTES = 256 << 20  # rotate inputs through at least this much memory
 
 
+def require_gpu(script: str) -> None:
+    """Exit with a one-line message (status 1) when torch sees no CUDA/ROCm device: the
+    benchmarks time GPU kernels against GPU ceilings."""
+    if not torch.cuda.is_available():
+        raise SystemExit(f"{script}: this benchmark needs a CUDA/ROCm GPU; torch {torch.__version__} sees none "
+                         "(on the CPU, `mla-ext decode` and `mla-ext merge` verify and time small sizes)")
+
+
 def num_rotations(bytes_per_call: int, min_bytes: int = L2_FLUSH_BYTES, cap: int = 64) -> int:
     """Input sets needed so one pass over them touches at least ``min_bytes``."""
     return max(2, min(cap, -(-min_bytes // max(1, bytes_per_call))))

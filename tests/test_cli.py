@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from mla_ext import cli
 from mla_ext.models import MODELS, get_model
@@ -233,3 +234,14 @@ def test_measure_decode_cpu(layer):
     assert 0.0 <= row["max_rel_err"] < 2e-2
     assert row["us"] > 0 and row["rows"] > 0 and row["kv_MB"] > 0
     assert "gather_us" not in row
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message a machine without a GPU gets")
+@pytest.mark.parametrize("script", ["bench_merge.py", "bench_merge_n.py", "bench_decode.py"])
+def test_benchmarks_stop_cleanly_without_a_gpu(script):
+    """The GPU benchmarks exit with status 1 and one line naming the script, not a traceback."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    r = subprocess.run([sys.executable, os.path.join(root, "benchmarks", script)], capture_output=True, text=True)
+    assert r.returncode == 1
+    assert r.stderr.strip() == (f"{script}: this benchmark needs a CUDA/ROCm GPU; torch {torch.__version__} sees "
+                                "none (on the CPU, `mla-ext decode` and `mla-ext merge` verify and time small sizes)")
