@@ -493,7 +493,8 @@ def write_kv_rows(kv_cache: torch.Tensor, kv_format: str, slots: torch.Tensor, k
     fp32 scale = amax / M, byte = e4m3(clamp(x / scale, +-M)); RoPE dims as bf16.
     fp8_ds_mla_v4[_fnuz] per 64-element tile, e = ceil(log2(amax / M)), value
     e4m3(clamp(x / 2**e, +-M)), UE8M0 byte clamp(e + 127, 0, 255); pad byte 0; RoPE as bf16.
-    Zeros are stored as 0x00 in both flavours (e4m3fnuz has no -0: 0x80 is its NaN). Rows are
+    +0 is stored as 0x00 in both flavours; -0 (and negatives that round to zero) as 0x80 in
+    e4m3fn and as 0x00 in e4m3fnuz, which has no -0 (0x80 is its NaN). Rows are
     expected finite and are not checked (that would read them on the host): an inf or NaN
     encodes differently per format (e.g. a V3.2 tile with an inf reads back NaN, while a V4 tile
     with an inf gets the exponent 0 and its values clamped to +-M).
