@@ -443,7 +443,7 @@ def alloc_kv_cache(
         num_pages, page_size: cache geometry (tokens per page), integers >= 0 and >= 1.
         d_qk: row width for ``"bf16"`` (576 or 512); must match the format otherwise if given.
         device: torch device.
-        page_stride: V4 layouts only, an integer number of bytes between pages, >=
+        page_stride: V4 layouts only (a ValueError for the others), an integer number of bytes between pages, >=
             ``page_size * 584`` (default :func:`default_v4_page_stride`, a multiple of 576). Used
             as given: the GPU op needs a multiple of 16 and refuses others; the CPU op takes any.
 
@@ -461,6 +461,9 @@ def alloc_kv_cache(
         raise ValueError(f"alloc_kv_cache: expected num_pages >= 0 and page_size >= 1, got {num_pages} and "
                          f"{page_size}")
     d_qk = _format_d_qk("alloc_kv_cache", kv_format, d_qk)
+    if page_stride is not None and _LAYOUT[kv_format] != "fp8_ds_mla_v4":
+        raise ValueError(f"alloc_kv_cache: page_stride applies to the V4 layouts (fp8_ds_mla_v4[_fnuz]) only, "
+                         f"got page_stride={page_stride!r} with kv_format={kv_format!r}")
     if kv_format == "bf16":
         return torch.full((num_pages, page_size, d_qk), float("nan"), dtype=torch.bfloat16, device=device)
     if _LAYOUT[kv_format] == "fp8_ds_mla":
@@ -471,7 +474,7 @@ def alloc_kv_cache(
     page_stride = int_arg("alloc_kv_cache", "page_stride", page_stride)
     if page_stride < page_size * row:
         raise ValueError(
-            f"page_stride must be >= page_size*584 = {page_size * row} bytes, got {page_stride}"
+            f"alloc_kv_cache: page_stride must be >= page_size*584 = {page_size * row} bytes, got {page_stride}"
         )
     buf = torch.full((num_pages * page_stride,), GARBAGE_BYTE, dtype=torch.uint8, device=device)
     return buf.as_strided((num_pages, page_size, row), (page_stride, row, 1), 0)
@@ -545,8 +548,8 @@ def pack_fp8_ds_mla(kv: torch.Tensor, *, fnuz: bool = False) -> torch.Tensor:
         (per 128-tile fp32 scale amax/448 or amax/240, amax floored at 1e-4), 4 little-endian fp32
         scales at bytes [512, 528), 64 bf16 RoPE values at [528, 656).
     """
-    if kv.dim() != 3 or kv.shape[-1] != 576:
-        raise ValueError(f"kv: expected [num_pages, page_size, 576], got {tuple(kv.shape)}")
+    if kv.dim() != 3 or kv.shape[-1] != 576 or kv.shape[1] < 1:
+        raise ValueError(f"kv: expected [num_pages, page_size >= 1, 576], got {tuple(kv.shape)}")
     num_pages, page_size, _ = kv.shape
     return _encode_v32_rows(kv.reshape(-1, 576), fnuz).reshape(num_pages, page_size, 656)
 
@@ -584,12 +587,17 @@ def pack_kv_cache(kv: torch.Tensor, kv_format: str, page_stride: Optional[int] =
 
     ``"bf16"`` -> ``kv.to(bfloat16)`` (d_qk 576 or 512); ``"fp8_ds_mla[_fnuz]"`` ->
     :func:`pack_fp8_ds_mla` (d_qk 576); ``"fp8_ds_mla_v4[_fnuz]"`` -> :func:`pack_fp8_ds_mla_v4`
-    (d_qk 512, ``page_stride`` used only here).
+    (d_qk 512; ``page_stride`` only here, a ValueError with the other formats). Every format
+    needs page_size >= 1 (as :func:`sparse_mla_decode` does).
     """
     layout, fnuz = kv_layout(kv_format), is_fnuz(kv_format)
+    if page_stride is not None and layout != "fp8_ds_mla_v4":
+        raise ValueError(f"pack_kv_cache: page_stride applies to the V4 layouts (fp8_ds_mla_v4[_fnuz]) only, "
+                         f"got page_stride={page_stride!r} with kv_format={kv_format!r}")
     if layout == "bf16":
-        if kv.dim() != 3 or kv.shape[-1] not in (512, 576):
-            raise ValueError(f"kv: expected [num_pages, page_size, d_qk] with d_qk 576 or 512, got {tuple(kv.shape)}")
+        if kv.dim() != 3 or kv.shape[-1] not in (512, 576) or kv.shape[1] < 1:
+            raise ValueError(f"kv: expected [num_pages, page_size >= 1, d_qk] with d_qk 576 or 512, "
+                             f"got {tuple(kv.shape)}")
         return kv.to(torch.bfloat16)
     if layout == "fp8_ds_mla":
         return pack_fp8_ds_mla(kv, fnuz=fnuz)

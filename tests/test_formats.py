@@ -274,10 +274,29 @@ def test_v4_custom_stride_same_values():
      "page_stride to be an integer, got a tensor"),
     (dict(kv_format="fp8_ds_mla", num_pages=-1, page_size=4), ValueError, "num_pages >= 0 and page_size >= 1"),
     (dict(kv_format="fp8_ds_mla", num_pages=2, page_size=0), ValueError, "num_pages >= 0 and page_size >= 1"),
-    (dict(kv_format="fp8_ds_mla", num_pages=2, page_size=True), TypeError, "page_size to be an integer")])
+    (dict(kv_format="fp8_ds_mla", num_pages=2, page_size=True), TypeError, "page_size to be an integer"),
+    (dict(kv_format="fp8_ds_mla", num_pages=2, page_size=16, page_stride=12345), ValueError,
+     "page_stride applies to the V4 layouts"),
+    (dict(kv_format="bf16", num_pages=2, page_size=16, d_qk=576, page_stride=12345), ValueError,
+     "page_stride applies to the V4 layouts"),
+    (dict(kv_format="fp8_ds_mla_v4", num_pages=2, page_size=4, page_stride=100), ValueError,
+     "alloc_kv_cache: page_stride must be >= page_size\\*584")])
 def test_alloc_kv_cache_refuses(kwargs, err, needle):
     with pytest.raises(err, match=needle):
         F.alloc_kv_cache(kwargs.pop("kv_format"), kwargs.pop("num_pages"), kwargs.pop("page_size"), **kwargs)
+
+
+@pytest.mark.parametrize("fmt", F.KV_FORMATS)
+def test_pack_kv_cache_refuses_empty_pages_and_foreign_page_stride(fmt):
+    """Every format refuses page_size 0 (as the decode op does) and a page_stride it has no use for."""
+    d = 512 if "v4" in fmt else 576
+    with pytest.raises(ValueError, match="page_size >= 1"):
+        F.pack_kv_cache(torch.randn(2, 0, d), fmt)
+    if "v4" in fmt:
+        assert F.pack_kv_cache(torch.randn(2, 4, d), fmt, page_stride=4 * 584 + 16).stride(0) == 4 * 584 + 16
+    else:
+        with pytest.raises(ValueError, match="pack_kv_cache: page_stride applies to the V4 layouts"):
+            F.pack_kv_cache(torch.randn(2, 4, d), fmt, page_stride=12345)
 
 
 def test_small_helpers_refuse_out_of_domain_arguments():
