@@ -192,11 +192,14 @@ def sparse_mla_decode(
             aligned, or ``output`` / ``lse`` / ``workspace`` requiring grad while grad mode is
             on.
         TypeError: ``num_splits`` not an integer (a float, a bool, a tensor), ``softmax_scale`` not a
-            real number (a string, a bool, a tensor, ``None``), or a tensor argument that is not
-            a tensor (``None`` for a required one), naming it.
+            real number (a string, a bool, a tensor, ``None``), ``kv_format`` not a string (``None``,
+            bytes), or a tensor argument that is not a tensor (``None`` for a required one), naming it.
     """
     splits = _int_arg("sparse_mla_decode", "num_splits", num_splits)
     scale = _real_arg("sparse_mla_decode", "softmax_scale", softmax_scale)
+    if not isinstance(kv_format, str):
+        raise TypeError(f"sparse_mla_decode: expected kv_format to be a string (e.g. 'fp8_ds_mla_v4'), got "
+                        f"{type(kv_format).__name__}")
     rec = recording()
     if rec and any_requires_grad(output, workspace, lse):
         refuse_requires_grad("sparse_mla_decode", ("output", "workspace", "lse"), (output, workspace, lse))

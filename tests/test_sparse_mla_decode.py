@@ -1088,6 +1088,19 @@ def test_softmax_scale_beyond_float32_refused(device, scale):
     assert out.isnan().all() and lse.isnan().all()
 
 
+@pytest.mark.parametrize("fmt", [None, b"fp8_ds_mla_v4", 3])
+def test_kv_format_not_a_string_refused(device, fmt):
+    """kv_format must be a str: None, bytes (torch's schema took b"bf16" as "bf16") or an int is a
+    TypeError naming it, nothing written."""
+    args = _valid(device)
+    out, lse, ws = args["output"], args["lse"], args["workspace"]
+    ws0 = ws.clone()
+    args["kv_format"] = fmt
+    with pytest.raises(TypeError, match=f"expected kv_format to be a string .*, got {type(fmt).__name__}"):
+        mla_ext.sparse_mla_decode(args.pop("q"), args.pop("kv_cache"), args.pop("indices"), **args)
+    assert out.isnan().all() and lse.isnan().all() and torch.equal(ws, ws0)
+
+
 @pytest.mark.parametrize("scale", ["0.05", b"0.05", None, True, "tensor"])
 def test_softmax_scale_not_a_real_number_refused(device, scale):
     """softmax_scale must be a real number: a string (float() would parse it), bytes, None, a bool
