@@ -5,6 +5,7 @@ unselected slots are garbage that decodes to NaN, so an unwritten element, a wor
 being written, or a read of an unselected row shows up as NaN.
 """
 import contextlib
+import json
 import os
 import re
 import subprocess
@@ -1752,21 +1753,17 @@ def test_gpu_pdl_switch_same_results(tmp_path):
             assert torch.equal(results[0][key], other[key]), key
 
 
-_ASYM_CHILD = """
-import sys, torch, mla_ext
+_SWITCH_CHILD = """
+import json, sys, torch, mla_ext
 from mla_ext import builders
 from torch.profiler import ProfilerActivity, profile
+cfg = json.loads(sys.argv[3])
+if cfg["head_tile"]:
+    torch.ops.mla_ext._set_head_tile(cfg["head_tile"])
 res = {}
-# The V4 64-head tile (forced) on both split maps: window and C4 layers (uniform map) at 64-128
-# heads, C128 layers with rows of up to ~7800 entries (balanced map: 2-256 tokens this wide);
-# 1-40 tokens, sinks, lse; splits of 1-2 key tiles (window rows of 128; C4 rows of 640 over 8
-# splits) and of many
-torch.ops.mla_ext._set_head_tile(64)
-for kind, heads, batch, ctx, splits in (("v4_swa", 128, 8, 3000, 1), ("v4_c4", 100, 20, 3000, 2),
-                                        ("v4_c4", 72, 1, 3000, 8), ("v4_c4", 64, 40, 3000, 1),
-                                        ("v4_c128", 128, 2, 10**6, 4), ("v4_c128", 72, 8, 10**6, 3)):
-    inp = builders.build_decode_inputs(kind, batch=batch, num_heads=heads, context_len=(300, ctx), device="cuda",
-                                       seed=heads + batch)
+for kind, heads, batch, ctx, splits, seed in cfg["cases"]:
+    inp = builders.build_decode_inputs(kind, batch=batch, num_heads=heads, context_len=tuple(ctx), device="cuda",
+                                       seed=seed)
     T = inp.num_tokens
     out = torch.full((T, heads, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
     lse = torch.full((T, heads), float("nan"), device="cuda")
@@ -1776,13 +1773,31 @@ for kind, heads, batch, ctx, splits in (("v4_swa", 128, 8, 3000, 1), ("v4_c4", 1
         mla_ext.sparse_mla_decode(inp.q, inp.kv_cache, inp.indices, output=out, workspace=ws, lse=lse,
                                   num_splits=splits, **inp.op_kwargs())
         torch.cuda.synchronize()
-    names = [e.key for e in prof.key_averages() if "decode_split" in e.key]
+    names = [e.key for e in prof.key_averages() if cfg["kernel"] in e.key]
     # The float64 reference (the same seeded inputs in every child) only where the parent asks.
     ref_o, ref_l = ([r.cpu() for r in inp.reference(dtype=torch.float64)] if sys.argv[2] == "ref"
                     else (None, None))
-    res[f"{kind}_{heads}_{batch}"] = (out.cpu(), lse.cpu(), ref_o, ref_l, names)
+    res[f"{kind}_{heads}_{batch}"] = (out.cpu(), lse.cpu(), ref_o, ref_l, names, inp.kv_format)
 torch.save(res, sys.argv[1])
 """
+
+
+def _run_switch_children(tmp_path, var, values, ref_value, cases, kernel, head_tile=0):
+    """_SWITCH_CHILD once per value of the environment variable ``var`` ("" = unset; switches are
+    read once per process): {value: {case: (out, lse, ref_out, ref_lse, kernel names, kv_format)}},
+    the float64 reference computed only in the ``ref_value`` child."""
+    cfg = json.dumps(dict(cases=cases, kernel=kernel, head_tile=head_tile))
+    results = {}
+    for value in values:
+        env = dict(os.environ)
+        env.pop(var, None)
+        if value:
+            env[var] = value
+        path = tmp_path / f"{var}_{value or 'default'}.pt"
+        subprocess.run([sys.executable, "-c", _SWITCH_CHILD, str(path), "ref" if value == ref_value else "-", cfg],
+                       check=True, env=env)
+        results[value] = torch.load(path)
+    return results
 
 
 @requires_gpu
@@ -1794,19 +1809,18 @@ def test_gpu_asym_switch_both_kernels(tmp_path):
     sums run in another order, so not bit-identical). Each in its own process: the switch is read
     once. Where the profiler names kernels and this GPU and build run the warpgroup kernel, the
     kernel's ASYM argument shows which one ran."""
-    results = {}
-    for asym in ("0", "1", ""):
-        env = dict(os.environ)
-        env.pop("MLA_EXT_ASYM", None)
-        if asym:
-            env["MLA_EXT_ASYM"] = asym
-        path = tmp_path / f"asym_{asym or 'default'}.pt"
-        subprocess.run([sys.executable, "-c", _ASYM_CHILD, str(path), "ref" if asym == "1" else "-"], check=True,
-                       env=env)
-        results[asym] = torch.load(path)
-    for key, (out, lse, ref_o, ref_l, names) in results["1"].items():
+    # The V4 64-head tile (forced) on both split maps: window and C4 layers (uniform map) at 64-128
+    # heads, C128 layers with rows of up to ~7800 entries (balanced map: 2-256 tokens this wide);
+    # 1-40 tokens, sinks, lse; splits of 1-2 key tiles (window rows of 128; C4 rows of 640 over 8
+    # splits) and of many. (kind, heads, batch, context_len, num_splits, seed)
+    cases = [(kind, heads, batch, (300, ctx), splits, heads + batch)
+             for kind, heads, batch, ctx, splits in (("v4_swa", 128, 8, 3000, 1), ("v4_c4", 100, 20, 3000, 2),
+                                                     ("v4_c4", 72, 1, 3000, 8), ("v4_c4", 64, 40, 3000, 1),
+                                                     ("v4_c128", 128, 2, 10**6, 4), ("v4_c128", 72, 8, 10**6, 3))]
+    results = _run_switch_children(tmp_path, "MLA_EXT_ASYM", ("0", "1", ""), "1", cases, "decode_split", head_tile=64)
+    for key, (out, lse, ref_o, ref_l, names, _) in results["1"].items():
         for asym in ("0", "1", ""):
-            o, l_, _, _, nm = results[asym][key]
+            o, l_, _, _, nm, _ = results[asym][key]
             check_out(o, ref_o, "fp8_ds_mla_v4")
             check_lse(l_, ref_l, kv_format="fp8_ds_mla_v4")
             if _wgmma_kernel_expected() and nm:
@@ -1817,36 +1831,6 @@ def test_gpu_asym_switch_both_kernels(tmp_path):
         assert (lse.double() - l0).abs().max().item() < 1e-3, key
 
 
-_CHUNKS_CHILD = """
-import sys, torch, mla_ext
-from mla_ext import builders
-from torch.profiler import ProfilerActivity, profile
-res = {}
-# Calls with fewer (token, head) rows than processors and more than 32 splits: the reduce splits
-# each row's columns over 2-4 blocks (decode_reduce_chunks); sinks and lse on the V4 layers. The
-# last case (20 splits) keeps one block per row either way.
-for kind, heads, batch, ctx, splits in (("v4_c128", 16, 1, 10**6, 65), ("v4_c4", 64, 1, 3000, 64),
-                                        ("v32", 8, 1, 5000, 48), ("v4_c128", 3, 1, 10**6, 40),
-                                        ("v4_c4", 8, 1, 3000, 0)):
-    inp = builders.build_decode_inputs(kind, batch=batch, num_heads=heads, context_len=(2000, ctx), device="cuda",
-                                       seed=heads + batch + 7)
-    T = inp.num_tokens
-    out = torch.full((T, heads, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
-    lse = torch.full((T, heads), float("nan"), device="cuda")
-    ws = torch.full((mla_ext.sparse_mla_decode_workspace_size(T, heads, num_splits=splits, device="cuda"),), 255,
-                    dtype=torch.uint8, device="cuda")
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        mla_ext.sparse_mla_decode(inp.q, inp.kv_cache, inp.indices, output=out, workspace=ws, lse=lse,
-                                  num_splits=splits, **inp.op_kwargs())
-        torch.cuda.synchronize()
-    names = [e.key for e in prof.key_averages() if "decode_reduce" in e.key]
-    ref_o, ref_l = ([r.cpu() for r in inp.reference(dtype=torch.float64)] if sys.argv[2] == "ref"
-                    else (None, None))
-    res[f"{kind}_{heads}_{batch}"] = (out.cpu(), lse.cpu(), ref_o, ref_l, names, inp.kv_format)
-torch.save(res, sys.argv[1])
-"""
-
-
 @requires_gpu
 def test_gpu_reduce_column_chunks(tmp_path):
     """One-token calls with fewer token x head rows than processors and more than 32 splits
@@ -1855,16 +1839,14 @@ def test_gpu_reduce_column_chunks(tmp_path):
     against the float64 reference, and within rounding of each other (the weight sum's order
     differs with the block size). Each in its own process: the switch is read once. Where the
     profiler names kernels, the reduce kernel's last template argument shows the chunk count."""
-    results = {}
-    for chunks in ("1", ""):
-        env = dict(os.environ)
-        env.pop("MLA_EXT_REDUCE_CHUNKS", None)
-        if chunks:
-            env["MLA_EXT_REDUCE_CHUNKS"] = chunks
-        path = tmp_path / f"chunks_{chunks or 'default'}.pt"
-        subprocess.run([sys.executable, "-c", _CHUNKS_CHILD, str(path), "ref" if chunks else "-"], check=True,
-                       env=env)
-        results[chunks] = torch.load(path)
+    # Fewer (token, head) rows than processors and more than 32 splits: each row's columns over 2-4
+    # blocks (decode_reduce_chunks); sinks and lse on the V4 layers. The last case (20 splits)
+    # keeps one block per row either way. (kind, heads, batch, context_len, num_splits, seed)
+    cases = [(kind, heads, batch, (2000, ctx), splits, heads + batch + 7)
+             for kind, heads, batch, ctx, splits in (("v4_c128", 16, 1, 10**6, 65), ("v4_c4", 64, 1, 3000, 64),
+                                                     ("v32", 8, 1, 5000, 48), ("v4_c128", 3, 1, 10**6, 40),
+                                                     ("v4_c4", 8, 1, 3000, 0))]
+    results = _run_switch_children(tmp_path, "MLA_EXT_REDUCE_CHUNKS", ("1", ""), "1", cases, "decode_reduce")
     for key, (out, lse, ref_o, ref_l, names, fmt) in results["1"].items():
         o, l_, _, _, nm, _ = results[""][key]
         for got_o, got_l in ((out, lse), (o, l_)):
