@@ -826,40 +826,22 @@ def test_opcheck(device, S):
     torch.library.opcheck(torch.ops.mla_ext.sparse_mla_decode.default, _opcheck_args(device, S))
 
 
-def test_torch_compile_fullgraph(device):
+@pytest.mark.parametrize("ws_mode", ["tensor", "check"])
+def test_torch_compile_fullgraph(device, ws_mode):
+    """A fullgraph-compiled step calling the op computes the reference result. ws_mode "check":
+    the workspace is ``ws.check(T, H)`` of a DecodeWorkspace inside the compiled step (the check,
+    a host-side size query, is skipped while compiling); outside compilation the same check still
+    refuses a call too large for the workspace."""
     args = _opcheck_args(device, 2)
     (q, cache, idx, fmt, scale, out, ws, lengths, e_cache, e_idx, e_len, sink, lse, S) = args
-
-    @torch.compile(fullgraph=True, backend="inductor" if device == "cpu" or HAS_GPU else "eager")
-    def step(q, out, lse):
-        mla_ext.sparse_mla_decode(q * 1, cache, idx, kv_format=fmt, softmax_scale=scale, output=out, workspace=ws,
-                                  lengths=lengths, extra_kv_cache=e_cache, extra_indices=e_idx,
-                                  extra_lengths=e_len, attn_sink=sink, lse=lse, num_splits=S)
-        return out.float().sum()
-
-    poison_(out), poison_(lse)
-    step(q, out, lse)
-    ref_o, ref_l = reference.sparse_mla_decode(q.cpu(), _cpu_v4(cache), idx.cpu(), kv_format=fmt, softmax_scale=scale,
-                                               lengths=lengths.cpu(), extra_kv_cache=_cpu_v4(e_cache),
-                                               extra_indices=e_idx.cpu(), extra_lengths=e_len.cpu(),
-                                               attn_sink=sink.cpu())
-    assert_close_rel(out, ref_o, torch.bfloat16)
-    check_lse(lse, ref_l)
-
-
-def test_torch_compile_fullgraph_workspace_check(device):
-    """``workspace=ws.check(T, H)`` inside a fullgraph-compiled step traces (the check, a host-side
-    size query, is skipped while compiling) and the step computes the reference result; outside
-    compilation the same check still refuses a call too large for the workspace."""
-    (q, cache, idx, fmt, scale, out, _, lengths, e_cache, e_idx, e_len, sink, lse, S) = _opcheck_args(device, 2)
     dws = mla_ext.DecodeWorkspace(q.shape[0], q.shape[1], num_splits=S, device=device)
 
     @torch.compile(fullgraph=True, backend="inductor" if device == "cpu" or HAS_GPU else "eager")
     def step(q, out, lse):
+        workspace = ws if ws_mode == "tensor" else dws.check(q.shape[0], q.shape[1])
         mla_ext.sparse_mla_decode(q * 1, cache, idx, kv_format=fmt, softmax_scale=scale, output=out,
-                                  workspace=dws.check(q.shape[0], q.shape[1]), lengths=lengths,
-                                  extra_kv_cache=e_cache, extra_indices=e_idx, extra_lengths=e_len,
-                                  attn_sink=sink, lse=lse, num_splits=S)
+                                  workspace=workspace, lengths=lengths, extra_kv_cache=e_cache,
+                                  extra_indices=e_idx, extra_lengths=e_len, attn_sink=sink, lse=lse, num_splits=S)
         return out.float().sum()
 
     poison_(out), poison_(lse)
