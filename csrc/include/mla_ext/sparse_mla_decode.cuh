@@ -2272,7 +2272,7 @@ __global__ void __launch_bounds__(kThreads) decode_split_portable_kernel(const D
   decode_body<MT, DQK, F, false, BAL>(a);
 }
 
-// ---- split reduction: one block of 128 threads per (token, head), 4 dims each ----
+// ---- split reduction: one block per (token, head) row (or per row and column chunk), 4 dims per thread ----
 struct ReduceArgs {
   SparseDecodeParams p;
   const float* ws_out;
@@ -2321,8 +2321,8 @@ __global__ void __launch_bounds__(GROUPED ? (kReduceThreads / CH) * kReduceMaxGr
   const int64_t row = blockIdx.x;  // t * H + h
   const int64_t t = row / H, h = row - (row / H) * H;
   const int tid = threadIdx.x;
-  // Column group: threads [128 g, 128 g + 128) cover the 512 output columns once (the
-  // per-thread path and the balanced map run one group: blockDim.x == kReduceThreads).
+  // Column group: threads [TPG g, TPG g + TPG) cover this block's 512 / CH output columns once
+  // (the per-thread path and the balanced map run one group of 128: blockDim.x == kReduceThreads).
   const int grp = GROUPED ? tid / TPG : 0, ctid = tid - grp * TPG;
   // The token's split slots (sparse_mla_decode.h split map): S of them from q0.
   const int64_t NQ = p.num_tokens * p.num_splits;
@@ -2763,9 +2763,9 @@ inline Status launch_sparse_mla_decode(const SparseDecodeParams& p, void* worksp
   // while the rows fit one wave of these one-per-processor blocks (95 registers x up to 640
   // threads); more rows keep the 128-thread blocks, several per processor.
   const int64_t one_wave = num_sms > 0 ? num_sms : 128;
-  // Fewer rows than processors as well (one token at 3-64 heads): each row's columns over up
-  // to four blocks (two with 64-lane warps: chunks <= kReduceMaxChunks), so that more
-  // processors read the partials (65 splits: 130 KB per row; decode_reduce_chunks).
+  // At most half / a quarter as many rows as processors: each row's columns over 2 / 4 blocks
+  // (at most 2 with 64-lane warps: kReduceMaxChunks), so that more processors read the
+  // partials (65 splits: 130 KB per row; decode_reduce_chunks).
   if (S > 2 * kReduceScanBatch && !a.balanced && int64_t(rows) <= one_wave) {
     const int chunks = decode_reduce_chunks(rows, S, false, one_wave, decode_reduce_chunk_cap());
     if (chunks > 2) return launch_reduce<true, 8, true, kReduceMaxChunks>(r, rows, stream);

@@ -246,10 +246,11 @@ inline int64_t decode_launch_head_tile(int64_t num_tokens, int64_t num_heads, in
 
 // Column chunks of the GPU reduce for a call of `rows` (token, head) rows and S
 // resolved splits: with more than 32 splits (the reduce's column groups: C128
-// rows of 8320 entries take 65) and fewer rows than processors (one token at
-// 3-64 heads), a row's 512 columns go to up to max_chunks blocks (4, or 2 with
-// 64-lane warps), so that more processors read its partials (65 splits: 130 KB
-// per row). H200, one token (twenty-fifth session): C128 8 / 16 / 64 heads -8 / -7
+// rows of 8320 entries take 65), a row's 512 columns go to 2 blocks when there
+// are at most half as many rows as processors and to 4 at most a quarter (at most
+// max_chunks: 2 with 64-lane warps), whatever the token count (H200: 1 token x
+// up to 33 heads -> 4, 34-66 heads -> 2), so that more processors read its
+// partials (65 splits: 130 KB per row). H200, one token (twenty-fifth session): C128 8 / 16 / 64 heads -8 / -7
 // / -2.5%, the straggler layer at 8 heads -11%; at 20-32 splits (C4, V3.2: 40-64
 // KB per row) the same chunks cost +2..+4%, hence the 32. Uniform map only. Shapes and
 // processor count only (graph-safe; a given call is bit-reproducible).
