@@ -572,8 +572,8 @@ def pack_fp8_ds_mla_v4(kv: torch.Tensor, page_stride: Optional[int] = None, *, f
         ``n*page_stride + p*576`` (448 e4m3 + 64 bf16), its 7 UE8M0 scale bytes + one 0 pad
         byte at ``n*page_stride + page_size*576 + p*8``. Bytes between pages are 0xFF (garbage).
     """
-    if kv.dim() != 3 or kv.shape[-1] != 512:
-        raise ValueError(f"kv: expected [num_pages, page_size, 512], got {tuple(kv.shape)}")
+    if kv.dim() != 3 or kv.shape[-1] != 512 or kv.shape[1] < 1:
+        raise ValueError(f"kv: expected [num_pages, page_size >= 1, 512], got {tuple(kv.shape)}")
     num_pages, page_size, _ = kv.shape
     fmt = "fp8_ds_mla_v4_fnuz" if fnuz else "fp8_ds_mla_v4"
     cache = alloc_kv_cache(fmt, num_pages, page_size, device=kv.device, page_stride=page_stride)
