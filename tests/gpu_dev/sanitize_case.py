@@ -7,7 +7,8 @@ then checks each result against the float64 reference so a sanitizer run also pr
 Usage: compute-sanitizer --tool memcheck python3 tests/gpu_dev/sanitize_case.py
 Environment: MLA_EXT_SANITIZE_KINDS (comma list of decode layer kinds, default all four; "balanced"
 runs only the balanced-map cases, which v4_c128 includes; "two_token" only the forced two-token case,
-which v4_swa includes) and MLA_EXT_SANITIZE_SKIP_MERGE=1 narrow a
+which v4_swa includes; "reduce_chunks" only the column-chunked reduce cases, which v4_c4 includes)
+and MLA_EXT_SANITIZE_SKIP_MERGE=1 narrow a
 run (racecheck over every case takes minutes).
 """
 import sys
@@ -77,7 +78,7 @@ for D in () if skip_merge else (128, 7):
     print(f"merge_n D={D}: max err {err:.3g}")
     bad += not err < 2e-2
 
-for kind in [k for k in kinds if k not in ("balanced", "two_token")]:
+for kind in [k for k in kinds if k not in ("balanced", "two_token", "reduce_chunks")]:
     for heads in (16, 64):
         inp = build_decode_inputs(kind, batch=2, num_heads=heads, context_len=(300, 700), mtp=1,
                                   topk=128 if kind in ("v4_c4", "v32") else None, device=dev, seed=3)
@@ -142,6 +143,22 @@ if "v4_c128" in kinds or "balanced" in kinds:
         finally:
             torch.ops.mla_ext._set_head_tile(prev_t)
         bad += not decode_ok(f"balanced map H={H} splits={splits}", out, lse, ref_o, ref_l)
+# the reduce's column chunks (one token, more than 32 splits, few (token, head) rows: 4 chunks at 16
+# heads, 2 at 48 on a GPU of 96-191 processors; MLA_EXT_SANITIZE_KINDS "reduce_chunks", or with v4_c4)
+if "v4_c4" in kinds or "reduce_chunks" in kinds:
+    for H, splits in ((16, 40), (48, 40), (16, 33)):
+        inp = build_decode_inputs("v4_c4", batch=1, num_heads=H, context_len=(2000, 3000), device=dev, seed=11 + H)
+        ref_o, ref_l = inp.reference()
+        T = inp.num_tokens
+        out = torch.full((T, H, 512), float("nan"), device=dev, dtype=torch.bfloat16)
+        lse = torch.full((T, H), float("nan"), device=dev)
+        ws = torch.empty(mla_ext.sparse_mla_decode_workspace_size(T, H, num_splits=splits, device=dev),
+                         dtype=torch.uint8, device=dev).fill_(0xFF)
+        mla_ext.sparse_mla_decode(inp.q, inp.kv_cache, inp.indices, output=out, workspace=ws, lse=lse,
+                                  num_splits=splits, **inp.op_kwargs())
+        if dev == "cuda":
+            torch.cuda.synchronize()
+        bad += not decode_ok(f"reduce chunks H={H} splits={splits}", out, lse, ref_o, ref_l)
 # two-token blocks (the V4 64-head kernel, forced: MLA_EXT_SANITIZE_KINDS "two_token", or with v4_swa):
 # window + compressed sets, odd token count, blocks whose first, second or both tokens have no rows
 if "v4_swa" in kinds or "two_token" in kinds:
