@@ -4,7 +4,8 @@
 #  1. nvcc, sm_90a: every GPU source of the extension (csrc/sources.txt "gpu",
 #     against the installed torch's headers) and the torch-free kernel headers; the
 #     kernel headers also for sm_80 and sm_90 (the mma.sync fallback bodies); compat.h's
-#     environment-switch parser built for the host and run.
+#     environment-switch parser built for the host and run; the launcher's policy helpers
+#     (tests/compile/policy_check.cpp) built for the host and run.
 #  2. hipcc (Debian's, HIP_PLATFORM=amd), gfx90a and gfx940: the torch-free
 #     kernel headers (Debian 12's hipcc 5.2 knows no gfx942; gfx940 is its
 #     nearest CDNA3 target).
@@ -47,6 +48,12 @@ else
   echo "compile_check: nvcc not found" >&2
   exit 1
 fi
+
+# The GPU launcher's policy helpers no CPU test reaches (reduce column chunks; the split counts
+# they were measured on), built for the host and run.
+echo "g++ + run: tests/compile/policy_check.cpp"
+g++ -std=c++17 -Wall -Werror "${inc[@]}" tests/compile/policy_check.cpp -o "$out/policy_check"
+"$out/policy_check" >/dev/null || { "$out/policy_check" >&2; exit 1; }
 
 if ! command -v hipcc >/dev/null; then
   echo "compile_check: installing Debian's hipcc"

@@ -1,0 +1,45 @@
+// Host check of the decode launch policy helpers in sparse_mla_decode.h that the GPU launcher
+// uses but no CPU test reaches (tools/compile_check.sh builds and runs it; exit status 1 and a
+// line per mismatch on failure).
+#include <stdio.h>
+
+#include "mla_ext/sparse_mla_decode.h"
+
+static int bad = 0;
+
+static void expect(const char* what, long got, long want) {
+  if (got != want) {
+    printf("%s = %ld, expected %ld\n", what, got, want);
+    bad = 1;
+  }
+}
+
+int main() {
+  using mla_ext::decode_reduce_chunks;
+  // (rows, splits, balanced, processors, max chunks): 4 chunks at most a quarter as many rows as
+  // processors, 2 at most half, only above 32 splits, never on the balanced map; 0 processors = 128.
+  expect("chunks(8, 65)", decode_reduce_chunks(8, 65, false, 132, 4), 4);
+  expect("chunks(33, 65)", decode_reduce_chunks(33, 65, false, 132, 4), 4);
+  expect("chunks(34, 65)", decode_reduce_chunks(34, 65, false, 132, 4), 2);
+  expect("chunks(66, 65)", decode_reduce_chunks(66, 65, false, 132, 4), 2);
+  expect("chunks(67, 65)", decode_reduce_chunks(67, 65, false, 132, 4), 1);
+  expect("chunks(128, 65)", decode_reduce_chunks(128, 65, false, 132, 4), 1);
+  expect("chunks(8, 32)", decode_reduce_chunks(8, 32, false, 132, 4), 1);
+  expect("chunks(8, 33)", decode_reduce_chunks(8, 33, false, 132, 4), 4);
+  expect("chunks(8, 65, balanced)", decode_reduce_chunks(8, 65, true, 132, 4), 1);
+  expect("chunks(8, 65, max 2)", decode_reduce_chunks(8, 65, false, 132, 2), 2);
+  expect("chunks(8, 65, max 1)", decode_reduce_chunks(8, 65, false, 132, 1), 1);
+  expect("chunks(32, 65, 0 processors)", decode_reduce_chunks(32, 65, false, 0, 4), 4);
+  expect("chunks(33, 65, 0 processors)", decode_reduce_chunks(33, 65, false, 0, 4), 2);
+  expect("chunks(0, 65)", decode_reduce_chunks(0, 65, false, 132, 4), 1);
+  // The split counts the chunk rule was measured on (H200, 132 processors, twenty-fifth session):
+  // one C128 token (8320 entries) takes 65 splits at 8-128 heads; C4 Flash (640) 20 at 8 heads,
+  // C4 Pro (1152) and V3.2 (2048) 32: below the rule's 33.
+  const int heads[] = {8, 16, 64, 128};
+  for (int h : heads) expect("splits(C128, 1 token)", mla_ext::decode_num_splits(1, h, 8320, 132, true), 65);
+  expect("splits(C4 Flash, 1 token, 8 heads)", mla_ext::decode_num_splits(1, 8, 640, 132, false), 20);
+  expect("splits(C4 Pro, 1 token, 8 heads)", mla_ext::decode_num_splits(1, 8, 1152, 132, false), 32);
+  expect("splits(V3.2, 1 token, 64 heads)", mla_ext::decode_num_splits(1, 64, 2048, 132, false), 32);
+  if (!bad) printf("ok\n");
+  return bad;
+}
