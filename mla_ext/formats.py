@@ -409,7 +409,7 @@ def _split_slots(slots: torch.Tensor, cache: torch.Tensor, name: str = "slots"):
     """(page, offset) of each slot id of ``cache`` (``[num_pages, page_size, ...]``), on its device."""
     if not isinstance(slots, torch.Tensor):
         raise ValueError(f"{name}: expected an integer tensor [n], got {type(slots).__name__}")
-    if slots.dtype.is_floating_point or slots.dtype == torch.bool:
+    if not is_integer_dtype(slots.dtype):
         raise ValueError(f"{name}: expected an integer tensor, got {slots.dtype}")
     num_pages, page_size = cache.shape[0], cache.shape[1]
     s = slots.to(cache.device).reshape(-1).to(torch.int64)
