@@ -109,15 +109,6 @@ inline Status check_launch() {
   return err == MLA_EXT_GPU_SUCCESS ? Status::kSuccess : Status::kLaunchFailed;
 }
 
-// Number of multiprocessors (CUs on AMD) of the current device, 0 on failure.
-inline int current_device_sm_count() {
-  int dev = 0;
-  if (mlaGetDevice(&dev) != MLA_EXT_GPU_SUCCESS) return 0;
-  int n = 0;
-  if (mlaDeviceGetAttribute(&n, mlaDevAttrMultiProcessorCount, dev) != MLA_EXT_GPU_SUCCESS) return 0;
-  return n;
-}
-
 // One value per device (ordinals 0..63), shared by every host thread that launches: 0 = not
 // known yet. Declared static (zero-initialised); a slot is filled by whichever thread gets
 // there first, and any other thread racing it computes and stores the same value (atomics, so
@@ -154,6 +145,12 @@ inline int current_device_attribute_cached(PerDevice<int>& cache, Attr attr) {
   int dev = 0;
   if (mlaGetDevice(&dev) != MLA_EXT_GPU_SUCCESS) return 0;
   return device_attribute_cached(cache, attr, dev);
+}
+
+// Number of multiprocessors (CUs on AMD) of the current device, 0 on failure.
+inline int current_device_sm_count() {
+  static PerDevice<int> cache;
+  return current_device_attribute_cached(cache, mlaDevAttrMultiProcessorCount);
 }
 
 // Compute-capability major of the current device (NVIDIA: 8 = Ampere, 9 =
