@@ -2232,6 +2232,21 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
   }
 }
 
+// The one-token body (MMA: mma.sync, else portable) where the warpgroup body is not compiled.
+// TWO: a two-token grid (half the blocks) on such code (a Hopper build without sm_90a, e.g.
+// TORCH_CUDA_ARCH_LIST=9.0: the launcher cannot tell) runs it for each of the block's two
+// tokens in turn.
+template <int MT, int DQK, KvFormat F, bool MMA, bool BAL, bool TWO>
+__device__ __forceinline__ void decode_body_per_token(const DecodeArgs& a) {
+  if constexpr (TWO) {
+    decode_body<MT, DQK, F, MMA, BAL>(a, 0);
+    __syncthreads();  // the first token's shared-memory reads are done
+    decode_body<MT, DQK, F, MMA, BAL>(a, 1);
+  } else {
+    decode_body<MT, DQK, F, MMA, BAL>(a);
+  }
+}
+
 // WG: the warpgroup-MMA body where the code is compiled for sm_90a, the
 // mma.sync body elsewhere (its shared memory fits the same allocation: launch_split).
 template <int MT, int DQK, KvFormat F, bool BAL, bool WG = false, bool ASYM = false, bool TWO = false>
@@ -2242,26 +2257,11 @@ __global__ void __launch_bounds__(kThreads, (MT == 1 && F != KvFormat::kBF16) ? 
 #if defined(MLA_EXT_DECODE_WGMMA)
   decode_body<MT, DQK, F, true, BAL, WG, ASYM, TWO>(a);
 #elif defined(MLA_EXT_DECODE_MMA)
-  if constexpr (TWO) {
-    // A two-token grid (half the blocks) where this code has no warpgroup MMAs (a
-    // Hopper build without sm_90a, e.g. TORCH_CUDA_ARCH_LIST=9.0: the launcher cannot
-    // tell): the one-token body for each of the block's two tokens in turn.
-    decode_body<MT, DQK, F, true, BAL>(a, 0);
-    __syncthreads();  // the first token's shared-memory reads are done
-    decode_body<MT, DQK, F, true, BAL>(a, 1);
-  } else {
-    decode_body<MT, DQK, F, true, BAL>(a);
-  }
+  decode_body_per_token<MT, DQK, F, true, BAL, TWO>(a);
 #else
   // NVIDIA below sm_80 (or a host/HIP pass): the portable body fits in this
   // kernel's (larger) shared-memory allocation.
-  if constexpr (TWO) {
-    decode_body<MT, DQK, F, false, BAL>(a, 0);
-    __syncthreads();
-    decode_body<MT, DQK, F, false, BAL>(a, 1);
-  } else {
-    decode_body<MT, DQK, F, false, BAL>(a);
-  }
+  decode_body_per_token<MT, DQK, F, false, BAL, TWO>(a);
 #endif
 }
 

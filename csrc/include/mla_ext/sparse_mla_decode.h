@@ -250,10 +250,11 @@ inline int64_t decode_launch_head_tile(int64_t num_tokens, int64_t num_heads, in
 // are at most half as many rows as processors and to 4 at most a quarter (at most
 // max_chunks: 2 with 64-lane warps), whatever the token count (H200: 1 token x
 // up to 33 heads -> 4, 34-66 heads -> 2), so that more processors read its
-// partials (65 splits: 130 KB per row). H200, one token (twenty-fifth session): C128 8 / 16 / 64 heads -8 / -7
-// / -2.5%, the straggler layer at 8 heads -11%; at 20-32 splits (C4, V3.2: 40-64
-// KB per row) the same chunks cost +2..+4%, hence the 32. Uniform map only. Shapes and
-// processor count only (graph-safe; a given call is bit-reproducible).
+// partials (65 splits: 130 KB per row). H200, one token (twenty-fifth session):
+// C128 8 / 16 / 64 heads -8 / -7 / -2.5%, the straggler layer at 8 heads -11%; at
+// 20-32 splits (C4, V3.2: 40-64 KB per row) the same chunks cost +2..+4%, hence
+// the 32. Uniform map only. Shapes and processor count only (graph-safe; a given
+// call is bit-reproducible).
 inline int decode_reduce_chunks(int64_t rows, int num_splits, bool balanced, int64_t sms, int max_chunks) {
   if (balanced || num_splits <= 32 || rows <= 0) return 1;
   const int64_t room = (sms > 0 ? sms : 128) / rows;
