@@ -29,6 +29,7 @@ bad = 0
 def decode_ok(label, out, lse, ref_o, ref_l):
     """Print and return whether out / lse match the reference (lse where it is finite, and
     finite exactly there)."""
+    ref_o, ref_l = ref_o.double().cpu(), ref_l.double().cpu()  # references may come back on the GPU
     eo = ((out.double().cpu() - ref_o).abs().max() / ref_o.abs().max()).item()
     fin = torch.isfinite(ref_l)
     el = (lse.double().cpu()[fin] - ref_l[fin]).abs().max().item()
