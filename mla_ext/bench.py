@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import statistics
 import time
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -342,12 +342,15 @@ class DecodeSets:
         self.lses = [torch.empty(num_tokens, self.num_heads, device=dev) for _ in range(sets)]
         self.kwargs = [_slice_tokens(inp, r * num_tokens, (r + 1) * num_tokens) for r in range(sets)]
 
-    def call(self, r: int, workspace: torch.Tensor) -> None:
-        """One ``sparse_mla_decode`` on set ``r``, written into ``outputs[r]`` / ``lses[r]``."""
-        self._op(**self.kwargs[r], output=self.outputs[r], workspace=workspace, lse=self.lses[r])
+    def call(self, r: int, workspace: torch.Tensor, num_splits: int = 0) -> None:
+        """One ``sparse_mla_decode`` on set ``r``, written into ``outputs[r]`` / ``lses[r]``
+        (``num_splits`` as the op's: 0 automatic)."""
+        self._op(**self.kwargs[r], output=self.outputs[r], workspace=workspace, lse=self.lses[r],
+                 num_splits=num_splits)
 
-    def calls(self, workspace: torch.Tensor) -> List[Callable[[], None]]:
-        return [functools.partial(self.call, r, workspace) for r in range(self.sets)]
+    def calls(self, workspace: torch.Tensor, num_splits: int = 0) -> List[Callable[[], None]]:
+        """One call per set, in set order (:meth:`call`)."""
+        return [functools.partial(self.call, r, workspace, num_splits) for r in range(self.sets)]
 
     def poison(self) -> None:
         """NaN into every output and lse (an element the op does not write stays NaN)."""
@@ -516,6 +519,30 @@ def gather_ceiling_us(inp, n_rows: int, rotations: int) -> float:
                                           cupy.int32(n_rows), cupy.uint64(out.data_ptr())))
 
     return time_graph([lambda d=d, s=s: call(d, s) for d, s in sets])
+
+
+def parse_decode_shapes(spec: str) -> List[Tuple[str, int, int]]:
+    """``"layer:num_heads:num_tokens,..."`` (layers of :data:`DECODE_LAYERS`) as a list of
+    ``(layer, num_heads, num_tokens)``; ValueError naming the bad item otherwise."""
+    shapes = []
+    for item in spec.split(","):
+        parts = item.split(":")
+        if len(parts) != 3 or parts[0] not in DECODE_LAYERS or not (parts[1].isdigit() and parts[2].isdigit()):
+            raise ValueError(f"expected layer:num_heads:num_tokens with a layer of {sorted(DECODE_LAYERS)}, "
+                             f"got {item!r}")
+        shapes.append((parts[0], int(parts[1]), int(parts[2])))
+    return shapes
+
+
+def sweep_shapes(parser, spec: str, script: str) -> List[Tuple[str, int, int]]:
+    """For the GPU sweep scripts (tests/gpu_dev): ``spec`` parsed by :func:`parse_decode_shapes`
+    (``parser.error`` on a bad item), then :func:`require_gpu`."""
+    try:
+        shapes = parse_decode_shapes(spec)
+    except ValueError as e:
+        parser.error(f"--shapes: {e}")
+    require_gpu(script)
+    return shapes
 
 
 def build_layer_sets(layer: str, *, num_tokens: int, num_heads: int, device="cuda", seed: int = 0) -> DecodeSets:

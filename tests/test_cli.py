@@ -237,11 +237,41 @@ def test_measure_decode_cpu(layer):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message a machine without a GPU gets")
-@pytest.mark.parametrize("script", ["bench_merge.py", "bench_merge_n.py", "bench_decode.py"])
-def test_benchmarks_stop_cleanly_without_a_gpu(script):
-    """The GPU benchmarks exit with status 1 and one line naming the script, not a traceback."""
+@pytest.mark.parametrize("folder,script", [("benchmarks", "bench_merge.py"), ("benchmarks", "bench_merge_n.py"),
+                                           ("benchmarks", "bench_decode.py"),
+                                           ("tests/gpu_dev", "kernel_durations.py"),
+                                           ("tests/gpu_dev", "splits_sweep.py"), ("tests/gpu_dev", "head_tile_sweep.py")])
+def test_benchmarks_stop_cleanly_without_a_gpu(folder, script):
+    """The GPU benchmarks and sweeps exit with status 1 and one line naming the script, not a
+    traceback."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    r = subprocess.run([sys.executable, os.path.join(root, "benchmarks", script)], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, os.path.join(root, folder, script)], capture_output=True, text=True)
     assert r.returncode == 1
     assert r.stderr.strip() == (f"{script}: this benchmark needs a CUDA/ROCm GPU; torch {torch.__version__} sees "
                                 "none (on the CPU, `mla-ext decode` and `mla-ext merge` verify and time small sizes)")
+
+
+def test_parse_decode_shapes():
+    """The sweeps' --shapes: layer:num_heads:num_tokens items of DECODE_LAYERS, a ValueError
+    naming the first bad item."""
+    from mla_ext.bench import parse_decode_shapes
+
+    assert parse_decode_shapes("v4_c128:8:1,v32:128:64") == [("v4_c128", 8, 1), ("v32", 128, 64)]
+    for bad in ("v4_c4:8:1", "v4_c128:8", "v4_c128:x:1", "v4_c128:8:1,v32:-1:1", ""):
+        with pytest.raises(ValueError, match="layer:num_heads:num_tokens"):
+            parse_decode_shapes(bad)
+
+
+def test_decode_sets_pass_num_splits_cpu():
+    """DecodeSets.calls(workspace, num_splits) reaches the op: one split needs no workspace,
+    four refuse an empty one; the one-split results match the float64 reference."""
+    from mla_ext.bench import build_layer_sets, verify_decode_sets
+
+    ds = build_layer_sets("v4_c4_flash", num_tokens=2, num_heads=8, device="cpu")
+    empty = torch.empty(0, dtype=torch.uint8)
+    ds.poison()
+    for fn in ds.calls(empty, 1):
+        fn()
+    assert max(v["out_err"] for v in verify_decode_sets(ds, {0: [0, 1]})) < 2e-2
+    with pytest.raises(RuntimeError, match="workspace"):
+        ds.calls(empty, 4)[0]()

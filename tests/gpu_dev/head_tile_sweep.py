@@ -8,12 +8,13 @@ Usage: python3 tests/gpu_dev/head_tile_sweep.py
 import torch
 from tabulate import tabulate
 
-from mla_ext.bench import build_layer_sets, time_graph
+from mla_ext.bench import build_layer_sets, require_gpu, time_graph
 
 LAYERS = ["v4_swa", "v4_c4_flash", "v4_c4_pro", "v4_c128", "v32"]
 SHAPES = ([(k, h, t) for k in LAYERS for h in (64, 128) for t in (1, 2, 4)]
           + [("v4_c4_flash", 32, 1), ("v4_c4_flash", 128, 16), ("v4_c128_mixed", 128, 2)])
 TILES = [0, 16, 32, 64]
+require_gpu("head_tile_sweep.py")
 rows = []
 ws = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
 for layer, heads, batch in SHAPES:
@@ -22,9 +23,7 @@ for layer, heads, batch in SHAPES:
     for tile in TILES:
         prev = torch.ops.mla_ext._set_head_tile(tile)
         try:
-            calls = [lambda r=r: ds._op(**ds.kwargs[r], output=ds.outputs[r], workspace=ws, lse=ds.lses[r])
-                     for r in range(ds.sets)]
-            row.append(round(time_graph(calls), 2))
+            row.append(round(time_graph(ds.calls(ws)), 2))
         finally:
             torch.ops.mla_ext._set_head_tile(prev)
     rows.append(row)

@@ -20,7 +20,7 @@ import torch
 from tabulate import tabulate
 from torch.profiler import ProfilerActivity, profile
 
-from mla_ext.bench import build_layer_sets, require_gpu, time_graph
+from mla_ext.bench import build_layer_sets, sweep_shapes, time_graph
 
 ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 ap.add_argument("--shapes", default="v4_c128:8:1,v4_c128:16:1,v4_c4_flash:8:1",
@@ -28,17 +28,13 @@ ap.add_argument("--shapes", default="v4_c128:8:1,v4_c128:16:1,v4_c4_flash:8:1",
 ap.add_argument("--splits", default="0,17,33,130", help="split counts (0 = automatic)")
 ap.add_argument("--json", help="also write the rows here")
 args = ap.parse_args()
-require_gpu("kernel_durations.py")
+shapes = sweep_shapes(ap, args.shapes, "kernel_durations.py")
 ws = torch.empty(512 << 20, dtype=torch.uint8, device="cuda")
 rows = []
-for shape in args.shapes.split(","):
-    layer, heads, batch = shape.split(":")
-    heads, batch = int(heads), int(batch)
+for layer, heads, batch in shapes:
     ds = build_layer_sets(layer, num_tokens=batch, num_heads=heads)
     for s in (int(x) for x in args.splits.split(",")):
-        calls = [lambda r=r, d=ds, s=s: d._op(**d.kwargs[r], output=d.outputs[r], workspace=ws, lse=d.lses[r],
-                                              num_splits=s)
-                 for r in range(ds.sets)]
+        calls = ds.calls(ws, s)
         graph_us = time_graph(calls)
         for fn in calls:
             fn()

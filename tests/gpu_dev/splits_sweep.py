@@ -10,7 +10,7 @@ import argparse
 import torch
 from tabulate import tabulate
 
-from mla_ext.bench import build_layer_sets, time_graph
+from mla_ext.bench import build_layer_sets, sweep_shapes, time_graph
 
 DEFAULT_SHAPES = ("v4_swa:8:1,v4_swa:64:1,v4_c4_flash:8:1,v4_c4_flash:64:1,v4_c128:8:1,v4_c128:64:1,"
                   "v32:16:1,v32:128:1,v4_c4_flash:8:16,v4_swa:8:16")
@@ -19,17 +19,14 @@ ap.add_argument("--shapes", default=DEFAULT_SHAPES, help="layer:num_heads:num_to
 ap.add_argument("--splits", default="0,1,2,4,8,12,16,24,32,64", help="split counts (0 = automatic)")
 args = ap.parse_args()
 splits = [int(s) for s in args.splits.split(",")]
+shapes = sweep_shapes(ap, args.shapes, "splits_sweep.py")
 ws = torch.empty(512 << 20, dtype=torch.uint8, device="cuda")
 rows = []
-for shape in args.shapes.split(","):
-    layer, heads, batch = shape.split(":")
-    heads, batch = int(heads), int(batch)
+for layer, heads, batch in shapes:
     ds = build_layer_sets(layer, num_tokens=batch, num_heads=heads)
     row = [layer, heads, batch, int(ds.rows_per_call)]
     for s in splits:
-        calls = [lambda r=r: ds._op(**ds.kwargs[r], output=ds.outputs[r], workspace=ws, lse=ds.lses[r], num_splits=s)
-                 for r in range(ds.sets)]
-        row.append(round(time_graph(calls), 1))
+        row.append(round(time_graph(ds.calls(ws, s)), 1))
     rows.append(row)
     del ds
 print(tabulate(rows, headers=["layer", "H", "T", "rows"] + [f"S={s}" if s else "auto" for s in splits]))
