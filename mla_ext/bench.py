@@ -378,14 +378,15 @@ class DecodeSets:
 
 def build_decode_sets(kind: str, *, batch: int, num_heads: int, context_len, sets: int = 1, mtp: int = 0,
                       kv_format: Optional[str] = None, topk: Optional[int] = None, device="cpu",
-                      seed: int = 0, mixed: bool = False) -> DecodeSets:
+                      seed: int = 0, mixed: bool = False, row_placement: str = "pages") -> DecodeSets:
     """Build :class:`DecodeSets`: ``sets`` inputs of ``batch`` requests (``1 + mtp`` query tokens
     each) of layer ``kind``; arguments as :func:`mla_ext.builders.build_decode_inputs`.
     ``mixed``: apply :func:`make_mixed` (C128 straggler batch)."""
     from .builders import build_decode_inputs
 
     inp = build_decode_inputs(kind, batch=batch * sets, num_heads=num_heads, context_len=context_len,
-                              mtp=mtp, kv_format=kv_format, topk=topk, device=device, seed=seed)
+                              mtp=mtp, kv_format=kv_format, topk=topk, device=device, seed=seed,
+                              row_placement=row_placement)
     if mixed:
         inp = make_mixed(inp)
     return DecodeSets(kind, inp, batch * (1 + mtp), sets)
@@ -545,15 +546,18 @@ def sweep_shapes(parser, spec: str, script: str) -> List[Tuple[str, int, int]]:
     return shapes
 
 
-def build_layer_sets(layer: str, *, num_tokens: int, num_heads: int, device="cuda", seed: int = 0) -> DecodeSets:
+def build_layer_sets(layer: str, *, num_tokens: int, num_heads: int, device="cuda", seed: int = 0,
+                     row_placement: str = "pages") -> DecodeSets:
     """:class:`DecodeSets` for one shape of :data:`DECODE_LAYERS` (its top-k, context lengths and
     straggler mix): on a GPU as many input sets as keep the timed calls L2-cold
-    (:func:`decode_num_sets`), on the CPU one."""
+    (:func:`decode_num_sets`), on the CPU one. ``row_placement``: as
+    :func:`mla_ext.builders.build_decode_inputs`."""
     kind, topk, ctx = DECODE_LAYERS[layer]
     gpu = torch.device(device).type != "cpu"
     sets = decode_num_sets(kind, num_tokens, ctx[1], topk) if gpu else 1
     return build_decode_sets(kind, batch=num_tokens, num_heads=num_heads, context_len=ctx, sets=sets,
-                             topk=topk, device=device, seed=seed, mixed=layer.endswith("mixed"))
+                             topk=topk, device=device, seed=seed, mixed=layer.endswith("mixed"),
+                             row_placement=row_placement)
 
 
 def measure_decode(layer: str, num_heads: int, num_tokens: int, *, copy_gbs: float, mm_tflops: float,

@@ -98,7 +98,8 @@ class DecodeInputs:
     - ``attn_sink``: ``[H]`` float32 (V4) or None.
     - ``context_lens``: ``[batch]`` int32 tokens in each request's context (query tokens included).
     - ``positions``: ``[T]`` int64 position of each query token.
-    - ``page_table`` / ``extra_page_table``: ``[batch, max_logical_pages]`` int32 physical page
+    - ``page_table`` / ``extra_page_table`` (None with ``row_placement="packed"``):
+      ``[batch, max_logical_pages]`` int32 physical page
       of each logical page of a request (-1: not allocated because no selected row lives there).
 
     Scalars: ``softmax_scale``; ``kv_format``; ``layer_kind``; ``num_selected`` (valid entries
@@ -206,11 +207,12 @@ def _random_kv(n: int, d: int, gen: torch.Generator, device) -> torch.Tensor:
     return x
 
 
-def _build_cache_set(sel, req, batch, page_size, kv_format, d_qk, gen_struct, gen_bulk, device):
+def _build_cache_set(sel, req, batch, page_size, kv_format, d_qk, gen_struct, gen_bulk, device, packed=False):
     """Allocate a cache holding the selected logical rows and map them to slots.
 
     sel [T, W] int64 logical rows (-1: none) of request req[t]. Returns
-    (kv_cache, indices [T, W] int32, page_table [batch, K] int32, num_valid).
+    (kv_cache, indices [T, W] int32, page_table [batch, K] int32 (None when packed), num_valid).
+    packed: each distinct (request, row) its own slot, back to back in (request, row) order.
     """
     valid = sel >= 0
     lpage = sel.clamp_min(0) // page_size
@@ -219,15 +221,23 @@ def _build_cache_set(sel, req, batch, page_size, kv_format, d_qk, gen_struct, ge
     uniq, inv = torch.unique(key[valid], return_inverse=True)
     used = uniq.numel()
     num_pages = used + 3 + used // 32  # a few never-used garbage pages
+    # (drawn in both placements, so that both draw the same q, selections and data streams)
     perm = torch.randperm(num_pages, generator=gen_struct).to(device)
-    phys = perm[:used]
-    slots = phys[inv] * page_size + sel[valid] % page_size
+    page_table = None
+    if packed:
+        key_r = req[:, None] * (num_lp * page_size) + sel.clamp_min(0)
+        uniq_r, slots = torch.unique(key_r[valid], return_inverse=True)
+        used = -(-uniq_r.numel() // page_size)
+        num_pages = used + 3 + used // 32
+    else:
+        phys = perm[:used]
+        slots = phys[inv] * page_size + sel[valid] % page_size
+        page_table = torch.full((batch, num_lp), -1, dtype=torch.int32, device=device)
+        page_table[uniq // num_lp, uniq % num_lp] = phys.to(torch.int32)
     indices = torch.full(sel.shape, -1, dtype=torch.int64, device=device)
     indices[valid] = slots
     if num_pages * page_size >= 2**31:
         raise ValueError("cache too large for int32 slot ids")
-    page_table = torch.full((batch, num_lp), -1, dtype=torch.int32, device=device)
-    page_table[uniq // num_lp, uniq % num_lp] = phys.to(torch.int32)
 
     cache = formats.alloc_kv_cache(kv_format, num_pages, page_size, d_qk, device=device)
     fill = torch.unique(slots)  # each selected row written once
@@ -250,6 +260,7 @@ def build_decode_inputs(
     device="cpu",
     seed: int = 0,
     dtype_q: torch.dtype = torch.bfloat16,
+    row_placement: str = "pages",
 ) -> DecodeInputs:
     """Build realistic decode inputs for one layer of DeepSeek V4 or V3.2.
 
@@ -272,6 +283,12 @@ def build_decode_inputs(
             CPU generator; bulk random data (q, KV rows, top-k choices) from a generator on
             ``device`` seeded with ``seed`` (reproducible per device type).
         dtype_q: dtype of q (bf16).
+        row_placement: ``"pages"`` (default): whole logical pages in a random physical order,
+            as a paged engine's cache after some churn (the module's Cache construction).
+            ``"packed"``: the selected rows of each set back to back in (request, row) order, one
+            slot each (rows that several query tokens select stored once), as if the cache held
+            nothing else; ``page_table`` / ``extra_page_table`` are then None. For measuring
+            how much of a call's time the rows' scatter costs; not a layout engines write.
 
     Sets (per query token t at position p):
         main, v4_*: sliding window = positions max(0, p-127)..p ascending, page_size 256,
@@ -300,6 +317,9 @@ def build_decode_inputs(
     lo, hi = (context_len, context_len) if isinstance(context_len, int) else context_len
     if lo < 1 + mtp or hi < lo:
         raise ValueError(f"context_len range {(lo, hi)} must satisfy 1 + mtp <= lo <= hi")
+    if row_placement not in ("pages", "packed"):
+        raise ValueError(f"row_placement must be 'pages' or 'packed', got {row_placement!r}")
+    packed = row_placement == "packed"
     device = torch.device(device)
 
     g = torch.Generator().manual_seed(seed)
@@ -323,7 +343,7 @@ def build_decode_inputs(
         sel = _random_subsets(pos + 1, k_top, gb)
         lengths = None
     kv_cache, indices, page_table, n_main = _build_cache_set(
-        sel, req, batch, kind.page_size, kv_format, d_qk, g, gb, device)
+        sel, req, batch, kind.page_size, kv_format, d_qk, g, gb, device, packed)
 
     # extra set
     extra_kv_cache = extra_indices = extra_lengths = extra_page_table = None
@@ -340,7 +360,7 @@ def build_decode_inputs(
             cnt = nvis
         extra_lengths = cnt.to(torch.int32)
         extra_kv_cache, extra_indices, extra_page_table, n_extra = _build_cache_set(
-            sel_x, req, batch, kind.extra_page_size, kv_format, d_qk, g, gb, device)
+            sel_x, req, batch, kind.extra_page_size, kv_format, d_qk, g, gb, device, packed)
 
     q = torch.randn((T, num_heads, d_qk), generator=gb, device=device).to(dtype_q)
     num_selected = n_main + n_extra

@@ -356,6 +356,49 @@ def test_builder_structure(kind):
     assert torch.isfinite(out).all() and torch.isfinite(lse).all()
 
 
+@pytest.mark.parametrize("kind", ["v4_swa", "v4_c4", "v4_c128", "v32"])
+def test_builder_packed_rows(kind):
+    """row_placement="packed": the same query tokens, lengths and selections as the default
+    build, each distinct (request, row) in its own slot, back to back in (request, row) order,
+    no page tables; every other slot NaN garbage; the op matches the float64 reference on it."""
+    import mla_ext
+
+    kw = dict(batch=3, num_heads=4, context_len=(300, 2600) if kind != "v4_c128" else (1000, 9000), mtp=1, seed=4,
+              topk=64 if kind in ("v4_c4", "v32") else None)
+    a = B.build_decode_inputs(kind, **kw)
+    p = B.build_decode_inputs(kind, row_placement="packed", **kw)
+    for f in ("q", "lengths", "extra_lengths", "positions", "context_lens", "attn_sink"):
+        x, y = getattr(a, f), getattr(p, f)
+        assert (x is None and y is None) or torch.equal(x, y), f
+    assert p.num_selected == a.num_selected and p.page_table is None and p.extra_page_table is None
+    T = p.q.shape[0]
+    # (cache, indices, default build's indices, rows ascending: window sets and C128's all-rows set)
+    sets = [(p.kv_cache, p.indices, a.indices, kind != "v32")]
+    if p.extra_kv_cache is not None:
+        sets.append((p.extra_kv_cache, p.extra_indices, a.extra_indices, kind == "v4_c128"))
+    for cache, idx, idx_a, ascending in sets:
+        assert torch.equal(idx >= 0, idx_a >= 0)
+        used = torch.unique(idx[idx >= 0].long())
+        assert torch.equal(used, torch.arange(used.numel()))  # dense from slot 0
+        for t in range(T):  # ascending logical rows get ascending slots
+            row = idx[t][idx[t] >= 0].long()
+            assert not ascending or bool((row[1:] > row[:-1]).all())
+        num_slots = cache.shape[0] * cache.shape[1]
+        rows = F.unpack_kv_cache(cache, p.kv_format).reshape(num_slots, -1)
+        sel = torch.zeros(num_slots, dtype=torch.bool)
+        sel[used] = True
+        assert not torch.isnan(rows[sel]).any() and torch.isnan(rows[~sel]).any(dim=1).all()
+    ref_o, ref_l = p.reference()
+    out = torch.full_like(p.q[..., :512], float("nan"))
+    lse = torch.full(ref_l.shape, float("nan"))
+    ws = mla_ext.DecodeWorkspace(T, p.q.shape[1], device="cpu")
+    mla_ext.sparse_mla_decode(p.q, p.kv_cache, p.indices, output=out, lse=lse, workspace=ws.tensor, **p.op_kwargs())
+    assert ((out.double() - ref_o).abs().max() / ref_o.abs().max()) < 2e-2
+    assert (lse.double() - ref_l).abs().max() < 1e-2
+    with pytest.raises(ValueError, match="row_placement"):
+        B.build_decode_inputs(kind, row_placement="random", **kw)
+
+
 def test_builder_defaults_formats_and_reproducibility():
     a = B.build_decode_inputs("v4_c4", batch=2, num_heads=2, context_len=(600, 900), seed=5)
     b = B.build_decode_inputs("v4_c4", batch=2, num_heads=2, context_len=(600, 900), seed=5)

@@ -10,7 +10,7 @@ also counts the time it waits for the split kernel. Layers as benchmarks/bench_d
 (mla_ext.bench.DECODE_LAYERS); split count 0 is the automatic one.
 
 Usage: MLA_EXT_PDL=0 python3 tests/gpu_dev/kernel_durations.py [--shapes v4_c128:8:1] [--splits 0,17,33,130]
-       [--json out.json]
+       [--row-placement pages|packed] [--json out.json]
 """
 import argparse
 import collections
@@ -26,13 +26,16 @@ ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 ap.add_argument("--shapes", default="v4_c128:8:1,v4_c128:16:1,v4_c4_flash:8:1",
                 help="layer:num_heads:num_tokens, comma-separated")
 ap.add_argument("--splits", default="0,17,33,130", help="split counts (0 = automatic)")
+ap.add_argument("--row-placement", default="pages", choices=["pages", "packed"],
+                help="the builder's row_placement: whole pages in random order (the benchmark's), or the "
+                     "selected rows back to back (how much of a tile's time is the rows' scatter)")
 ap.add_argument("--json", help="also write the rows here")
 args = ap.parse_args()
 shapes = sweep_shapes(ap, args.shapes, "kernel_durations.py")
 ws = torch.empty(512 << 20, dtype=torch.uint8, device="cuda")
 rows = []
 for layer, heads, batch in shapes:
-    ds = build_layer_sets(layer, num_tokens=batch, num_heads=heads)
+    ds = build_layer_sets(layer, num_tokens=batch, num_heads=heads, row_placement=args.row_placement)
     for s in (int(x) for x in args.splits.split(",")):
         calls = ds.calls(ws, s)
         graph_us = time_graph(calls)
@@ -49,11 +52,12 @@ for layer, heads, batch in shapes:
             if e.device_type == torch.autograd.DeviceType.CUDA and "decode_" in e.name:
                 dur["split" if "decode_split" in e.name else "reduce"].append(e.device_time_total)
         med = {k: sorted(v)[len(v) // 2] for k, v in dur.items()}
-        rows.append(dict(layer=layer, H=heads, T=batch, splits=s, rows=int(ds.rows_per_call), graph_us=graph_us,
+        rows.append(dict(layer=layer, H=heads, T=batch, splits=s, placement=args.row_placement,
+                         rows=int(ds.rows_per_call), graph_us=graph_us,
                          split_us=med.get("split", 0.0), reduce_us=med.get("reduce", 0.0)))
     del ds
     torch.cuda.empty_cache()
-cols = ["layer", "H", "T", "splits", "rows", "graph_us", "split_us", "reduce_us"]
+cols = ["layer", "H", "T", "splits", "placement", "rows", "graph_us", "split_us", "reduce_us"]
 print(tabulate([[r[c] for c in cols] for r in rows], headers=cols, floatfmt=".2f"))
 if args.json:
     with open(args.json, "w") as f:
