@@ -26,7 +26,7 @@ import importlib.util
 import json
 import os
 import sys
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 
@@ -65,13 +65,49 @@ def _check_device(device: str) -> Optional[str]:
 
 
 def _check_out_paths(**paths) -> Optional[str]:
-    """An error message if an output file's folder does not exist (checked before any work)."""
+    """An error message if an output file cannot be written (checked before any work): its
+    folder does not exist, it is a folder, or opening it for writing fails (a file that did not
+    exist is removed again after the probe; an existing one is not truncated)."""
     for opt, path in paths.items():
-        if path is not None:
-            folder = os.path.dirname(os.path.abspath(path))
-            if not os.path.isdir(folder):
-                return f"--{opt} {path}: folder {folder} does not exist"
+        if path is None:
+            continue
+        folder = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(folder):
+            return f"--{opt} {path}: folder {folder} does not exist"
+        if os.path.isdir(path):
+            return f"--{opt} {path}: is a folder, expected a file name"
+        existed = os.path.exists(path)
+        try:
+            with open(path, "a"):
+                pass
+        except OSError as e:
+            return f"--{opt} {path}: cannot write it ({e.strerror or e})"
+        if not existed:
+            os.remove(path)
     return None
+
+
+# Longest --context accepted: twice the longest context of the models in mla_ext.models (V4: 1M).
+MAX_CONTEXT = 1 << 21
+
+# File types the roofline chart can be saved as (matplotlib's savefig formats); a --plot path
+# without a suffix gets ".png".
+PLOT_SUFFIXES = ("png", "pdf", "svg", "svgz", "eps", "ps", "jpg", "jpeg", "tif", "tiff", "webp", "pgf", "raw", "rgba")
+
+
+def _plot_path(path: Optional[str]) -> Tuple[Optional[str], Optional[str]]:
+    """(the --plot path to write, an error message or None): no suffix -> ".png" appended; a
+    suffix matplotlib cannot write is an error."""
+    if path is None:
+        return None, None
+    if os.path.isdir(path) or path.endswith(("/", os.sep)):
+        return path, f"--plot {path}: is a folder, expected a file name"
+    suffix = os.path.splitext(path)[1]
+    if not suffix:
+        return path + ".png", None
+    if suffix[1:].lower() not in PLOT_SUFFIXES:
+        return path, f"--plot {path}: a chart cannot be saved as {suffix!r}; use one of .{', .'.join(PLOT_SUFFIXES)}"
+    return path, None
 
 
 def _out_of_memory(e: BaseException) -> bool:
@@ -246,7 +282,8 @@ def cmd_decode(args) -> int:
         print(f"mla-ext decode: error: {msg}", file=sys.stderr)
         return 2
 
-    err = _check_device(args.device) or _check_out_paths(json=args.json, plot=args.plot)
+    args.plot, err = _plot_path(args.plot)
+    err = err or _check_device(args.device) or _check_out_paths(json=args.json, plot=args.plot)
     if err:
         return usage(err)
     gpu = args.device.startswith("cuda")
@@ -264,6 +301,18 @@ def cmd_decode(args) -> int:
     steps = (20 if gpu else 2) if args.steps is None else args.steps
     if not batches or min(batches) < 1 or context < 1 or args.mtp < 0 or steps < 1:
         return usage("--batch, --context and --steps must be >= 1 and --mtp >= 0")
+    if context > MAX_CONTEXT:
+        return usage(f"--context must be <= {MAX_CONTEXT} tokens (twice the longest context of the models here; "
+                     f"the input builders hold a per-token array of that length), got {context}")
+    try:  # the op's own limits on the call's size (num_tokens x num_heads), before any work
+        from ._decode import sparse_mla_decode_workspace_size
+
+        sparse_mla_decode_workspace_size(max(batches) * (1 + args.mtp), heads, device="cpu")
+    except (RuntimeError, ValueError) as e:
+        return usage(f"--batch {max(batches)} x {1 + args.mtp} query tokens x {heads} heads: {_first_line(e)}")
+    if context < 1 + args.mtp:
+        print(f"mla-ext decode: --context {context} is below 1 + --mtp = {1 + args.mtp} query tokens per request; "
+              f"each request gets {1 + args.mtp}", file=sys.stderr)
     if args.sets is not None and args.sets < 1:
         return usage("--sets must be >= 1")
     if args.cp < 1:
@@ -411,7 +460,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--batch", type=_int_list, default=None,
                    help="requests per step, comma list for several (default GPU 64, CPU 4)")
     d.add_argument("--context", type=int, default=None,
-                   help="typical context length in tokens (default GPU 32768, CPU 4096)")
+                   help=f"typical context length in tokens (default GPU 32768, CPU 4096; at most {MAX_CONTEXT})")
     d.add_argument("--mtp", type=int, default=0, help="speculative (MTP) query tokens per request (default 0)")
     d.add_argument("--kv-format", default=None,
                    choices=["fp8_ds_mla_v4", "fp8_ds_mla", "bf16", "fp8_ds_mla_v4_fnuz", "fp8_ds_mla_fnuz"],
@@ -429,7 +478,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="input sets per layer kind (default: GPU enough to exceed L2, at most 16; CPU 2)")
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--json", help="write the full report as JSON to this file")
-    d.add_argument("--plot", help="write a roofline chart (PNG, needs matplotlib) to this file")
+    d.add_argument("--plot", help="write a roofline chart to this file (needs matplotlib; the suffix picks the "
+                                  "format: .png, .pdf, .svg, ...; none: .png is appended)")
     d.add_argument("--no-progress", action="store_true", help="no progress bar")
     d.add_argument("--test-perturb", type=_parse_perturb, default=None, help=argparse.SUPPRESS)
     d.set_defaults(func=cmd_decode)

@@ -124,7 +124,9 @@ def test_decode_context_parallel_gloo(tmp_path, capsys):
 @pytest.mark.parametrize("argv", [
     ["decode", "--context", "0"], ["decode", "--steps", "0"], ["decode", "--sets", "0"], ["decode", "--cp", "0"],
     ["decode", "--device", "meta"], ["decode", "--plot", "/nonexistent-dir/x.png"],
-    ["decode", "--json", "/nonexistent-dir/x.json"], ["merge", "--num-tokens", "0"], ["merge", "--num-heads", "-3"],
+    ["decode", "--json", "/nonexistent-dir/x.json"], ["decode", "--json", "/"], ["decode", "--plot", "/"],
+    ["decode", "--plot", "/x.txt"], ["decode", "--context", "2097153"], ["decode", "--batch", "100000000000000"],
+    ["merge", "--json", "/"], ["merge", "--num-tokens", "0"], ["merge", "--num-heads", "-3"],
     ["merge", "--head-size", "0"], ["merge", "--device", "meta"], ["merge", "--json", "/nonexistent-dir/x.json"]])
 def test_bad_arguments_exit_2_before_any_work(argv, capsys):
     assert cli.main(argv + ["--no-progress"]) == 2
@@ -133,7 +135,7 @@ def test_bad_arguments_exit_2_before_any_work(argv, capsys):
 
 
 @pytest.mark.parametrize("argv", [["merge", "--device", "cpu", "--num-tokens", "99999999999999"],
-                                  ["decode", "--device", "cpu", "--batch", "1", "--context", "100000000000000000",
+                                  ["decode", "--device", "cpu", "--batch", "100000000000", "--context", "256",
                                    "--layers", "swa", "--steps", "1"]])
 def test_out_of_memory_exits_4(argv, capsys):
     """A shape the host cannot hold (allocations past the 2^47-byte address space, refused
@@ -168,6 +170,35 @@ def test_decode_plot(tmp_path, capsys):
     rc, _ = run_decode(tmp_path, "--batch", "1,2", "--plot", str(png))
     assert rc == 0, capsys.readouterr()
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+@pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None, reason="needs matplotlib")
+def test_decode_plot_suffix(tmp_path, capsys):
+    """--plot without a suffix writes (and reports) NAME.png; .svg writes an SVG."""
+    rc, _ = run_decode(tmp_path, "--plot", str(tmp_path / "chart"))
+    out = capsys.readouterr().out
+    assert rc == 0 and f"roofline chart written to {tmp_path / 'chart.png'}" in out
+    assert (tmp_path / "chart.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and not (tmp_path / "chart").exists()
+    rc, _ = run_decode(tmp_path, "--plot", str(tmp_path / "chart.svg"))
+    assert rc == 0 and b"<svg" in (tmp_path / "chart.svg").read_bytes()[:2000]
+
+
+def test_out_paths_probe_leaves_no_file(tmp_path):
+    """The up-front write probe of --json / --plot: a new file is removed again, an existing one
+    keeps its bytes; an unwritable path is refused with the reason."""
+    assert cli._check_out_paths(json=str(tmp_path / "new.json")) is None and not (tmp_path / "new.json").exists()
+    old = tmp_path / "old.json"
+    old.write_text("keep")
+    assert cli._check_out_paths(json=str(old)) is None and old.read_text() == "keep"
+    if sys.platform.startswith("linux"):  # a folder nobody can create files in, root included
+        msg = cli._check_out_paths(json="/proc/self/x.json")
+        assert msg is not None and msg.startswith("--json /proc/self/x.json: cannot write it")
+
+
+def test_decode_context_below_query_tokens_is_said(tmp_path, capsys):
+    rc, rep = run_decode(tmp_path, "--context", "1", "--mtp", "2")
+    assert rc == 0 and rep["verification"]["ok"]
+    assert "--context 1 is below 1 + --mtp = 3 query tokens per request" in capsys.readouterr().err
 
 
 def test_decode_plot_without_matplotlib(tmp_path, capsys, monkeypatch):
