@@ -11,7 +11,8 @@ Sub-commands:
 - ``mla-ext info``: how this copy was built and what it runs with.
 
 Exit status: 0 success; 1 a result was off the reference (the rows are named on stderr);
-2 bad arguments; 3 ``--plot`` was asked for but matplotlib is missing (everything else ran);
+2 bad arguments; 3 ``--plot`` was asked for but the chart could not be drawn (matplotlib missing,
+or saving failed; everything else ran);
 4 out of memory (device or host).
 
 Test hook (hidden from ``--help``): ``mla-ext decode --test-perturb KIND:TOKEN`` adds a large
@@ -66,33 +67,48 @@ def _check_device(device: str) -> Optional[str]:
 
 def _check_out_paths(**paths) -> Optional[str]:
     """An error message if an output file cannot be written (checked before any work): its
-    folder does not exist, it is a folder, or opening it for writing fails (a file that did not
-    exist is removed again after the probe; an existing one is not truncated)."""
+    folder does not exist, it is a folder, two options name one file, or opening it for writing
+    fails. The probe works on the file a symbolic link points to (the link stays); a file that
+    did not exist is removed again, an existing one is neither truncated nor touched."""
+    seen = {}
     for opt, path in paths.items():
         if path is None:
             continue
-        folder = os.path.dirname(os.path.abspath(path))
+        real = os.path.realpath(path)
+        folder = os.path.dirname(real)
         if not os.path.isdir(folder):
             return f"--{opt} {path}: folder {folder} does not exist"
-        if os.path.isdir(path):
+        if os.path.isdir(real):
             return f"--{opt} {path}: is a folder, expected a file name"
-        existed = os.path.exists(path)
+        if real in seen:
+            return f"--{opt} {path}: the same file as --{seen[real]}"
+        seen[real] = opt
+        existed = os.path.exists(real)
         try:
-            with open(path, "a"):
+            with open(real, "a"):
                 pass
         except OSError as e:
             return f"--{opt} {path}: cannot write it ({e.strerror or e})"
         if not existed:
-            os.remove(path)
+            os.remove(real)
     return None
 
 
 # Longest --context accepted: twice the longest context of the models in mla_ext.models (V4: 1M).
 MAX_CONTEXT = 1 << 21
 
-# File types the roofline chart can be saved as (matplotlib's savefig formats); a --plot path
-# without a suffix gets ".png".
-PLOT_SUFFIXES = ("png", "pdf", "svg", "svgz", "eps", "ps", "jpg", "jpeg", "tif", "tiff", "webp", "pgf", "raw", "rgba")
+# File types the roofline chart can be saved as: matplotlib's savefig formats where it is
+# installed (without pgf, which needs a TeX installation), else these; a --plot path without a
+# suffix gets ".png".
+PLOT_SUFFIXES = ("png", "pdf", "svg", "svgz", "eps", "ps", "jpg", "jpeg", "tif", "tiff", "webp", "raw", "rgba")
+
+
+def _plot_suffixes() -> Tuple[str, ...]:
+    try:
+        from matplotlib.backend_bases import FigureCanvasBase
+    except ImportError:
+        return PLOT_SUFFIXES
+    return tuple(sorted(set(FigureCanvasBase.get_supported_filetypes()) - {"pgf"}))
 
 
 def _plot_path(path: Optional[str]) -> Tuple[Optional[str], Optional[str]]:
@@ -105,8 +121,9 @@ def _plot_path(path: Optional[str]) -> Tuple[Optional[str], Optional[str]]:
     suffix = os.path.splitext(path)[1]
     if not suffix:
         return path + ".png", None
-    if suffix[1:].lower() not in PLOT_SUFFIXES:
-        return path, f"--plot {path}: a chart cannot be saved as {suffix!r}; use one of .{', .'.join(PLOT_SUFFIXES)}"
+    suffixes = _plot_suffixes()
+    if suffix[1:].lower() not in suffixes:
+        return path, f"--plot {path}: a chart cannot be saved as {suffix!r}; use one of .{', .'.join(suffixes)}"
     return path, None
 
 
@@ -186,7 +203,8 @@ selected rows are allocated, in random physical order. On a GPU each layer kind 
 input sets to exceed the L2 cache (layer j of a kind uses set j % sets), so timings are L2-cold.
 
 exit status: 0 ok; 1 verification failed (rows named on stderr); 2 bad arguments;
-3 --plot asked for but matplotlib missing (the rest ran); 4 out of memory (device or host).
+3 --plot asked for but no chart written (matplotlib missing or saving failed; the rest ran); 4 out of
+memory (device or host).
 """
 
 _TEST_PERTURB_HELP = ("test hook KIND:TOKEN: after the timed runs, add a large error to that token of the "
@@ -413,8 +431,12 @@ def cmd_decode(args) -> int:
                   "(pip install matplotlib)", file=sys.stderr)
             rc = rc or 3
         else:
-            bench.plot_decode_roofline(report, args.plot)
-            print(f"roofline chart written to {args.plot}")
+            try:
+                bench.plot_decode_roofline(report, args.plot)
+                print(f"roofline chart written to {args.plot}")
+            except Exception as e:  # the report is complete; only the chart failed
+                print(f"mla-ext decode: --plot {args.plot} not written: {_first_line(e)}", file=sys.stderr)
+                rc = rc or 3
     return rc
 
 

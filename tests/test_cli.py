@@ -126,6 +126,7 @@ def test_decode_context_parallel_gloo(tmp_path, capsys):
     ["decode", "--device", "meta"], ["decode", "--plot", "/nonexistent-dir/x.png"],
     ["decode", "--json", "/nonexistent-dir/x.json"], ["decode", "--json", "/"], ["decode", "--plot", "/"],
     ["decode", "--plot", "/x.txt"], ["decode", "--context", "2097153"], ["decode", "--batch", "100000000000000"],
+    ["decode", "--json", "/tmp/mla-ext-same.png", "--plot", "/tmp/mla-ext-same.png"],
     ["merge", "--json", "/"], ["merge", "--num-tokens", "0"], ["merge", "--num-heads", "-3"],
     ["merge", "--head-size", "0"], ["merge", "--device", "meta"], ["merge", "--json", "/nonexistent-dir/x.json"]])
 def test_bad_arguments_exit_2_before_any_work(argv, capsys):
@@ -193,6 +194,34 @@ def test_out_paths_probe_leaves_no_file(tmp_path):
     if sys.platform.startswith("linux"):  # a folder nobody can create files in, root included
         msg = cli._check_out_paths(json="/proc/self/x.json")
         assert msg is not None and msg.startswith("--json /proc/self/x.json: cannot write it")
+
+
+def test_out_paths_probe_keeps_symlinks(tmp_path, capsys):
+    """A --json that is a dangling symbolic link: the probe leaves the link (and no target)
+    behind, and the report is written through it."""
+    link, target = tmp_path / "link.json", tmp_path / "out" / "report.json"
+    target.parent.mkdir()
+    link.symlink_to(target)
+    assert cli._check_out_paths(json=str(link)) is None
+    assert link.is_symlink() and not target.exists()
+    rc, rep = run_decode(tmp_path, "--json", str(link))
+    assert rc == 0 and link.is_symlink() and json.loads(target.read_text())["verification"]["ok"]
+
+
+def test_decode_plot_failure_exits_3(tmp_path, capsys, monkeypatch):
+    """A chart that cannot be saved (e.g. a backend's missing tool) costs the chart only: one line,
+    exit 3, the report written; pgf (needs TeX) is not offered as a suffix."""
+    from mla_ext import bench
+
+    def fail(report, path):
+        raise RuntimeError("no such backend tool\nsecond line")
+
+    monkeypatch.setattr(bench, "plot_decode_roofline", fail)
+    rc, rep = run_decode(tmp_path, "--plot", str(tmp_path / "c.png"))
+    err = capsys.readouterr().err
+    assert rc == 3 and rep["verification"]["ok"]
+    assert f"--plot {tmp_path / 'c.png'} not written: no such backend tool" in err and "second line" not in err
+    assert cli._plot_path("x.pgf")[1] is not None and cli._plot_path("x.PNG") == ("x.PNG", None)
 
 
 def test_decode_context_below_query_tokens_is_said(tmp_path, capsys):
