@@ -731,7 +731,8 @@ def run_model_decode(model, *, batch: int, num_heads: int, context_len: int, kin
 
 
 def plot_decode_roofline(report: dict, path: str) -> None:
-    """Roofline chart of an ``mla-ext decode`` report (its JSON dict), written to ``path`` (PNG).
+    """Roofline chart of an ``mla-ext decode`` report (its JSON dict), written to ``path`` (the
+    format from its suffix, as matplotlib's ``savefig``: ``.png``, ``.pdf``, ``.svg``, ...).
 
     Left: the roofline, TFLOP/s against arithmetic intensity (FLOP per KV byte gathered), with
     the ceiling min(matmul rate, copy bandwidth x intensity) from the report's measured ceilings

@@ -212,7 +212,8 @@ def _build_cache_set(sel, req, batch, page_size, kv_format, d_qk, gen_struct, ge
 
     sel [T, W] int64 logical rows (-1: none) of request req[t]. Returns
     (kv_cache, indices [T, W] int32, page_table [batch, K] int32 (None when packed), num_valid).
-    packed: each distinct (request, row) its own slot, back to back in (request, row) order.
+    packed: each distinct (request, row) its own slot, back to back in (request, row) order, and
+    each token's valid indices in ascending slot order (the -1 padding stays at the end).
     """
     valid = sel >= 0
     lpage = sel.clamp_min(0) // page_size
@@ -236,6 +237,10 @@ def _build_cache_set(sel, req, batch, page_size, kv_format, d_qk, gen_struct, ge
         page_table[uniq // num_lp, uniq % num_lp] = phys.to(torch.int32)
     indices = torch.full(sel.shape, -1, dtype=torch.int64, device=device)
     indices[valid] = slots
+    if packed:  # ascending, valid entries first (they already are: only their order changes)
+        big = torch.iinfo(torch.int64).max
+        indices = torch.where(valid, indices, big).sort(dim=1).values
+        indices[indices == big] = -1
     if num_pages * page_size >= 2**31:
         raise ValueError("cache too large for int32 slot ids")
 
@@ -287,8 +292,11 @@ def build_decode_inputs(
             as a paged engine's cache after some churn (the module's Cache construction).
             ``"packed"``: the selected rows of each set back to back in (request, row) order, one
             slot each (rows that several query tokens select stored once), as if the cache held
-            nothing else; ``page_table`` / ``extra_page_table`` are then None. For measuring
-            how much of a call's time the rows' scatter costs; not a layout engines write.
+            nothing else, and each token's indices in ascending slot order (a top-k set's random
+            order sorted; the -1 padding stays at the end); ``page_table`` / ``extra_page_table``
+            are then None. Same q, lengths and selected rows as the default build, but a row's
+            values differ between the two (the data are drawn in slot order). For measuring how
+            much of a call's time the rows' scatter costs; not a layout engines write.
 
     Sets (per query token t at position p):
         main, v4_*: sliding window = positions max(0, p-127)..p ascending, page_size 256,

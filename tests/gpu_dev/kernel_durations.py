@@ -21,11 +21,12 @@ from tabulate import tabulate
 from torch.profiler import ProfilerActivity, profile
 
 from mla_ext.bench import build_layer_sets, sweep_shapes, time_graph
+from mla_ext.cli import _int_list
 
 ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 ap.add_argument("--shapes", default="v4_c128:8:1,v4_c128:16:1,v4_c4_flash:8:1",
                 help="layer:num_heads:num_tokens, comma-separated")
-ap.add_argument("--splits", default="0,17,33,130", help="split counts (0 = automatic)")
+ap.add_argument("--splits", type=_int_list, default="0,17,33,130", help="split counts (0 = automatic)")
 ap.add_argument("--row-placement", default="pages", choices=["pages", "packed"],
                 help="the builder's row_placement: whole pages in random order (the benchmark's), or the "
                      "selected rows back to back (how much of a tile's time is the rows' scatter)")
@@ -36,7 +37,7 @@ ws = torch.empty(512 << 20, dtype=torch.uint8, device="cuda")
 rows = []
 for layer, heads, batch in shapes:
     ds = build_layer_sets(layer, num_tokens=batch, num_heads=heads, row_placement=args.row_placement)
-    for s in (int(x) for x in args.splits.split(",")):
+    for s in args.splits:
         calls = ds.calls(ws, s)
         graph_us = time_graph(calls)
         for fn in calls:

@@ -11,14 +11,15 @@ import torch
 from tabulate import tabulate
 
 from mla_ext.bench import build_layer_sets, sweep_shapes, time_graph
+from mla_ext.cli import _int_list
 
 DEFAULT_SHAPES = ("v4_swa:8:1,v4_swa:64:1,v4_c4_flash:8:1,v4_c4_flash:64:1,v4_c128:8:1,v4_c128:64:1,"
                   "v32:16:1,v32:128:1,v4_c4_flash:8:16,v4_swa:8:16")
 ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 ap.add_argument("--shapes", default=DEFAULT_SHAPES, help="layer:num_heads:num_tokens, comma-separated")
-ap.add_argument("--splits", default="0,1,2,4,8,12,16,24,32,64", help="split counts (0 = automatic)")
+ap.add_argument("--splits", type=_int_list, default="0,1,2,4,8,12,16,24,32,64", help="split counts (0 = automatic)")
 args = ap.parse_args()
-splits = [int(s) for s in args.splits.split(",")]
+splits = args.splits
 shapes = sweep_shapes(ap, args.shapes, "splits_sweep.py")
 ws = torch.empty(512 << 20, dtype=torch.uint8, device="cuda")
 rows = []
