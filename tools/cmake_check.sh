@@ -44,7 +44,10 @@ check_exports "$out/prefix/lib/libmla_ext.so"
 capi=$(sed -n 's/^#define MLA_EXT_CAPI_VERSION \([0-9]*\).*/\1/p' csrc/capi/mla_ext_capi.h)
 soname=$(readelf -d "$out/prefix/lib/libmla_ext.so" | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p')
 [ "$soname" = "libmla_ext.so.$capi" ] || { echo "cmake_check: soname $soname, expected libmla_ext.so.$capi" >&2; exit 1; }
-step "soname $soname"
+# ... and so does the file's name, so one C API version installed over another keeps the older file.
+real=$(basename "$(readlink -f "$out/prefix/lib/libmla_ext.so")")
+case "$real" in libmla_ext.so.$capi.*) ;; *) echo "cmake_check: library file $real, expected libmla_ext.so.$capi.*" >&2; exit 1;; esac
+step "soname $soname, file $real"
 cc -std=c99 -Wall -Wextra -pedantic -Werror -fsyntax-only -x c "$out/prefix/include/mla_ext_capi.h"
 c++ -std=c++11 -Wall -Wextra -pedantic -Werror -fsyntax-only -x c++ "$out/prefix/include/mla_ext_capi.h"
 step "mla_ext_capi.h is C99 and C++11 clean"
