@@ -7,6 +7,8 @@
 // C struct's padding and keep their defaults (offsets checked around them).
 #include "mla_ext_capi.h"
 
+#include <cmath>
+
 #include "mla_ext/merge_attn_states.cuh"
 #include "mla_ext/sparse_mla_decode.cuh"
 
@@ -36,15 +38,39 @@ static_assert(int(mla_ext::DType::kBFloat16) == MLA_EXT_DTYPE_BFLOAT16, "dtypes 
 
 namespace {
 
-int resolve_sms(int num_sms) { return num_sms > 0 ? num_sms : mla_ext::current_device_sm_count(); }
+// A processor count: the caller's (1..kMaxSms), the current device's for <= 0, 0 (none) for a
+// count no GPU has (it would also bound host loops: decode_workspace_size_for).
+constexpr int kMaxSms = 1 << 16;
+int resolve_sms(int num_sms) {
+  if (num_sms > kMaxSms) return 0;
+  return num_sms > 0 ? num_sms : mla_ext::current_device_sm_count();
+}
 
-// Sizes the decode accepts (num_splits 0 = automatic, else 1..kMaxSplits) whose workspace bytes
-// fit comfortably in size_t: T * H * S cells of 2052 bytes each, kept below 2^52.
+// Sizes the decode accepts: num_tokens x num_heads below 2^31 (launch_sparse_mla_decode),
+// num_splits 0 (automatic) or 1..kMaxSplits.
 bool workspace_args_ok(long long num_tokens, long long num_heads, int num_splits) {
   if (num_tokens < 0 || num_heads < 0 || num_splits < 0 || num_splits > mla_ext::kMaxSplits) return false;
-  const double cells = double(num_tokens) * double(num_heads) * double(num_splits > 0 ? num_splits : mla_ext::kMaxAutoSplits + mla_ext::kMaxAutoSplits / 8);
-  return cells * 2052.0 < 4503599627370496.0;  // 2^52
+  return double(num_tokens) * double(num_heads) < 2147483648.0;  // 2^31
 }
+
+// Rows of `width` elements at t * st + h * sh (t < T, h < H) that no two (t, h) share: with the
+// strides sorted by magnitude, the smaller one's rows must not overlap each other and the larger
+// one must step past all of them (sufficient, and what every dense or padded layout satisfies).
+bool rows_disjoint(int64_t T, int64_t H, int64_t st, int64_t sh, int64_t width) {
+  if (T <= 0 || H <= 0) return true;
+  int64_t n1 = T, s1 = st < 0 ? -st : st, n2 = H, s2 = sh < 0 ? -sh : sh;
+  if (n1 == 1) s1 = 0;
+  if (n2 == 1) s2 = 0;
+  if (s1 > s2 || (s1 == s2 && n1 > n2)) {
+    const int64_t tn = n1, ts = s1;
+    n1 = n2; s1 = s2; n2 = tn; s2 = ts;
+  }
+  if (n1 > 1 && s1 < width) return false;
+  const double extent = n1 > 1 ? double(s1) * double(n1 - 1) + double(width) : double(width);
+  return n2 <= 1 || double(s2) >= extent;
+}
+
+bool aligned4(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 3u) == 0; }
 
 mla_ext::KvSet to_cpp(const mla_ext_kv_set& c) {
   mla_ext::KvSet s;
@@ -101,6 +127,7 @@ int mla_ext_merge_attn_states(const mla_ext_merge_params* c, int num_sms, void* 
   if (p.num_tokens < 0 || p.num_heads < 0 || p.head_size < 0) return MLA_EXT_STATUS_INVALID_ARGUMENT;
   if (p.output_kind != mla_ext::MergeOutput::kSameAsInput && p.output_scale == nullptr) return MLA_EXT_STATUS_INVALID_ARGUMENT;
   if (p.has_prefill_tokens_with_context && p.prefill_tokens_with_context < 0) return MLA_EXT_STATUS_INVALID_ARGUMENT;
+  if (p.output_scale != nullptr && !aligned4(p.output_scale)) return MLA_EXT_STATUS_INVALID_ARGUMENT;
   if (p.num_tokens > 0 && p.num_heads > 0 && p.head_size > 0 &&
       (p.output == nullptr || p.prefix_output == nullptr || p.suffix_output == nullptr ||
        p.prefix_lse == nullptr || p.suffix_lse == nullptr))
@@ -145,6 +172,19 @@ int mla_ext_sparse_mla_decode(const mla_ext_sparse_decode_params* c, void* works
   if (c->kv_format < MLA_EXT_KV_BF16 || c->kv_format > MLA_EXT_KV_FP8_DS_MLA_V4_FNUZ)
     return MLA_EXT_STATUS_INVALID_ARGUMENT;
   if (c->num_splits < 0) return MLA_EXT_STATUS_INVALID_ARGUMENT;
+  // Preconditions the launcher leaves to its callers (the torch op checks them on tensors): a
+  // finite scale, 4-byte aligned int32 / fp32 arrays, non-negative strides of q, output and
+  // lse, and output / lse rows that no two (token, head) share.
+  if (!std::isfinite(c->softmax_scale)) return MLA_EXT_STATUS_INVALID_ARGUMENT;
+  if (!aligned4(c->main.indices) || !aligned4(c->main.lengths) || !aligned4(c->extra.indices) ||
+      !aligned4(c->extra.lengths) || !aligned4(c->attn_sink) || !aligned4(c->lse))
+    return MLA_EXT_STATUS_INVALID_ARGUMENT;
+  if (c->q_stride_token < 0 || c->q_stride_head < 0 || c->output_stride_token < 0 || c->output_stride_head < 0 ||
+      c->lse_stride_token < 0 || c->lse_stride_head < 0)
+    return MLA_EXT_STATUS_INVALID_ARGUMENT;
+  if (!rows_disjoint(c->num_tokens, c->num_heads, c->output_stride_token, c->output_stride_head, 512) ||
+      (c->lse != nullptr && !rows_disjoint(c->num_tokens, c->num_heads, c->lse_stride_token, c->lse_stride_head, 1)))
+    return MLA_EXT_STATUS_INVALID_ARGUMENT;
   mla_ext::SparseDecodeParams p;
   p.kv_format = static_cast<mla_ext::KvFormat>(c->kv_format);
   p.d_qk = c->d_qk;
@@ -179,6 +219,8 @@ int mla_ext_sparse_mla_decode(const mla_ext_sparse_decode_params* c, void* works
 
 size_t mla_ext_sparse_mla_decode_workspace_size(long long num_tokens, long long num_heads, int num_splits) {
   if (!workspace_args_ok(num_tokens, num_heads, num_splits)) return MLA_EXT_INVALID_SIZE;
+  // 0 = automatic, as everywhere else: enough for the automatic count on the current device
+  if (num_splits == 0) return mla_ext_sparse_mla_decode_workspace_size_for(num_tokens, num_heads, 0, 0);
   return mla_ext::decode_workspace_size(num_tokens, num_heads, num_splits);
 }
 

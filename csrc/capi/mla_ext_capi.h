@@ -13,7 +13,11 @@
  * The size, split-count, version and string functions return their value. Thread safety:
  * calls may come from several host threads at once (one per device, or several per device on
  * different streams); the library keeps only per-device caches of device attributes, which
- * every thread fills with the same values.
+ * every thread fills with the same values. Device: the calling thread's current device must be
+ * the one the stream and the pointers belong to (its attributes pick kernels and grids). On
+ * NVIDIA sm_90+ the kernels are launched programmatically (PDL: each waits for the previous
+ * kernel on the stream before its first memory access; the environment variable
+ * MLA_EXT_PDL=0 turns it off).
  *
  * Semantics: DESIGN.md §3 (merge_attn_states) and §4 (sparse_mla_decode). */
 #ifndef MLA_EXT_CAPI_H_
@@ -49,7 +53,8 @@ enum mla_ext_status {
   MLA_EXT_STATUS_INVALID_ARGUMENT = 1,     /* a params field is out of its documented range */
   MLA_EXT_STATUS_WORKSPACE_TOO_SMALL = 2,  /* workspace_bytes < what the call needs */
   MLA_EXT_STATUS_LAUNCH_FAILED = 3,        /* the GPU runtime rejected the launch */
-  MLA_EXT_STATUS_UNSUPPORTED = 4           /* this build has no kernel for the request */
+  MLA_EXT_STATUS_UNSUPPORTED = 4           /* no kernel fits: every head tile's kernel needs more shared
+                                              memory per block than smem_limit (decode) allows */
 };
 
 /* Element types of merge_attn_states values (mla_ext::DType). */
@@ -111,8 +116,8 @@ typedef struct mla_ext_merge_params {
   const float* output_scale;               /* FP8 outputs: one fp32 in device memory */
 } mla_ext_merge_params;
 
-/* out = merge(prefix, suffix). num_sms: the device's multiprocessor count
- * (sizes the grid); <= 0 queries the current device. */
+/* out = merge(prefix, suffix). num_sms: kept for interface stability and unused (the grid
+ * covers the whole call); pass 0. */
 MLA_EXT_CAPI_EXPORT int mla_ext_merge_attn_states(const mla_ext_merge_params* p, int num_sms, void* stream);
 
 /* S partial states at once (version 2): values [num_states, num_tokens, num_heads,
@@ -207,17 +212,29 @@ typedef struct mla_ext_sparse_decode_params {
  * bytes of device memory, 16-byte aligned (any contents; the caller owns and
  * reuses it; a misaligned one gives MLA_EXT_STATUS_INVALID_ARGUMENT).
  * num_sms: the device's multiprocessor count (used by num_splits == 0); <= 0
- * queries the current device (none to query: MLA_EXT_STATUS_LAUNCH_FAILED). */
+ * queries the current device (none to query: MLA_EXT_STATUS_LAUNCH_FAILED); above 65536:
+ * MLA_EXT_STATUS_LAUNCH_FAILED too.
+ * Refused with MLA_EXT_STATUS_INVALID_ARGUMENT before any launch, besides the per-field ranges
+ * above: num_tokens x num_heads >= 2^31; a softmax_scale that is not finite; negative q, output
+ * or lse strides; indices, lengths, attn_sink or lse not 4-byte aligned; output rows (512
+ * elements at t * output_stride_token + h * output_stride_head) or lse elements that two
+ * (token, head) pairs share (checked with the strides sorted by size: the smaller one at least
+ * the row, the larger one past all rows of the smaller). Not checked (the caller's to avoid,
+ * as in the torch op's contract, where it is checked): output, lse and workspace overlapping
+ * each other or any input (q included, whose V4 rows have the output's shape). */
 MLA_EXT_CAPI_EXPORT int mla_ext_sparse_mla_decode(const mla_ext_sparse_decode_params* p, void* workspace,
                                                   size_t workspace_bytes, int num_sms, void* stream);
 
 /* Returned by the workspace-size functions for arguments the decode would reject (negative
- * sizes, num_splits outside 0..256, sizes whose workspace would not fit in memory) or when
+ * sizes, num_splits outside 0..256, num_tokens x num_heads >= 2^31) or when
  * num_sms <= 0 and no current device can be queried: an allocation of it fails. */
 #define MLA_EXT_INVALID_SIZE ((size_t)-1)
 
-/* Workspace bytes for (num_tokens, num_heads, num_splits); 0 when num_splits <= 1;
- * MLA_EXT_INVALID_SIZE for invalid arguments. */
+/* Workspace bytes for (num_tokens, num_heads, num_splits): 0 when num_splits == 1; for
+ * num_splits == 0 (automatic) what the automatic count needs on the current device
+ * (= mla_ext_sparse_mla_decode_workspace_size_for(T, H, 0, 0); MLA_EXT_INVALID_SIZE without
+ * a device); MLA_EXT_INVALID_SIZE for invalid arguments (negative sizes, num_splits above 256,
+ * num_tokens x num_heads >= 2^31). */
 MLA_EXT_CAPI_EXPORT size_t mla_ext_sparse_mla_decode_workspace_size(long long num_tokens, long long num_heads,
                                                                     int num_splits);
 

@@ -1,6 +1,7 @@
 /* Host-only checks of the C API's argument validation (CI, no GPU needed): every case here
  * must be rejected before any launch, so the results do not depend on a device being present.
  * Built and run by tools/cmake_check.sh against the installed package. Exit 0 = all ok. */
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -31,6 +32,15 @@ int main(void) {
   EXPECT(mla_ext_sparse_mla_decode_workspace_size(1LL << 62, 4, 2) == MLA_EXT_INVALID_SIZE, "overflow");
   EXPECT(mla_ext_sparse_mla_decode_workspace_size_for(64, 16, -5, 132) == MLA_EXT_INVALID_SIZE, "negative splits");
   EXPECT(mla_ext_sparse_mla_decode_workspace_size_for(64, 16, 0, 132) > 0, "automatic splits on 132 SMs");
+  EXPECT(mla_ext_sparse_mla_decode_workspace_size(1LL << 16, 1LL << 15, 2) == MLA_EXT_INVALID_SIZE,
+         "num_tokens x num_heads = 2^31: the decode's limit");
+  EXPECT(mla_ext_sparse_mla_decode_workspace_size(1LL << 16, (1LL << 15) - 1, 2) != MLA_EXT_INVALID_SIZE,
+         "just below the decode's limit");
+  EXPECT(mla_ext_sparse_mla_decode_workspace_size_for(64, 16, 0, 1 << 20) == MLA_EXT_INVALID_SIZE,
+         "a processor count no GPU has");
+  /* num_splits 0 = automatic here too: the current device's count, or invalid without one */
+  EXPECT(mla_ext_sparse_mla_decode_workspace_size(4, 16, 0) == mla_ext_sparse_mla_decode_workspace_size_for(4, 16, 0, 0),
+         "workspace_size(.., 0) = workspace_size_for(.., 0, current device)");
   EXPECT(mla_ext_sparse_mla_decode_num_splits(1, 16, 640, 132) == 20, "640 entries: 32-entry splits");
   /* tile rounding: 8320 entries over 64 splits would walk 3 tiles of 64; 65 splits walk 2 */
   EXPECT(mla_ext_sparse_mla_decode_num_splits(1, 16, 8320, 132) == 65, "C128 row, 16 heads: 65 splits");
@@ -77,6 +87,9 @@ int main(void) {
     EXPECT(mla_ext_merge_attn_states(&m, 132, NULL) == MLA_EXT_STATUS_INVALID_ARGUMENT, "negative prefill tokens");
     m.has_prefill_tokens_with_context = 0;
     EXPECT(mla_ext_merge_attn_states(&m, 132, NULL) == MLA_EXT_STATUS_SUCCESS, "empty merge");
+    m.output_kind = MLA_EXT_MERGE_OUTPUT_FP8_E4M3FN;
+    m.output_scale = (const float*)(aligned + 2);
+    EXPECT(mla_ext_merge_attn_states(&m, 132, NULL) == MLA_EXT_STATUS_INVALID_ARGUMENT, "misaligned output_scale");
   }
 
   /* decode: a well-formed bf16 call, then one field broken at a time */
@@ -151,6 +164,55 @@ int main(void) {
     bad.q = (const uint16_t*)(aligned + 2);
     EXPECT(mla_ext_sparse_mla_decode(&bad, aligned, ws, 132, NULL) == MLA_EXT_STATUS_INVALID_ARGUMENT,
            "misaligned q");
+    {
+      /* preconditions the launcher leaves to its callers, checked by the C API */
+      static const struct {
+        int field;
+        const char* what;
+      } cases[] = {{0, "NaN softmax_scale"}, {1, "infinite softmax_scale"}, {2, "negative q stride"},
+                   {3, "misaligned indices"}, {4, "misaligned lse"}, {5, "output heads sharing rows (stride 0)"},
+                   {6, "output token and head strides colliding"}, {7, "output heads overlapping (stride 256)"},
+                   {8, "lse heads sharing elements"}, {9, "negative output stride"}};
+      for (unsigned i = 0; i < sizeof cases / sizeof cases[0]; ++i) {
+        bad = p;
+        bad.lse = (float*)aligned;
+        bad.lse_stride_token = 16;
+        bad.lse_stride_head = 1;
+        switch (cases[i].field) {
+          case 0: bad.softmax_scale = NAN; break;
+          case 1: bad.softmax_scale = INFINITY; break;
+          case 2: bad.q_stride_token = -8; break;
+          case 3: bad.main.indices = (const int32_t*)((const uint8_t*)idx + 2); break;
+          case 4: bad.lse = (float*)(aligned + 2); break;
+          case 5: bad.output_stride_head = 0; break;
+          case 6: bad.output_stride_token = 512; bad.output_stride_head = 512; break;
+          case 7: bad.output_stride_head = 256; break;
+          case 8: bad.lse_stride_head = 0; break;
+          default: bad.output_stride_token = -16 * 512; break;
+        }
+        EXPECT(mla_ext_sparse_mla_decode(&bad, aligned, ws, 132, NULL) == MLA_EXT_STATUS_INVALID_ARGUMENT,
+               cases[i].what);
+      }
+    }
+    if (mla_ext_sparse_mla_decode_workspace_size_for(2, 16, 0, 0) == MLA_EXT_INVALID_SIZE) {
+      /* no device (so nothing can launch): layouts that must pass the checks get as far as the
+         launch, which fails; a refused one would say INVALID_ARGUMENT */
+      bad = p;
+      bad.lse = (float*)aligned; /* a [H, T] buffer seen as [T, H] */
+      bad.lse_stride_token = 1;
+      bad.lse_stride_head = 2;
+      EXPECT(mla_ext_sparse_mla_decode(&bad, aligned, ws, 132, NULL) == MLA_EXT_STATUS_LAUNCH_FAILED,
+             "transposed lse accepted");
+      bad = p;
+      bad.output_stride_token = 512; /* heads outermost: [H, T, 512] seen as [T, H, 512] */
+      bad.output_stride_head = 2 * 512;
+      EXPECT(mla_ext_sparse_mla_decode(&bad, aligned, ws, 132, NULL) == MLA_EXT_STATUS_LAUNCH_FAILED,
+             "head-major output accepted");
+      bad = p;
+      bad.num_splits = 0;
+      EXPECT(mla_ext_sparse_mla_decode(&bad, aligned, ws, 1 << 20, NULL) == MLA_EXT_STATUS_LAUNCH_FAILED,
+             "automatic splits with a processor count no GPU has");
+    }
   }
   printf("capi_host_check: %s\n", failures ? "FAILED" : "ok");
   return failures ? 1 : 0;
