@@ -128,9 +128,11 @@ int mla_ext_merge_attn_states(const mla_ext_merge_params* c, int num_sms, void* 
   if (p.output_kind != mla_ext::MergeOutput::kSameAsInput && p.output_scale == nullptr) return MLA_EXT_STATUS_INVALID_ARGUMENT;
   if (p.has_prefill_tokens_with_context && p.prefill_tokens_with_context < 0) return MLA_EXT_STATUS_INVALID_ARGUMENT;
   if (p.output_scale != nullptr && !aligned4(p.output_scale)) return MLA_EXT_STATUS_INVALID_ARGUMENT;
+  // the prefix is not read when no token has one (prefill_tokens_with_context == 0)
+  const bool prefix_read = !(p.has_prefill_tokens_with_context && p.prefill_tokens_with_context == 0);
   if (p.num_tokens > 0 && p.num_heads > 0 && p.head_size > 0 &&
-      (p.output == nullptr || p.prefix_output == nullptr || p.suffix_output == nullptr ||
-       p.prefix_lse == nullptr || p.suffix_lse == nullptr))
+      (p.output == nullptr || p.suffix_output == nullptr || p.suffix_lse == nullptr ||
+       (prefix_read && (p.prefix_output == nullptr || p.prefix_lse == nullptr))))
     return MLA_EXT_STATUS_INVALID_ARGUMENT;
   return int(mla_ext::launch_merge_attn_states(p, resolve_sms(num_sms), static_cast<mla_ext::gpuStream_t>(stream)));
 }

@@ -112,7 +112,8 @@ typedef struct mla_ext_merge_params {
   /* Version 2 (zero: the version-1 behaviour, a plain merge in the values' dtype). */
   int32_t output_kind; /* enum mla_ext_merge_output; FP8: output = saturate(merged * (1 / *output_scale)) */
   int32_t has_prefill_tokens_with_context; /* nonzero: tokens >= prefill_tokens_with_context copy the suffix */
-  int64_t prefill_tokens_with_context;     /* >= 0; the suffix (values and LSE) is copied, the prefix not read */
+  int64_t prefill_tokens_with_context;     /* >= 0; the suffix (values and LSE) is copied, the prefix not read
+                                              (0: prefix_output / prefix_lse may be NULL) */
   const float* output_scale;               /* FP8 outputs: one fp32 in device memory */
 } mla_ext_merge_params;
 

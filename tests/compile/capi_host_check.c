@@ -90,6 +90,29 @@ int main(void) {
     m.output_kind = MLA_EXT_MERGE_OUTPUT_FP8_E4M3FN;
     m.output_scale = (const float*)(aligned + 2);
     EXPECT(mla_ext_merge_attn_states(&m, 132, NULL) == MLA_EXT_STATUS_INVALID_ARGUMENT, "misaligned output_scale");
+    /* a real merge without a prefix pointer: refused, unless no token has a prefix */
+    m.output_kind = MLA_EXT_MERGE_OUTPUT_SAME;
+    m.output_scale = NULL;
+    m.num_tokens = 2;
+    m.num_heads = 2;
+    m.head_size = 8;
+    m.output = aligned;
+    m.output_stride_token = 16;
+    m.output_stride_head = 8;
+    m.suffix_output = aligned + 1024;
+    m.suffix_stride_token = 16;
+    m.suffix_stride_head = 8;
+    m.suffix_lse = (const float*)(aligned + 2048);
+    m.suffix_lse_stride_token = 2;
+    m.suffix_lse_stride_head = 1;
+    EXPECT(mla_ext_merge_attn_states(&m, 0, NULL) == MLA_EXT_STATUS_INVALID_ARGUMENT, "merge without a prefix");
+    if (mla_ext_sparse_mla_decode_workspace_size_for(2, 16, 0, 0) == MLA_EXT_INVALID_SIZE) {
+      /* no device: accepted calls fail at the launch (nothing can run here) */
+      m.has_prefill_tokens_with_context = 1;
+      m.prefill_tokens_with_context = 0;
+      EXPECT(mla_ext_merge_attn_states(&m, 0, NULL) == MLA_EXT_STATUS_LAUNCH_FAILED,
+             "no prefix needed when no token has one");
+    }
   }
 
   /* decode: a well-formed bf16 call, then one field broken at a time */
