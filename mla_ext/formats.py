@@ -267,6 +267,13 @@ def default_v4_page_stride(page_size: int) -> int:
 # ----------------------------------------------------------------------------------------------
 
 
+def _check_page_stride_format(fn: str, kv_format: str, page_stride) -> None:
+    """A page_stride is a V4-layout argument: a ValueError with any other (known) format."""
+    if page_stride is not None and _LAYOUT[kv_format] != "fp8_ds_mla_v4":
+        raise ValueError(f"{fn}: page_stride applies to the V4 layouts (fp8_ds_mla_v4[_fnuz]) only, "
+                         f"got page_stride={page_stride!r} with kv_format={kv_format!r}")
+
+
 def _check_format(kv_format: str) -> None:
     if kv_format not in KV_FORMATS:
         raise ValueError(f"kv_format must be one of {KV_FORMATS}, got {kv_format!r}")
@@ -461,9 +468,7 @@ def alloc_kv_cache(
         raise ValueError(f"alloc_kv_cache: expected num_pages >= 0 and page_size >= 1, got {num_pages} and "
                          f"{page_size}")
     d_qk = _format_d_qk("alloc_kv_cache", kv_format, d_qk)
-    if page_stride is not None and _LAYOUT[kv_format] != "fp8_ds_mla_v4":
-        raise ValueError(f"alloc_kv_cache: page_stride applies to the V4 layouts (fp8_ds_mla_v4[_fnuz]) only, "
-                         f"got page_stride={page_stride!r} with kv_format={kv_format!r}")
+    _check_page_stride_format("alloc_kv_cache", kv_format, page_stride)
     if kv_format == "bf16":
         return torch.full((num_pages, page_size, d_qk), float("nan"), dtype=torch.bfloat16, device=device)
     if _LAYOUT[kv_format] == "fp8_ds_mla":
@@ -591,9 +596,7 @@ def pack_kv_cache(kv: torch.Tensor, kv_format: str, page_stride: Optional[int] =
     needs page_size >= 1 (as :func:`sparse_mla_decode` does).
     """
     layout, fnuz = kv_layout(kv_format), is_fnuz(kv_format)
-    if page_stride is not None and layout != "fp8_ds_mla_v4":
-        raise ValueError(f"pack_kv_cache: page_stride applies to the V4 layouts (fp8_ds_mla_v4[_fnuz]) only, "
-                         f"got page_stride={page_stride!r} with kv_format={kv_format!r}")
+    _check_page_stride_format("pack_kv_cache", kv_format, page_stride)
     if layout == "bf16":
         if kv.dim() != 3 or kv.shape[-1] not in (512, 576) or kv.shape[1] < 1:
             raise ValueError(f"kv: expected [num_pages, page_size >= 1, d_qk] with d_qk 576 or 512, "
