@@ -67,3 +67,26 @@ def assert_fake_refuses_like_op(op, cpu_args: dict, changes: dict, words: str) -
             bad[k] = f(args)
         with pytest.raises(RuntimeError, match=re.escape(words)):
             op(*bad.values())
+
+
+def loaded_cuda_runtime():
+    """The CUDA runtime library this process (torch, and the extension through it) has loaded, via
+    ctypes; None when none is loaded (CPU builds, ROCm). For tests of the runtime's per-thread
+    last-error slot, which the ops must neither blame on their launches nor clear."""
+    import ctypes
+
+    with open("/proc/self/maps") as f:
+        paths = {line.split()[-1] for line in f if "libcudart.so" in line}
+    if not paths:
+        return None
+    lib = ctypes.CDLL(sorted(paths)[0])
+    lib.cudaGetErrorName.restype = ctypes.c_char_p
+    return lib
+
+
+def leave_runtime_error_pending(lib) -> int:
+    """Make a runtime call fail (set an invalid device) so its error is pending, as a caller's
+    unchecked failure would be; returns the error code (cudaPeekAtLastError reads it)."""
+    err = lib.cudaSetDevice(1 << 20)
+    assert err != 0 and lib.cudaPeekAtLastError() == err
+    return err

@@ -8,7 +8,8 @@ import torch
 
 import mla_ext
 from mla_ext import reference
-from conftest import assert_close_rel, assert_fake_refuses_like_op, poison_, requires_gpu
+from conftest import (assert_close_rel, assert_fake_refuses_like_op, leave_runtime_error_pending,
+                      loaded_cuda_runtime, poison_, requires_gpu)
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 INF = float("inf")
@@ -572,6 +573,32 @@ def test_gpu_waits_for_an_early_triggering_kernel():
         ref_o, ref_l = reference.merge_attn_states(pa.cpu(), torch.full((T, H), v), pb.cpu(), lb.cpu())
         assert_close_rel(out, ref_o, torch.bfloat16, what=f"prefix lse {v}")
         assert torch.allclose(out_lse.double().cpu(), ref_l, rtol=1e-6, atol=1e-5)
+
+
+@requires_gpu
+def test_gpu_pending_runtime_error_left_to_the_caller():
+    """A runtime error the caller left pending before the call (an unchecked failure of its own) is
+    not reported as this op's launch failure, and stays pending for the caller: the launch is judged
+    by the launch call's return code, not by the runtime's last-error slot."""
+    lib = loaded_cuda_runtime()
+    if lib is None:
+        pytest.skip("no CUDA runtime loaded (ROCm build)")
+    T, H, D = 3, 16, 128
+    pa, la, pb, lb = make_case(T, H, D, torch.bfloat16, "cuda")
+    out = poison_(torch.empty(T, H, D, dtype=torch.bfloat16, device="cuda"))
+    out_lse = poison_(torch.empty(T, H, device="cuda"))
+    torch.cuda.synchronize()
+    err = leave_runtime_error_pending(lib)
+    try:
+        mla_ext.merge_attn_states(out, out_lse, pa, la, pb, lb)
+        still = lib.cudaPeekAtLastError()
+    finally:
+        lib.cudaGetLastError()  # the caller's to clear
+    assert still == err, f"the op changed the pending error: {lib.cudaGetErrorName(still)}"
+    torch.cuda.synchronize()
+    ref_o, ref_l = reference.merge_attn_states(pa.cpu(), la.cpu(), pb.cpu(), lb.cpu())
+    assert_close_rel(out, ref_o, torch.bfloat16)
+    assert torch.allclose(out_lse.double().cpu(), ref_l, rtol=1e-6, atol=1e-5)
 
 
 @requires_gpu

@@ -52,7 +52,10 @@ enum mla_ext_status {
   MLA_EXT_STATUS_SUCCESS = 0,
   MLA_EXT_STATUS_INVALID_ARGUMENT = 1,     /* a params field is out of its documented range */
   MLA_EXT_STATUS_WORKSPACE_TOO_SMALL = 2,  /* workspace_bytes < what the call needs */
-  MLA_EXT_STATUS_LAUNCH_FAILED = 3,        /* the GPU runtime rejected the launch */
+  MLA_EXT_STATUS_LAUNCH_FAILED = 3,        /* the GPU runtime rejected the launch; its error stays
+                                              pending (cudaGetLastError reads it). A runtime error
+                                              pending before the call is neither blamed on the
+                                              launch nor cleared by it. */
   MLA_EXT_STATUS_UNSUPPORTED = 4           /* no kernel fits: every head tile's kernel needs more shared
                                               memory per block than smem_limit (decode) allows */
 };

@@ -45,10 +45,11 @@ __global__ void test_late_fill_kernel(float* out, int64_t n, float value, int64_
 }
 
 int launch_test_late_fill(float* out, int64_t n, float value, int64_t delay_ns, void* stream) {
-  test_late_fill_kernel<<<1, 256, 0, static_cast<mla_ext::gpuStream_t>(stream)>>>(out, n, value, delay_ns);
-  return int(mla_ext::check_launch());
+  return int(mla_ext::launch_kernel(false, test_late_fill_kernel, dim3(1), dim3(256), 0,
+                                    static_cast<mla_ext::gpuStream_t>(stream), out, n, value, delay_ns));
 }
 
+// The reason for a kLaunchFailed: the runtime error the failed launch left pending (read and cleared).
 const char* last_error_string() { return mlaGetErrorString(mlaGetLastError()); }
 
 }  // namespace mla_ext_gpu

@@ -16,6 +16,8 @@
 #include <stdio.h>
 
 #include <atomic>
+#include <tuple>
+#include <utility>
 
 #include "mla_ext/numerics.h"
 #include "mla_ext/status.h"
@@ -43,6 +45,7 @@ using gpuError_t = hipError_t;
 #define mlaDevAttrComputeCapabilityMajor hipDeviceAttributeComputeCapabilityMajor
 #define mlaDevAttrMaxSharedMemoryPerBlockOptin hipDeviceAttributeSharedMemPerBlockOptin
 #define mlaGetDevice hipGetDevice
+#define mlaLaunchKernel hipLaunchKernel
 #else
 using gpuStream_t = cudaStream_t;
 using gpuError_t = cudaError_t;
@@ -56,6 +59,7 @@ using gpuError_t = cudaError_t;
 #define mlaDevAttrComputeCapabilityMajor cudaDevAttrComputeCapabilityMajor
 #define mlaDevAttrMaxSharedMemoryPerBlockOptin cudaDevAttrMaxSharedMemoryPerBlockOptin
 #define mlaGetDevice cudaGetDevice
+#define mlaLaunchKernel cudaLaunchKernel
 #endif
 
 // Warp ("wavefront" on AMD) size as a compile-time constant in device code.
@@ -101,12 +105,6 @@ MLA_EXT_HD float fast_exp2(float x) {
 #else
   return exp2f(x);
 #endif
-}
-
-// Check the launch that just happened; report a runtime failure as a Status.
-inline Status check_launch() {
-  gpuError_t err = mlaGetLastError();
-  return err == MLA_EXT_GPU_SUCCESS ? Status::kSuccess : Status::kLaunchFailed;
 }
 
 // One value per device (ordinals 0..63), shared by every host thread that launches: 0 = not
@@ -302,11 +300,28 @@ inline bool use_pdl(int bit, PerDevice<signed char>& cache, K* kernel) {
 #endif
 }
 
+// The argument array a launch call takes: the address of each parameter.
+template <typename Tuple, size_t... I>
+inline void fill_kernel_argv(void** argv, Tuple& params, std::index_sequence<I...>) {
+  ((argv[I] = static_cast<void*>(&std::get<I>(params))), ...);
+}
+
 // Launch `kernel` on `stream`, programmatically when `programmatic` (see
-// above; callers pass use_pdl(...)), else as <<<>>>.
+// above; callers pass use_pdl(...)). The launch is judged by the launch call's
+// own return code, never by the runtime's last-error slot: an error the caller
+// left pending before this call is neither blamed on this launch nor cleared.
+// When the runtime rejects the launch, its error stays pending for the caller
+// to read (cudaGetLastError / hipGetLastError) and kLaunchFailed is returned.
+// The arguments are converted to the kernel's parameter types first (the
+// runtime copies each parameter from the address given).
 template <typename... KArgs, typename... Args>
 inline Status launch_kernel(bool programmatic, void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
                             gpuStream_t stream, const Args&... args) {
+  static_assert(sizeof...(KArgs) == sizeof...(Args), "launch_kernel: argument count differs from the kernel's");
+  std::tuple<KArgs...> params(args...);
+  void* argv[sizeof...(KArgs) > 0 ? sizeof...(KArgs) : 1];
+  fill_kernel_argv(argv, params, std::index_sequence_for<KArgs...>{});
+  gpuError_t err;
 #if defined(MLA_EXT_CUDA) && defined(CUDART_VERSION) && CUDART_VERSION >= 12030
   if (programmatic) {
     cudaLaunchConfig_t cfg = {};
@@ -319,15 +334,15 @@ inline Status launch_kernel(bool programmatic, void (*kernel)(KArgs...), dim3 gr
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
     cfg.numAttrs = 1;
-    const cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, args...);
-    const Status s = check_launch();  // also clears the error state
-    return err == cudaSuccess ? s : Status::kLaunchFailed;
-  }
+    err = cudaLaunchKernelExC(&cfg, reinterpret_cast<const void*>(kernel), argv);
+  } else
 #else
   (void)programmatic;
 #endif
-  kernel<<<grid, block, smem, stream>>>(args...);
-  return check_launch();
+  {
+    err = mlaLaunchKernel(reinterpret_cast<const void*>(kernel), grid, block, argv, smem, stream);
+  }
+  return err == MLA_EXT_GPU_SUCCESS ? Status::kSuccess : Status::kLaunchFailed;
 }
 
 }  // namespace mla_ext

@@ -8,7 +8,7 @@ enum class Status : int {
   kSuccess = 0,
   kInvalidArgument = 1,   // a params field is out of its documented range
   kWorkspaceTooSmall = 2, // workspace_bytes < the size the call needs
-  kLaunchFailed = 3,      // the runtime rejected the launch (see the runtime's last error)
+  kLaunchFailed = 3,      // the runtime rejected the launch; its error is left pending (last error)
   kUnsupported = 4,       // this build has no kernel for the request
 };
 
