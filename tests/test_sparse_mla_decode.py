@@ -18,8 +18,8 @@ import torch
 
 import mla_ext
 from mla_ext import builders, formats, reference
-from conftest import (HAS_GPU, assert_close_rel, assert_fake_refuses_like_op, e4m3_reference_table, poison_,
-                      requires_gpu)
+from conftest import (HAS_GPU, assert_close_rel, assert_fake_refuses_like_op, e4m3_reference_table,
+                      leave_runtime_error_pending, loaded_cuda_runtime, poison_, requires_gpu)
 
 
 @contextlib.contextmanager
@@ -1222,6 +1222,37 @@ def test_valid_args_pass(device):
 # ---------------------------------------------------------------------------------------------
 
 @requires_gpu
+@pytest.mark.parametrize("S", [1, 4])
+def test_gpu_pending_runtime_error_left_to_the_caller(S):
+    """A runtime error pending before the call (the caller's unchecked failure) is neither reported
+    as a launch failure of the split kernel or the reduce nor cleared by them; the call's result is
+    the same as without it, and matches the reference."""
+    lib = loaded_cuda_runtime()
+    if lib is None:
+        pytest.skip("no CUDA runtime loaded (ROCm build)")
+    g = torch.Generator().manual_seed(31 + S)
+    fmt, d_qk, T, H, W = "fp8_ds_mla_v4", 512, 3, 16, 300
+    idx, lengths = make_indices(g, T, W, 20 * 64, "scattered", "random")
+    cache = make_cache(g, fmt, d_qk, 20, 64, idx, "cuda")
+    q = torch.randn(T, H, d_qk, generator=g).to(torch.bfloat16)
+    kw = dict(fmt=fmt, scale=0.07, device="cuda", num_splits=S, lengths=lengths)
+    # Everything on the device first: torch's own launches (a fill, a copy) check the last error.
+    out, lse, ws = poisoned_buffers(T, H, S, "cuda")
+    qd, idxd, lend = q.cuda(), idx.cuda(), lengths.cuda()
+    torch.cuda.synchronize()
+    err = leave_runtime_error_pending(lib)
+    try:
+        mla_ext.sparse_mla_decode(qd, cache, idxd, output=out, workspace=ws, lse=lse, kv_format=fmt,
+                                  softmax_scale=0.07, lengths=lend, num_splits=S)
+        still = lib.cudaPeekAtLastError()
+    finally:
+        lib.cudaGetLastError()  # the caller's to clear
+    assert still == err, f"the op changed the pending error: {lib.cudaGetErrorName(still)}"
+    out2, lse2, _ = run_check(q, cache, idx, **kw)
+    assert torch.equal(out, out2) and torch.equal(lse, lse2)
+
+
+@requires_gpu
 @pytest.mark.parametrize("fmt,d_qk", GEOMS + FNUZ_GEOMS)
 @pytest.mark.parametrize("H", [8, 16, 64, 128])
 def test_gpu_portable_vs_tensor_core(fmt, d_qk, H):
@@ -1515,6 +1546,24 @@ def test_gpu_smem_limit_falls_back_to_smaller_tiles(limit, fmt, d_qk, expect):
             kinds = {("portable" if "portable" in n else "mma " + re.search(r"decode_split_mma_kernel<(\d+),", n).group(1))
                      for n in names}
             assert kinds == {expect}, names
+
+
+@requires_gpu
+@pytest.mark.parametrize("fmt,d_qk", [("fp8_ds_mla_v4", 512), ("fp8_ds_mla", 576)])
+def test_gpu_smem_limit_above_the_device_counts_as_the_device(fmt, d_qk):
+    """A shared-memory limit larger than the device's per-block opt-in maximum is taken as that
+    maximum: the call runs the kernels the device's own limit picks (no launch failure) and gives
+    bit-identical results to the automatic limit."""
+    g = torch.Generator().manual_seed(17 + d_qk)
+    T, W, H = 3, 300, 128
+    idx, lengths = make_indices(g, T, W, 12 * 64, "scattered", "random")
+    cache = make_cache(g, fmt, d_qk, 12, 64, idx, "cuda")
+    q = torch.randn(T, H, d_qk, generator=g).to(torch.bfloat16)
+    kw = dict(fmt=fmt, scale=d_qk ** -0.5, device="cuda", num_splits=3, lengths=lengths)
+    ref = run_check(q, cache, idx, **kw)
+    with gpu_path(smem_limit=1 << 30):
+        got = run_check(q, cache, idx, **kw)
+    assert torch.equal(ref[0], got[0]) and torch.equal(ref[1], got[1])
 
 
 def test_set_smem_limit_range():

@@ -208,7 +208,8 @@ typedef struct mla_ext_sparse_decode_params {
   uint8_t force_portable; /* nonzero: the portable (no tensor-core) GPU path */
   int32_t head_tile;      /* GPU heads per block: 0 = automatic (use this), 1..64 forces one */
   int64_t smem_limit;     /* GPU shared memory one block may use, bytes: 0 = the device's limit (use
-                             this); larger head tiles whose kernels need more are not launched */
+                             this); larger head tiles whose kernels need more are not launched;
+                             a value above the device's limit counts as the device's limit */
 } mla_ext_sparse_decode_params;
 
 /* Decode into p->output (and p->lse). With num_splits > 1 (after resolving 0),

@@ -2712,7 +2712,11 @@ inline Status launch_sparse_mla_decode(const SparseDecodeParams& p, void* worksp
   a.two_token = !a.balanced && decode_two_token_blocks(p, HG, num_sms, decode_two_token_mode(p));
   // Early trigger only toward the reduce (the kernel after it is the caller's: compat.h).
   a.early_trigger = S > 1 && pdl_trigger_early(blocks, num_sms);
-  a.smem_limit = p.smem_limit > 0 ? size_t(p.smem_limit) : current_device_smem_optin();
+  // The caller's limit, never above the device's (a larger one would pick a kernel the runtime
+  // then refuses to launch).
+  const size_t device_smem = current_device_smem_optin();
+  a.smem_limit = p.smem_limit > 0 ? size_t(p.smem_limit) : device_smem;
+  if (device_smem != 0 && a.smem_limit > device_smem) a.smem_limit = device_smem;
   // Half the head tile (at most 16 * m heads), for a device whose blocks cannot
   // have the shared memory of the current tile's kernel.
   auto halve_tile = [&]() {
