@@ -408,6 +408,50 @@ def nan_code_check(lib, dev):
     return bad
 
 
+def runtime_state_check(lib, dev):
+    """Through the C API: (1) a smem_limit far above the device's per-block maximum counts as that
+    maximum (the call runs, bit-identical to smem_limit 0); (2) a runtime error the caller left
+    pending before the call is neither reported as the launch's failure nor cleared, with one
+    split (one kernel) and with three (split kernel + reduce)."""
+    import re
+    cudart = None
+    with open("/proc/self/maps") as f:
+        paths = sorted({line.split()[-1] for line in f if re.search(r"libcudart\.so", line)})
+    if paths:
+        cudart = C.CDLL(paths[0])
+    gen = torch.Generator().manual_seed(5)
+    runner = Runner(lib, torch.cuda.get_device_properties(dev).multi_processor_count)
+    cache = Cache("fp8_ds_mla_v4", 512, num_pages=16, page_size=64, gen=gen, dev=dev, poison_frac=0.0)
+    idx = torch.randperm(cache.num_slots, generator=gen)[: 3 * 200].view(3, 200).to(torch.int32).to(dev)
+    bad = 0
+    for H in (16, 128):
+        q = torch.randn(3, H, 512, generator=gen).to(torch.bfloat16).to(dev)
+        for S in (1, 3):
+            outs = []
+            for limit, pending in ((0, False), (1 << 40, False), (0, True)):
+                out = torch.full((3, H, 512), float("nan"), dtype=torch.bfloat16, device=dev)
+                p, ws, wsb, _ = runner.prepare("fp8_ds_mla_v4", 512, q, [(cache, idx, None)], 0.06, None, S,
+                                               False, out, None)
+                p.smem_limit = limit
+                torch.cuda.synchronize()
+                err = cudart.cudaSetDevice(1 << 20) if (pending and cudart) else 0
+                st = lib.mla_ext_sparse_mla_decode(C.byref(p), ws.data_ptr(), wsb, runner.num_sms,
+                                                   torch.cuda.current_stream().cuda_stream)
+                still = cudart.cudaPeekAtLastError() if (pending and cudart) else 0
+                if cudart:
+                    cudart.cudaGetLastError()
+                torch.cuda.synchronize()
+                ok = st == 0 and still == err and not torch.isnan(out.float()).any()
+                bad += not ok
+                outs.append(out)
+                print(f"runtime state H={H:3d} S={S} smem_limit={limit} pending={pending} (err {err}): "
+                      f"status {st}, pending after {still}: {'ok' if ok else 'FAIL'}")
+            same = all(torch.equal(outs[0], o) for o in outs[1:])
+            bad += not same
+            print(f"runtime state H={H:3d} S={S}: results bit-identical: {same}")
+    return bad
+
+
 # ----------------------------------------------------------------------------- timing
 def bench(lib, dev, reps=50, heads=(16, 64, 128), tokens=(1, 64), paths=(False, True), splits="auto"):
     gen = torch.Generator().manual_seed(99)
@@ -500,6 +544,7 @@ def main():
         fails += check(args, lib, dev)
         fails += big_offset_check(lib, dev)
         fails += nan_code_check(lib, dev)
+        fails += runtime_state_check(lib, dev)
         print(f"checks took {time.time() - t0:.1f} s")
     if not args.no_bench:
         bench(lib, dev, args.reps, args.bench_heads, args.bench_tokens,
