@@ -222,6 +222,35 @@ def _run_module(args, timeout=300, env_extra=None):
                           capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.parametrize("argv,words", [
+    (["--cp", "2", "--heads", "0"], "--batch and --heads must be >= 1"),
+    (["--cp", "2", "--kv-format", "fp8_ds_mla"], "--kv-format for --layer v4_c4 must be one of"),
+    (["--cp", "2", "--context", "64", "32"], "--context LO HI must satisfy"),
+    (["--cp", "2", "--mtp", "3", "--context", "3", "8"], "--context LO HI must satisfy"),
+    (["--cp", "2", "--layer", "v4_swa", "--topk", "5"], "--topk is not a parameter of --layer v4_swa"),
+    (["--cp", "2", "--topk", "0"], "--topk must be >= 1"),
+    (["--cp", "2", "--num-splits", "300"], "expected num_splits to be 0 \\(automatic\\) or 1..256, got 300"),
+    (["--cp", "2", "--device", "cpu", "--backend", "nccl"], "--backend nccl needs --device cuda"),
+    (["--cp", "2", "--warmup", "-5"], "--warmup >= 0"),
+    (["--cp", "2", "--steps", "0"], "--steps must be >= 1"),
+    (["--cp", "2", "--json", "/nonexistent-folder-mla/x.json"], "folder /nonexistent-folder-mla does not exist"),
+    (["--cp", "0"], "--cp must be >= 1, got 0"),
+])
+def test_runner_bad_arguments_exit_2_before_any_rank(argv, words, capsys, monkeypatch):
+    """python -m mla_ext.parallel refuses bad values with a usage error (exit 2) before spawning
+    any rank: spawning is replaced by a failure here, so a check that came too late would show."""
+    from mla_ext.parallel import runner
+
+    monkeypatch.setattr(runner.mp, "spawn", lambda *a, **k: pytest.fail("ranks spawned for bad arguments"))
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR"):
+        monkeypatch.delenv(k, raising=False)
+    with pytest.raises(SystemExit) as e:
+        runner.main(argv + ["--device", "cpu"] if "--device" not in argv else argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert re.search(words, err), err
+
+
 def test_runner_gloo_two_ranks(tmp_path):
     """python -m mla_ext.parallel --cp 2 on the CPU (gloo): verifies against single-device decode."""
     js = tmp_path / "cp.json"

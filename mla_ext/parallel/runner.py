@@ -290,12 +290,46 @@ def _run_initialised(rank: int, world: int, local_rank: int, args: argparse.Name
         dist.destroy_process_group()
 
 
+def _usage_error(args: argparse.Namespace) -> Optional[str]:
+    """What is wrong with the arguments, checked before any rank starts (so a bad value is a
+    one-line usage error, exit 2, not a failure inside every rank or a bogus verification result);
+    None when they are usable."""
+    from .._decode import sparse_mla_decode_workspace_size
+    from ..cli import MAX_CONTEXT, _check_out_paths
+
+    kind = LAYER_KINDS[args.layer]
+    if args.cp < 1:
+        return f"--cp must be >= 1, got {args.cp}"
+    if args.batch < 1 or args.heads < 1 or args.mtp < 0:
+        return f"--batch and --heads must be >= 1 and --mtp >= 0, got {args.batch}, {args.heads}, {args.mtp}"
+    lo, hi = args.context
+    if not 1 + args.mtp <= lo <= hi <= MAX_CONTEXT:
+        return f"--context LO HI must satisfy 1 + --mtp <= LO <= HI <= {MAX_CONTEXT}, got {lo} {hi}"
+    if args.kv_format is not None and args.kv_format not in kind.formats:
+        return f"--kv-format for --layer {args.layer} must be one of {kind.formats}, got {args.kv_format!r}"
+    if args.topk is not None and (kind.topk is None or args.topk < 1):
+        return (f"--topk is not a parameter of --layer {args.layer}" if kind.topk is None
+                else f"--topk must be >= 1, got {args.topk}")
+    if args.steps < 1 or args.warmup < 0:
+        return f"--steps must be >= 1 and --warmup >= 0, got {args.steps}, {args.warmup}"
+    if args.device == "cpu" and args.backend == "nccl":
+        return "--backend nccl needs --device cuda (gloo runs on the CPU)"
+    try:  # the op's own limits: split count, num_tokens x num_heads
+        sparse_mla_decode_workspace_size(args.batch * (1 + args.mtp), args.heads, num_splits=args.num_splits,
+                                         device="cpu")
+    except (RuntimeError, ValueError, TypeError) as e:
+        return f"--num-splits {args.num_splits} / --batch / --heads: {str(e).splitlines()[0]}"
+    return _check_out_paths(json=args.json)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
-    args = build_parser().parse_args(argv)
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    err = _usage_error(args)
+    if err:
+        ap.error(err)
     under_torchrun = all(k in os.environ for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR"))
     world = int(os.environ["WORLD_SIZE"]) if under_torchrun else args.cp
-    if args.cp < 1:
-        raise SystemExit("--cp must be >= 1")
     if under_torchrun and world != args.cp:
         raise SystemExit(f"--cp {args.cp} differs from torchrun's WORLD_SIZE {world}")
     if args.device is None:
@@ -304,6 +338,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                                                                if under_torchrun else world):
         raise SystemExit(f"--device cuda with {world} ranks needs {world} visible GPUs, "
                          f"found {torch.cuda.device_count()}")
+    if args.device == "cpu" and args.backend == "nccl":  # the device chosen by default just above
+        ap.error("--backend nccl needs --device cuda (gloo runs on the CPU)")
     if args.backend is None:
         args.backend = "nccl" if args.device == "cuda" else "gloo"
     if args.device == "cuda":
