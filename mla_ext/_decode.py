@@ -6,6 +6,7 @@ split-K scratch buffer reused across layers and decode steps. Contract: DESIGN.m
 """
 from __future__ import annotations
 
+import math
 import numbers
 from typing import Optional, Union
 
@@ -23,12 +24,17 @@ __all__ = ["sparse_mla_decode", "sparse_mla_decode_workspace_size", "DecodeWorks
 
 def _real_arg(fn: str, name: str, value) -> float:
     """``value`` as a Python float: a TypeError naming the argument unless it is a real number
-    (int, float, numpy scalar; not a bool, a string or a tensor)."""
+    (int, float, numpy scalar; not a bool, a string or a tensor). An integer beyond the float
+    range becomes +-inf, which the op then refuses as not finite (as it does 1e39), instead of
+    float()'s OverflowError."""
     if type(value) is float:
         return value
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{fn}: expected {name} to be a real number, got {type(value).__name__} {value!r}")
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:
+        return -math.inf if value < 0 else math.inf
 
 
 def _splits_arg(fn: str, value) -> int:

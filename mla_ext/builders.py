@@ -23,6 +23,7 @@ from typing import Optional, Tuple, Union
 import torch
 
 from . import formats
+from ._ops import int_arg
 from .reference import softmax_scale_v32, softmax_scale_v4
 
 __all__ = ["LayerKind", "LAYER_KINDS", "DecodeInputs", "build_decode_inputs"]
@@ -310,6 +311,13 @@ def build_decode_inputs(
     Returns:
         :class:`DecodeInputs`. q ~ N(0, 1); KV rows ~ N(0, 1) with 4 outliers (x 8..32) per row;
         sink ~ N(0, 1) float32 per head (V4).
+
+    Raises:
+        TypeError: batch, num_heads, mtp, topk or context_len (or an item of its pair) is not an
+            integer (a float, a bool, a tensor).
+        ValueError: an unknown layer_kind, kv_format or row_placement; topk for a layer without
+            one, or < 1; batch or num_heads < 1, mtp < 0; context_len not an int or a pair, or a
+            range without 1 + mtp <= lo <= hi.
     """
     if layer_kind not in LAYER_KINDS:
         raise ValueError(f"layer_kind must be one of {tuple(LAYER_KINDS)}, got {layer_kind!r}")
@@ -319,12 +327,22 @@ def build_decode_inputs(
         raise ValueError(f"kv_format for {layer_kind} must be one of {kind.formats}, got {kv_format!r}")
     if topk is not None and kind.topk is None:
         raise ValueError(f"topk is not a parameter of layer kind {layer_kind!r}")
-    k_top = kind.topk if topk is None else int(topk)
+    fn = "build_decode_inputs"
+    k_top = kind.topk if topk is None else int_arg(fn, "topk", topk)
+    batch, num_heads, mtp = (int_arg(fn, n, v) for n, v in (("batch", batch), ("num_heads", num_heads), ("mtp", mtp)))
     if batch < 1 or num_heads < 1 or mtp < 0:
-        raise ValueError("batch and num_heads must be >= 1 and mtp >= 0")
-    lo, hi = (context_len, context_len) if isinstance(context_len, int) else context_len
+        raise ValueError(f"{fn}: batch and num_heads must be >= 1 and mtp >= 0, got batch={batch}, "
+                         f"num_heads={num_heads}, mtp={mtp}")
+    if k_top is not None and k_top < 1:
+        raise ValueError(f"{fn}: topk must be >= 1, got {k_top}")
+    if isinstance(context_len, (tuple, list)):
+        if len(context_len) != 2:
+            raise ValueError(f"{fn}: context_len must be an int or a (lo, hi) pair, got {context_len!r}")
+        lo, hi = (int_arg(fn, "context_len", v) for v in context_len)
+    else:
+        lo = hi = int_arg(fn, "context_len", context_len)
     if lo < 1 + mtp or hi < lo:
-        raise ValueError(f"context_len range {(lo, hi)} must satisfy 1 + mtp <= lo <= hi")
+        raise ValueError(f"{fn}: context_len range {(lo, hi)} must satisfy 1 + mtp <= lo <= hi")
     if row_placement not in ("pages", "packed"):
         raise ValueError(f"row_placement must be 'pages' or 'packed', got {row_placement!r}")
     packed = row_placement == "packed"

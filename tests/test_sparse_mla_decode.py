@@ -548,6 +548,32 @@ def test_builder_layers(device, kind, kv_format):
         check_lse(lse, ref_l.cpu(), kv_format=inp.kv_format)
 
 
+@pytest.mark.parametrize("kw,exc,words", [
+    (dict(topk=-1), ValueError, "topk must be >= 1, got -1"),
+    (dict(topk=2.7), TypeError, "expected topk to be an integer, got 2.7"),
+    (dict(batch=2.5), TypeError, "expected batch to be an integer, got 2.5"),
+    (dict(num_heads=True), TypeError, "expected num_heads to be an integer, got True"),
+    (dict(mtp=-1), ValueError, "mtp >= 0, got batch=2, num_heads=4, mtp=-1"),
+    (dict(context_len=(300,)), ValueError, "context_len must be an int or a \\(lo, hi\\) pair"),
+    (dict(context_len=(300, 200.0)), TypeError, "expected context_len to be an integer, got 200.0"),
+    (dict(context_len=(400, 300)), ValueError, "must satisfy 1 \\+ mtp <= lo <= hi"),
+])
+def test_builder_refuses_bad_counts(kw, exc, words):
+    """build_decode_inputs names a non-integer or out-of-range count instead of truncating it
+    (topk 2.7 -> 2) or failing inside torch."""
+    args = dict(batch=2, num_heads=4, context_len=300)
+    args.update(kw)
+    with pytest.raises(exc, match=words):
+        builders.build_decode_inputs("v4_c4", **args)
+
+
+def test_builder_accepts_numpy_integers():
+    np = pytest.importorskip("numpy")
+    a = builders.build_decode_inputs("v4_c4", batch=np.int64(2), num_heads=4, context_len=np.int32(300), topk=np.int64(64))
+    b = builders.build_decode_inputs("v4_c4", batch=2, num_heads=4, context_len=(300, 300), topk=64)
+    assert torch.equal(a.q, b.q) and torch.equal(a.indices, b.indices) and torch.equal(a.extra_indices, b.extra_indices)
+
+
 # ---------------------------------------------------------------------------------------------
 # FP8 flavours: e4m3fn (NVIDIA, gfx950) and e4m3fnuz (gfx942 engines)
 # ---------------------------------------------------------------------------------------------
@@ -1059,10 +1085,11 @@ def test_v4_cache_rows_must_be_packed(device, which, view):
     assert torch.equal(ws, before[2])
 
 
-@pytest.mark.parametrize("scale", [1e39, -1e39, float("inf"), float("nan")])
+@pytest.mark.parametrize("scale", [1e39, -1e39, float("inf"), float("nan"), 10**400, -(10**400)])
 def test_softmax_scale_beyond_float32_refused(device, scale):
     """The kernels use softmax_scale as a float32: 1e39 is a finite double but inf as a float (every
-    output would be NaN), so it is refused like a non-finite one, nothing written."""
+    output would be NaN), so it is refused like a non-finite one, nothing written; so is an integer
+    beyond the double range (float() of it raises OverflowError)."""
     args = _valid(device)
     out, lse = args["output"], args["lse"]
     args["softmax_scale"] = scale
