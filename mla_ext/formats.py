@@ -41,7 +41,7 @@ for the ``_fnuz`` formats) are accepted and read as raw bytes.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 
@@ -390,6 +390,9 @@ def _check_cache(kv_cache: torch.Tensor, kv_format: str, name: str = "kv_cache")
     if _LAYOUT[kv_format] == "fp8_ds_mla_v4" and c.shape[1] > 1 and c.stride(1) != ROW_BYTES["fp8_ds_mla_v4"]:
         raise ValueError(f"{name}: {kv_format} token stride (stride(1)) must be 584 bytes (the data rows "
                          f"and scale rows of a page are packed), got {c.stride(1)}")
+    if _LAYOUT[kv_format] != "fp8_ds_mla_v4" and c.shape[1] > 1 and c.stride(1) < c.shape[-1]:
+        raise ValueError(f"{name}: {kv_format} token stride (stride(1)) must be >= the row width {c.shape[-1]} "
+                         f"(rows must not overlap, as sparse_mla_decode requires), got {c.stride(1)}")
     if _LAYOUT[kv_format] == "fp8_ds_mla_v4" and c.shape[0] > 1:
         need = c.shape[1] * ROW_BYTES["fp8_ds_mla_v4"]
         if c.stride(0) < need:
@@ -418,8 +421,10 @@ def _split_slots(slots: torch.Tensor, cache: torch.Tensor, name: str = "slots"):
         raise ValueError(f"{name}: expected an integer tensor [n], got {type(slots).__name__}")
     if not is_integer_dtype(slots.dtype):
         raise ValueError(f"{name}: expected an integer tensor, got {slots.dtype}")
+    if slots.dim() != 1:
+        raise ValueError(f"{name}: expected a 1-D integer tensor [n], got shape {tuple(slots.shape)}")
     num_pages, page_size = cache.shape[0], cache.shape[1]
-    s = slots.to(cache.device).reshape(-1).to(torch.int64)
+    s = slots.to(cache.device).to(torch.int64)
     if s.numel() and (bool((s < 0).any()) or bool((s >= num_pages * page_size).any())):
         raise IndexError(
             f"{name}: every slot must be in [0, num_pages*page_size) = [0, {num_pages * page_size}); "
@@ -509,7 +514,7 @@ def write_kv_rows(kv_cache: torch.Tensor, kv_format: str, slots: torch.Tensor, k
 
     Raises (before anything is written):
         ValueError: ``kv`` not ``[n, d_qk]``, its row count not that of ``slots``, ``slots`` not
-            an integer tensor or holding a slot id twice, an unknown ``kv_format``, or a cache
+            a 1-D integer tensor or holding a slot id twice, an unknown ``kv_format``, or a cache
             that does not match it (the message names the argument).
         IndexError: a slot id outside ``[0, num_pages * page_size)``.
     """
@@ -540,6 +545,17 @@ def write_kv_rows(kv_cache: torch.Tensor, kv_format: str, slots: torch.Tensor, k
         scale_v[page, off] = scales
 
 
+def _check_pack_input(kv, d_qks: Tuple[int, ...]) -> None:
+    """The packers' input: a floating-point tensor [num_pages, page_size >= 1, d_qk] with d_qk one
+    of ``d_qks``; ValueError naming ``kv`` otherwise (as write_kv_rows)."""
+    want = " or ".join(str(d) for d in d_qks)
+    if not isinstance(kv, torch.Tensor) or not kv.dtype.is_floating_point:
+        raise ValueError(f"kv: expected a floating-point (float32 / bfloat16) tensor [num_pages, page_size, {want}], "
+                         f"got {kv.dtype if isinstance(kv, torch.Tensor) else type(kv).__name__}")
+    if kv.dim() != 3 or kv.shape[-1] not in d_qks or kv.shape[1] < 1:
+        raise ValueError(f"kv: expected [num_pages, page_size >= 1, {want}], got {tuple(kv.shape)}")
+
+
 def pack_fp8_ds_mla(kv: torch.Tensor, *, fnuz: bool = False) -> torch.Tensor:
     """Pack a DeepSeek V3.2 latent cache into the ``"fp8_ds_mla"`` byte format
     (``"fp8_ds_mla_fnuz"`` with ``fnuz=True``).
@@ -553,8 +569,7 @@ def pack_fp8_ds_mla(kv: torch.Tensor, *, fnuz: bool = False) -> torch.Tensor:
         (per 128-tile fp32 scale amax/448 or amax/240, amax floored at 1e-4), 4 little-endian fp32
         scales at bytes [512, 528), 64 bf16 RoPE values at [528, 656).
     """
-    if kv.dim() != 3 or kv.shape[-1] != 576 or kv.shape[1] < 1:
-        raise ValueError(f"kv: expected [num_pages, page_size >= 1, 576], got {tuple(kv.shape)}")
+    _check_pack_input(kv, (576,))
     num_pages, page_size, _ = kv.shape
     return _encode_v32_rows(kv.reshape(-1, 576), fnuz).reshape(num_pages, page_size, 656)
 
@@ -577,8 +592,7 @@ def pack_fp8_ds_mla_v4(kv: torch.Tensor, page_stride: Optional[int] = None, *, f
         ``n*page_stride + p*576`` (448 e4m3 + 64 bf16), its 7 UE8M0 scale bytes + one 0 pad
         byte at ``n*page_stride + page_size*576 + p*8``. Bytes between pages are 0xFF (garbage).
     """
-    if kv.dim() != 3 or kv.shape[-1] != 512 or kv.shape[1] < 1:
-        raise ValueError(f"kv: expected [num_pages, page_size >= 1, 512], got {tuple(kv.shape)}")
+    _check_pack_input(kv, (512,))
     num_pages, page_size, _ = kv.shape
     fmt = "fp8_ds_mla_v4_fnuz" if fnuz else "fp8_ds_mla_v4"
     cache = alloc_kv_cache(fmt, num_pages, page_size, device=kv.device, page_stride=page_stride)
@@ -593,14 +607,13 @@ def pack_kv_cache(kv: torch.Tensor, kv_format: str, page_stride: Optional[int] =
     ``"bf16"`` -> ``kv.to(bfloat16)`` (d_qk 576 or 512); ``"fp8_ds_mla[_fnuz]"`` ->
     :func:`pack_fp8_ds_mla` (d_qk 576); ``"fp8_ds_mla_v4[_fnuz]"`` -> :func:`pack_fp8_ds_mla_v4`
     (d_qk 512; ``page_stride`` only here, a ValueError with the other formats). Every format
-    needs page_size >= 1 (as :func:`sparse_mla_decode` does).
+    needs page_size >= 1 (as :func:`sparse_mla_decode` does). ValueError naming ``kv`` for anything
+    but a floating-point tensor of that shape.
     """
     layout, fnuz = kv_layout(kv_format), is_fnuz(kv_format)
     _check_page_stride_format("pack_kv_cache", kv_format, page_stride)
     if layout == "bf16":
-        if kv.dim() != 3 or kv.shape[-1] not in (512, 576) or kv.shape[1] < 1:
-            raise ValueError(f"kv: expected [num_pages, page_size >= 1, d_qk] with d_qk 576 or 512, "
-                             f"got {tuple(kv.shape)}")
+        _check_pack_input(kv, (576, 512))
         return kv.to(torch.bfloat16)
     if layout == "fp8_ds_mla":
         return pack_fp8_ds_mla(kv, fnuz=fnuz)
@@ -621,12 +634,13 @@ def gather_kv_rows(
         kv_cache: ``[num_pages, page_size, row]`` or ``[num_pages, page_size, 1, row]`` in
             ``kv_format`` (row = d_qk bf16 elements, 656 or 584 bytes). Any page stride
             (``stride(0)``, in elements; for V4 the padded page stride in bytes) and storage offset;
-            last dim contiguous. Not mutated.
+            last dim contiguous; token stride (``stride(1)``) at least a row (V4: exactly 584), as
+            :func:`sparse_mla_decode` requires. Not mutated.
         kv_format: one of :data:`KV_FORMATS`: ``"bf16"``, ``"fp8_ds_mla"`` (V3.2),
             ``"fp8_ds_mla_v4"`` (V4), or their ``_fnuz`` twins (e4m3fnuz value bytes).
         slots: integer ``[n]`` global slot ids, ``slot = page * page_size + offset`` with
             ``page_size = kv_cache.shape[1]``; all must lie in ``[0, num_pages * page_size)``
-            (IndexError otherwise). Duplicates allowed.
+            (IndexError otherwise); ValueError unless 1-D. Duplicates allowed.
         dtype: result dtype (float32 default; float64 gives exact products of fp8 x scale).
 
     Returns:

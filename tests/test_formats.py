@@ -310,10 +310,23 @@ def test_small_helpers_refuse_out_of_domain_arguments():
     assert F.ue8m0_to_float(torch.tensor([127, 383], dtype=torch.int32)).tolist() == [1.0, 1.0]  # low 8 bits
 
 
+@pytest.mark.parametrize("fmt,d_qk", [("bf16", 576), ("bf16", 512), ("fp8_ds_mla", 576), ("fp8_ds_mla_v4", 512),
+                                       ("fp8_ds_mla_fnuz", 576), ("fp8_ds_mla_v4_fnuz", 512)])
+@pytest.mark.parametrize("bad", ["int32", "bool", "list"])
+def test_pack_kv_cache_refuses_non_float_input_in_every_format(fmt, d_qk, bad):
+    """Every format's packer takes only floating-point tensors (bf16 cast int32 and bool, V3.2
+    quantised them; V4 alone refused), and names kv for a non-tensor (not an AttributeError)."""
+    kv = {"int32": torch.full((1, 2, d_qk), 3, dtype=torch.int32), "bool": torch.ones(1, 2, d_qk, dtype=torch.bool),
+          "list": [[1.0] * d_qk]}[bad]
+    got = "list" if bad == "list" else f"torch.{bad}"
+    with pytest.raises(ValueError, match=rf"kv: expected a floating-point \(float32 / bfloat16\) tensor .*got {got}"):
+        F.pack_kv_cache(kv, fmt)
+
+
 def test_packers_and_writers_refuse_what_the_op_refuses():
     """A bf16 width other than 576 / 512, and a V4 view whose token stride is not 584 bytes, are
     refused by the packers and writers as by sparse_mla_decode, not packed into a cache it refuses."""
-    with pytest.raises(ValueError, match="d_qk 576 or 512"):
+    with pytest.raises(ValueError, match=r"kv: expected \[num_pages, page_size >= 1, 576 or 512\], got \(2, 4, 100\)"):
         F.pack_kv_cache(torch.randn(2, 4, 100), "bf16")
     cache = F.alloc_kv_cache("fp8_ds_mla_v4", 3, 4)
     view = cache.as_strided((2, 4, 584), (2400, 600, 1), 0)
@@ -321,6 +334,21 @@ def test_packers_and_writers_refuse_what_the_op_refuses():
         F.write_kv_rows(view, "fp8_ds_mla_v4", torch.tensor([0]), torch.randn(1, 512))
     with pytest.raises(ValueError, match="token stride"):
         F.unpack_kv_cache(view, "fp8_ds_mla_v4")
+    # slots are [n]: a 2-D or 0-D tensor is refused, not flattened
+    c = F.alloc_kv_cache("fp8_ds_mla", 2, 4)
+    for bad in (torch.tensor([[0, 1]]), torch.tensor(0)):
+        with pytest.raises(ValueError, match=r"slots: expected a 1-D integer tensor \[n\], got shape"):
+            F.write_kv_rows(c, "fp8_ds_mla", bad, torch.randn(bad.numel(), 576))
+        with pytest.raises(ValueError, match="1-D integer tensor"):
+            F.gather_kv_rows(c, "fp8_ds_mla", bad)
+    # bf16 / V3.2 rows closer than a row apart overlap: the op refuses them, so do the readers and writers
+    for fmt, row in (("bf16", 576), ("fp8_ds_mla", 656)):
+        c = F.alloc_kv_cache(fmt, 2, 4, 576)
+        tight = c.as_strided((2, 4, row), (4 * row, row - 8, 1))
+        with pytest.raises(ValueError, match=rf"token stride \(stride\(1\)\) must be >= the row width {row}"):
+            F.write_kv_rows(tight, fmt, torch.tensor([0]), torch.randn(1, 576))
+        with pytest.raises(ValueError, match="must be >= the row width"):
+            F.gather_kv_rows(tight, fmt, torch.tensor([1]))
     # a caller's page stride is used as given, 16-byte multiple or not (the CPU op takes any)
     assert F.alloc_kv_cache("fp8_ds_mla_v4", 2, 4, page_stride=2341).stride() == (2341, 584, 1)
 
