@@ -8,11 +8,14 @@ One extension, ``mla_ext._C``, written against the LibTorch stable ABI
 
 Environment:
 - MLA_EXT_FORCE_CPU=1      build the CPU-only extension even if CUDA is present.
+- MLA_EXT_REQUIRE_GPU=1    fail instead of building the CPU-only extension when the GPU one
+                           cannot be built (a CUDA / ROCm wheel job that must not ship a CPU one).
 - TORCH_CUDA_ARCH_LIST     CUDA archs (default below); PYTORCH_ROCM_ARCH for ROCm.
 - MAX_JOBS                 parallel compile jobs (honoured by torch's ninja build).
 """
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import setuptools
@@ -52,11 +55,23 @@ def license_metadata():
 
 
 def git_commit():
+    """This checkout's commit; "unknown" outside one (an unpacked sdist, also one unpacked inside
+    another project's repository, whose commit is not this source's)."""
     try:
-        return subprocess.check_output(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT,
-                                       stderr=subprocess.DEVNULL, text=True).strip()
+        run = lambda *a: subprocess.check_output(["git", *a], cwd=ROOT, stderr=subprocess.DEVNULL, text=True).strip()
+        if Path(run("rev-parse", "--show-toplevel")).resolve() != ROOT:
+            return "unknown"
+        return run("rev-parse", "--short=12", "HEAD")
     except Exception:
         return "unknown"
+
+
+def isolated_build_env(torch) -> bool:
+    """Whether torch comes from a build front end's temporary environment (pip's build isolation,
+    `python -m build` without --no-isolation), i.e. not from the environment that will import
+    the extension."""
+    where = os.path.dirname(os.path.abspath(torch.__file__))
+    return any(tag in where for tag in ("pip-build-env-", f"{os.sep}build-env-"))
 
 
 def main():
@@ -68,6 +83,22 @@ def main():
     want_gpu = os.environ.get("MLA_EXT_FORCE_CPU", "0") != "1"
     has_gpu_toolchain = (cpp_extension.ROCM_HOME if is_rocm else cpp_extension.CUDA_HOME) is not None
     build_gpu = want_gpu and (torch.version.cuda is not None or is_rocm) and has_gpu_toolchain
+    if not build_gpu:
+        why = ("MLA_EXT_FORCE_CPU=1" if not want_gpu else
+               f"torch {torch.__version__} is a CPU build" if torch.version.cuda is None and not is_rocm else
+               "no ROCm toolkit found (ROCM_HOME)" if is_rocm else
+               "no CUDA toolkit found (set CUDA_HOME to the folder holding bin/nvcc)")
+        if os.environ.get("MLA_EXT_REQUIRE_GPU", "0") == "1":
+            raise SystemExit(f"mla_ext: MLA_EXT_REQUIRE_GPU=1 but the GPU extension cannot be built: {why}")
+    variant = ("CPU-only (" + why + ")" if not build_gpu else
+               f"ROCm {torch.version.hip}" if is_rocm else f"CUDA {torch.version.cuda}")
+    print(f"mla_ext: building the {variant} extension against torch {torch.__version__}", file=sys.stderr)
+    if isolated_build_env(torch):
+        print(f"mla_ext: WARNING: this torch ({torch.__version__}, {os.path.dirname(torch.__file__)}) is the build "
+              "front end's isolated environment's, not the one that will import the extension: a CUDA build "
+              "loads only with a torch of the same CUDA major version, a CPU build with any. To build against "
+              "the installed torch, install with --no-build-isolation (pip) or --no-isolation (python -m build).",
+              file=sys.stderr)
 
     if build_gpu and not is_rocm:
         os.environ.setdefault("TORCH_CUDA_ARCH_LIST", DEFAULT_CUDA_ARCH_LIST)

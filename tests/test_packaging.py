@@ -67,6 +67,65 @@ def test_sdist_carries_every_source(tmp_path):
     assert "mla_ext/_build_info.py" not in names and not any(n.endswith(".so") for n in names)
 
 
+def _setup_module_at(path: pathlib.Path):
+    spec = importlib.util.spec_from_file_location("mla_ext_setup_py_copy", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_isolated_build_env_is_recognised():
+    """setup.py warns when it builds against a build front end's temporary torch (pip's build
+    isolation, `python -m build`), which need not match the torch that will import the extension."""
+    import types
+
+    mod = _setup_module()
+    fake = lambda path: types.SimpleNamespace(__file__=path)
+    assert mod.isolated_build_env(fake("/tmp/pip-build-env-abc123/overlay/lib/python3.11/site-packages/torch/__init__.py"))
+    assert mod.isolated_build_env(fake("/tmp/build-env-x1y2/lib/python3.11/site-packages/torch/__init__.py"))
+    assert not mod.isolated_build_env(fake("/opt/venv/lib/python3.11/site-packages/torch/__init__.py"))
+    import torch
+
+    assert not mod.isolated_build_env(torch)
+
+
+def test_require_gpu_refuses_a_cpu_only_build():
+    """MLA_EXT_REQUIRE_GPU=1 fails the build (naming the reason) where it would have fallen back to
+    the CPU-only extension, before writing anything."""
+    import os
+    import subprocess
+    import sys
+
+    info = ROOT / "mla_ext" / "_build_info.py"
+    before = info.read_bytes() if info.exists() else None
+    env = dict(os.environ, MLA_EXT_REQUIRE_GPU="1", MLA_EXT_FORCE_CPU="1")
+    r = subprocess.run([sys.executable, "setup.py", "--name"], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode != 0
+    assert "MLA_EXT_REQUIRE_GPU=1 but the GPU extension cannot be built: MLA_EXT_FORCE_CPU=1" in r.stderr
+    assert (info.read_bytes() if info.exists() else None) == before
+
+
+def test_build_info_commit_only_from_this_checkout(tmp_path):
+    """An sdist unpacked inside another project's git repository records commit "unknown", not
+    that repository's commit."""
+    import shutil
+    import subprocess
+
+    if shutil.which("git") is None:
+        pytest.skip("needs git")
+    outer = tmp_path / "engine"
+    (outer / "third_party" / "mla_ext").mkdir(parents=True)
+    subprocess.run(["git", "init", "-q", str(outer)], check=True)
+    subprocess.run(["git", "-C", str(outer), "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q",
+                    "--allow-empty", "-m", "x"], check=True)
+    copy = outer / "third_party" / "mla_ext" / "setup.py"
+    shutil.copy(ROOT / "setup.py", copy)
+    assert _setup_module_at(copy).git_commit() == "unknown"
+    here = _setup_module().git_commit()
+    assert here == "unknown" or len(here) == 12  # this checkout's own commit (or no git metadata)
+
+
 def test_public_ops_carry_the_autograd_paragraph():
     """The shared autograd paragraph (mla_ext._ops.with_autograd_note) is filled into each public
     op's docstring, with no marker left behind."""
@@ -74,3 +133,27 @@ def test_public_ops_carry_the_autograd_paragraph():
     for fn in (mla_ext.merge_attn_states, mla_ext.merge_attn_states_n, mla_ext.sparse_mla_decode):
         assert fn.__doc__.count("Not differentiable. With grad mode on") == 1, fn.__name__
         assert "AUTOGRAD_NOTE" not in fn.__doc__, fn.__name__
+
+
+def test_load_failure_message_names_the_build_and_the_fix(monkeypatch):
+    """A library that does not load (e.g. a CUDA wheel under a CPU torch) gives an ImportError
+    naming the installed torch, the build's torch, CUDA version and GPU archs, and fixes that fit
+    a wheel user (a matching torch) as well as a checkout or a source archive."""
+    import torch
+
+    from mla_ext import _load
+
+    monkeypatch.setattr(_load, "_build_info", lambda: {"torch_full_version": "2.14.1+cu130", "cuda_version": "13.0",
+                                                       "hip_version": None, "gpu_arch_list": "9.0a"})
+
+    def refuse(path):
+        raise OSError("libtorch_cuda.so: cannot open shared object file")
+
+    monkeypatch.setattr(torch.ops, "load_library", refuse)
+    with pytest.raises(ImportError) as e:
+        _load.load_extension()
+    msg = str(e.value)
+    for words in (f"installed torch is {torch.__version__}", "built against torch 2.14.1+cu130", "CUDA 13.0",
+                  "GPU archs 9.0a", "libtorch_cuda.so: cannot open shared object file", "install such a torch",
+                  "--no-build-isolation <the source archive>"):
+        assert words in msg, (words, msg)
