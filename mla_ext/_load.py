@@ -38,8 +38,10 @@ def load_extension() -> str:
         raise ImportError(
             f"mla_ext: failed to load {path}: {exc}. The installed torch is {torch.__version__}; "
             f"this extension was built against torch {built_for} "
-            f"(CUDA {info.get('cuda_version')}, HIP {info.get('hip_version')}) on the stable ABI, "
-            "which needs torch >= 2.10 and a matching CUDA/ROCm runtime. "
-            "Fix: rebuild for this environment with `make setup` "
-            "(or `pip install --no-build-isolation --force-reinstall -e .`).") from exc
+            f"(CUDA {info.get('cuda_version')}, HIP {info.get('hip_version')}, GPU archs "
+            f"{info.get('gpu_arch_list')}) on the stable ABI, which needs torch >= 2.10 and, for a GPU "
+            "build, a torch of the same kind (a CUDA N.x build needs a CUDA N.x torch; a CPU build "
+            "takes any). Fix: install such a torch, or rebuild for this environment: `make setup` in a "
+            "checkout (`pip install --no-build-isolation --force-reinstall -e .`), or "
+            "`pip install --no-build-isolation <the source archive>`.") from exc
     return path
