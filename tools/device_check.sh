@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device session: build for sm_90a, run the test suite on the GPU, run benchmarks.
 # Usage (on the GPU machine, from the repository root):
-#   tools/device_check.sh [pytest args...]      BENCH="merge decode" to choose benchmarks,
+#   tools/device_check.sh [pytest args...]      (GPU tests; ALL_TESTS=1 for all) BENCH="merge decode" to choose benchmarks,
 #   SANITIZE="memcheck racecheck" to run compute-sanitizer on tests/gpu_dev/sanitize_case.py
 # Logs go to $OUT (or ./device_out); a short table is printed last.
 set -uo pipefail
@@ -16,7 +16,16 @@ python3 -m pip install -q --no-build-isolation --no-deps -e . > "$OUT/build.log"
   || { tail -50 "$OUT/build.log"; exit 1; }
 echo "build: $(( $(date +%s) - t0 )) s"
 mla-ext info > "$OUT/info.txt" 2>&1
-python3 -X faulthandler -m pytest -q -rfE -p no:cacheprovider --timeout=300 "$@" tests > "$OUT/pytest.log" 2>&1
+# The GPU tests only (CI runs the rest), spread over pytest-xdist workers where it is installed:
+# the whole directory serially takes longer than a device call may (twenty-seventh session: 29
+# tests in 240 s, the CLI's first); `-n 12 -k "(cuda or gpu) and not portable"` ran 719 in 350 s.
+# ALL_TESTS=1 runs every test; PYTEST_WORKERS sets the worker count (0: serial).
+XDIST=()
+if [ "${PYTEST_WORKERS:-12}" != 0 ] && python3 -c "import xdist" 2>/dev/null; then XDIST=(-n "${PYTEST_WORKERS:-12}"); fi
+SELECT=(-k "cuda or gpu")
+[ "${ALL_TESTS:-0}" = 1 ] && SELECT=()
+python3 -X faulthandler -m pytest -q -rfE -p no:cacheprovider --timeout=300 "${XDIST[@]}" "${SELECT[@]}" "$@" tests \
+  > "$OUT/pytest.log" 2>&1
 echo "pytest rc=$? ($(tail -1 "$OUT/pytest.log"))"
 if [ -n "${SANITIZE:-}" ]; then  # SANITIZE="memcheck racecheck synccheck"
   for tool in $SANITIZE; do
