@@ -92,9 +92,10 @@ struct SparseDecodeParams {
   int two_token = 0;                // GPU, V4 64-head blocks: 0 = automatic (decode_two_token_blocks),
                                     // 1 = never, 2 = wherever allowed (tests and A/B runs); bit-identical
   int64_t smem_limit = 0;           // GPU: shared memory one block may use, bytes; 0 = the device's
-                                    // opt-in limit (larger values count as it). Smaller values test the fallback to smaller head
-                                    // tiles and the portable kernels that GPUs with less than the
-                                    // 64-head kernels' 159-215 KB take (A100, sm_86 / sm_89)
+                                    // opt-in limit (larger values count as it). Smaller values test
+                                    // the fallback to smaller head tiles and the portable kernels that
+                                    // GPUs with less than the 64-head kernels' 159-215 KB take (A100,
+                                    // sm_86 / sm_89)
 };
 
 // ---------------------------------------------------------------------------
