@@ -1256,7 +1256,7 @@ def test_gpu_pending_runtime_error_left_to_the_caller(S):
     the same as without it, and matches the reference. The op runs once first: on the H200 (torch
     2.11) a process's first call through torch cleared the pending error somewhere in torch's or the
     runtime's first-use work (with lazy and eager module loading, PDL on and off; later calls
-    never did, and the C API's first call did not either: tests/gpu_dev/decode_ctypes_check.py)."""
+    never did, nor did the merge's first call; where is not known: benchmarks/NOTES.md)."""
     lib = loaded_cuda_runtime()
     if lib is None:
         pytest.skip("no CUDA runtime loaded (ROCm build)")

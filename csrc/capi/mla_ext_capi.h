@@ -54,8 +54,8 @@ enum mla_ext_status {
   MLA_EXT_STATUS_WORKSPACE_TOO_SMALL = 2,  /* workspace_bytes < what the call needs */
   MLA_EXT_STATUS_LAUNCH_FAILED = 3,        /* the GPU runtime rejected the launch; its error stays
                                               pending (cudaGetLastError reads it). A runtime error
-                                              pending before the call is neither blamed on the
-                                              launch nor cleared by it. */
+                                              pending before the call is not blamed on the launch
+                                              (judged by the launch call's own return code). */
   MLA_EXT_STATUS_UNSUPPORTED = 4           /* no kernel fits: every head tile's kernel needs more shared
                                               memory per block than smem_limit (decode) allows */
 };

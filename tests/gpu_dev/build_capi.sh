@@ -9,7 +9,10 @@ shift || true
 mkdir -p "$(dirname "$OUT")"
 NVCC="${NVCC:-nvcc}"
 ARCH="${MLA_EXT_GENCODE:--gencode=arch=compute_90a,code=sm_90a}"
-"$NVCC" $ARCH -O3 -std=c++17 -shared -Xcompiler -fPIC -Xptxas -v \
+# -cudart shared: the process's one shared runtime, as the CMake package links it (nvcc's default,
+# a static runtime, is a separate runtime instance with its own last-error slot, so the harness's
+# runtime-state check could not see an error the caller left pending).
+"$NVCC" $ARCH -O3 -std=c++17 -shared -cudart shared -Xcompiler -fPIC -Xptxas -v \
   -I"$ROOT/csrc/include" -I"$ROOT/csrc/capi" \
   "$ROOT/csrc/capi/mla_ext_capi.cu" -o "$OUT" "$@" 2> "${OUT%.so}.ptxas.log" || {
   cat "${OUT%.so}.ptxas.log" >&2

@@ -309,7 +309,8 @@ inline void fill_kernel_argv(void** argv, Tuple& params, std::index_sequence<I..
 // Launch `kernel` on `stream`, programmatically when `programmatic` (see
 // above; callers pass use_pdl(...)). The launch is judged by the launch call's
 // own return code, never by the runtime's last-error slot: an error the caller
-// left pending before this call is neither blamed on this launch nor cleared.
+// left pending before this call is not blamed on this launch, and this function
+// does not read or clear it.
 // When the runtime rejects the launch, its error stays pending for the caller
 // to read (cudaGetLastError / hipGetLastError) and kLaunchFailed is returned.
 // The arguments are converted to the kernel's parameter types first (the
