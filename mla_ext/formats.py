@@ -520,9 +520,7 @@ def write_kv_rows(kv_cache: torch.Tensor, kv_format: str, slots: torch.Tensor, k
     """
     c = _check_cache(kv_cache, kv_format)
     d_qk = _cache_d_qk(c, kv_format)
-    if not isinstance(kv, torch.Tensor) or not kv.dtype.is_floating_point:
-        raise ValueError(f"kv: expected a floating-point (float32 / bfloat16) tensor [n, {d_qk}], got "
-                         f"{kv.dtype if isinstance(kv, torch.Tensor) else type(kv).__name__}")
+    _require_float_kv(kv, f"[n, {d_qk}]")
     if kv.dim() != 2 or kv.shape[1] != d_qk:
         raise ValueError(f"kv: expected [n, {d_qk}], got {tuple(kv.shape)}")
     page, off = _split_slots(slots, c)
@@ -545,13 +543,19 @@ def write_kv_rows(kv_cache: torch.Tensor, kv_format: str, slots: torch.Tensor, k
         scale_v[page, off] = scales
 
 
+def _require_float_kv(kv, shape: str) -> None:
+    """ValueError naming ``kv`` unless it is a floating-point tensor (the writers' and packers' input;
+    ``shape`` is the expected shape, for the message)."""
+    if not isinstance(kv, torch.Tensor) or not kv.dtype.is_floating_point:
+        raise ValueError(f"kv: expected a floating-point (float32 / bfloat16) tensor {shape}, got "
+                         f"{kv.dtype if isinstance(kv, torch.Tensor) else type(kv).__name__}")
+
+
 def _check_pack_input(kv, d_qks: Tuple[int, ...]) -> None:
     """The packers' input: a floating-point tensor [num_pages, page_size >= 1, d_qk] with d_qk one
     of ``d_qks``; ValueError naming ``kv`` otherwise (as write_kv_rows)."""
     want = " or ".join(str(d) for d in d_qks)
-    if not isinstance(kv, torch.Tensor) or not kv.dtype.is_floating_point:
-        raise ValueError(f"kv: expected a floating-point (float32 / bfloat16) tensor [num_pages, page_size, {want}], "
-                         f"got {kv.dtype if isinstance(kv, torch.Tensor) else type(kv).__name__}")
+    _require_float_kv(kv, f"[num_pages, page_size, {want}]")
     if kv.dim() != 3 or kv.shape[-1] not in d_qks or kv.shape[1] < 1:
         raise ValueError(f"kv: expected [num_pages, page_size >= 1, {want}], got {tuple(kv.shape)}")
 
