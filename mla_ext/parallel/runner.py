@@ -312,8 +312,6 @@ def _usage_error(args: argparse.Namespace) -> Optional[str]:
                 else f"--topk must be >= 1, got {args.topk}")
     if args.steps < 1 or args.warmup < 0:
         return f"--steps must be >= 1 and --warmup >= 0, got {args.steps}, {args.warmup}"
-    if args.device == "cpu" and args.backend == "nccl":
-        return "--backend nccl needs --device cuda (gloo runs on the CPU)"
     try:  # the op's own limits: split count, num_tokens x num_heads
         sparse_mla_decode_workspace_size(args.batch * (1 + args.mtp), args.heads, num_splits=args.num_splits,
                                          device="cpu")
@@ -338,7 +336,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                                                                if under_torchrun else world):
         raise SystemExit(f"--device cuda with {world} ranks needs {world} visible GPUs, "
                          f"found {torch.cuda.device_count()}")
-    if args.device == "cpu" and args.backend == "nccl":  # the device chosen by default just above
+    if args.device == "cpu" and args.backend == "nccl":  # given, or chosen by default just above
         ap.error("--backend nccl needs --device cuda (gloo runs on the CPU)")
     if args.backend is None:
         args.backend = "nccl" if args.device == "cuda" else "gloo"
