@@ -13,6 +13,7 @@ DeepSeek shapes with CUDA events.
 import argparse
 import ctypes as C
 import math
+import os
 import sys
 import time
 
@@ -408,6 +409,14 @@ def nan_code_check(lib, dev):
     return bad
 
 
+def links_shared_cuda_runtime(path: str) -> bool:
+    """Whether the library at ``path`` names the shared CUDA runtime (a DT_NEEDED libcudart.so.N),
+    i.e. shares the process's runtime instance and its last-error slot; nvcc's default links a
+    static, private one."""
+    with open(path, "rb") as f:
+        return b"libcudart.so" in f.read()
+
+
 def runtime_state_check(lib, dev):
     """Through the C API: (1) a smem_limit far above the device's per-block maximum counts as that
     maximum (the call runs, bit-identical to smem_limit 0); (2) a runtime error the caller left
@@ -416,17 +425,12 @@ def runtime_state_check(lib, dev):
     shared runtime that torch loaded (build_capi.sh does so since the twenty-seventh session; a
     statically linked runtime is a separate instance whose last-error slot the check cannot set),
     and is skipped otherwise."""
-    import re
-    cudart = None
-    with open("/proc/self/maps") as f:
-        paths = sorted({line.split()[-1] for line in f if re.search(r"libcudart\.so", line)})
-    if paths:
-        cudart = C.CDLL(paths[0])
-    so = next((line.split()[-1] for line in open("/proc/self/maps") if "mla_ext_capi" in line), None)
-    shared_rt = so is not None and b"libcudart.so" in open(so, "rb").read()  # a DT_NEEDED entry
-    if not shared_rt:
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: conftest
+    from conftest import loaded_cuda_runtime
+
+    cudart = loaded_cuda_runtime() if links_shared_cuda_runtime(lib._name) else None
+    if cudart is None:
         print("runtime state: the library does not link the shared CUDA runtime; pending-error cases skipped")
-        cudart = None
     gen = torch.Generator().manual_seed(5)
     runner = Runner(lib, torch.cuda.get_device_properties(dev).multi_processor_count)
     cache = Cache("fp8_ds_mla_v4", 512, num_pages=16, page_size=64, gen=gen, dev=dev, poison_frac=0.0)
@@ -442,11 +446,11 @@ def runtime_state_check(lib, dev):
                                                False, out, None)
                 p.smem_limit = limit
                 torch.cuda.synchronize()
-                err = cudart.cudaSetDevice(1 << 20) if (pending and cudart) else 0
+                err = cudart.cudaSetDevice(1 << 20) if pending else 0
                 st = lib.mla_ext_sparse_mla_decode(C.byref(p), ws.data_ptr(), wsb, runner.num_sms,
                                                    torch.cuda.current_stream().cuda_stream)
-                still = cudart.cudaPeekAtLastError() if (pending and cudart) else 0
-                if cudart:
+                still = cudart.cudaPeekAtLastError() if pending else 0
+                if pending:
                     cudart.cudaGetLastError()
                 torch.cuda.synchronize()
                 ok = st == 0 and still == err and not torch.isnan(out.float()).any()

@@ -11,7 +11,6 @@ The twenty-seventh session saw the torch decode's first call clear it, and nothi
 Usage: python3 tests/gpu_dev/pending_error_probe.py [--so build/gpu_dev/libmla_ext_capi.so]
 """
 import argparse
-import ctypes as C
 import os
 import subprocess
 import sys
@@ -54,7 +53,7 @@ def one(case: str, so: str) -> None:
         sys.path.insert(0, os.path.join(root, "tests", "gpu_dev"))
         import decode_ctypes_check as D
 
-        if b"libcudart.so" not in open(so, "rb").read():
+        if not D.links_shared_cuda_runtime(so):
             print(f"{case:12s}: {so} does not link the shared CUDA runtime (rebuild with build_capi.sh)")
             return
         lib = D.load_lib(so)
@@ -67,8 +66,10 @@ def one(case: str, so: str) -> None:
         out = torch.empty(3, 16, 512, dtype=torch.bfloat16, device="cuda")
         p, ws, wsb, _ = runner.prepare("fp8_ds_mla_v4", 512, q, [(cache, idx, None)], 0.06, None, 1, False, out, None)
         call = lambda: runner.launch(p, ws, wsb)
-    paths = sorted({line.split()[-1] for line in open("/proc/self/maps") if "libcudart.so" in line})
-    rt = C.CDLL(paths[0])
+    sys.path.insert(0, os.path.join(root, "tests"))
+    from conftest import loaded_cuda_runtime
+
+    rt = loaded_cuda_runtime()
     if case.endswith("_warm"):
         call()
         torch.cuda.synchronize()
