@@ -5,8 +5,10 @@ Each case runs in a fresh process (first-use work happens once per process): set
 call, and prints the error pending afterwards (101 = kept, 0 = cleared). Cases: the torch merge
 and decode ops (first call, or after a warm-up call), torch's own stream query, and the C API
 decode library (`--so`, which must link the shared runtime: tests/gpu_dev/build_capi.sh does).
-The twenty-seventh session saw the torch decode's first call clear it, and nothing else
-(benchmarks/NOTES.md); this tells whether the C API's first call does too.
+The twenty-seventh session saw the torch decode's first call clear it; the twenty-eighth found
+the C API's first call did too, and the cause in the runtime itself (runtime_pending_error.cu:
+cudaFuncSetAttribute clears a pending error even when it succeeds), after which every case here
+keeps it (benchmarks/NOTES.md).
 
 Usage: python3 tests/gpu_dev/pending_error_probe.py [--so build/gpu_dev/libmla_ext_capi.so]
 """

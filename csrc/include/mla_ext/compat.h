@@ -27,6 +27,7 @@
 #include <hip/hip_runtime.h>
 #else
 #define MLA_EXT_CUDA 1
+#include <cuda.h>  // types of the driver entry point set_max_dynamic_smem looks up (no driver library linked)
 #include <cuda_runtime.h>
 #endif
 
@@ -143,6 +144,34 @@ inline int current_device_attribute_cached(PerDevice<int>& cache, Attr attr) {
   int dev = 0;
   if (mlaGetDevice(&dev) != MLA_EXT_GPU_SUCCESS) return 0;
   return device_attribute_cached(cache, attr, dev);
+}
+
+// Let `kernel` use `bytes` (> 48 KB) of dynamic shared memory per block; true on success.
+// On CUDA 12.5+ through the driver's cuFuncSetAttribute on the kernel's handle
+// (cudaGetFuncBySymbol; the entry point looked up through the runtime once, so no driver
+// library is linked): the runtime's cudaFuncSetAttribute, even when it succeeds, clears an
+// error the caller left pending (CUDA 13.0 runtime, H200: benchmarks/NOTES.md,
+// twenty-eighth session), and the launchers leave such errors to the caller. Where that
+// lookup fails (its failure is then the pending error), and on older runtimes and HIP:
+// cudaFuncSetAttribute / hipFuncSetAttribute.
+inline bool set_max_dynamic_smem(const void* kernel, int bytes) {
+#if defined(MLA_EXT_CUDA) && defined(CUDART_VERSION) && CUDART_VERSION >= 12050
+  using SetAttribute = CUresult (*)(CUfunction, CUfunction_attribute, int);
+  static const SetAttribute driver_set = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuFuncSetAttribute", &fn, 12000, cudaEnableDefault, &found) !=
+            cudaSuccess ||
+        found != cudaDriverEntryPointSuccess)
+      return SetAttribute(nullptr);
+    return reinterpret_cast<SetAttribute>(fn);
+  }();
+  cudaFunction_t handle = nullptr;
+  if (driver_set != nullptr && cudaGetFuncBySymbol(&handle, kernel) == cudaSuccess && handle != nullptr)
+    return driver_set(reinterpret_cast<CUfunction>(handle), CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                      bytes) == CUDA_SUCCESS;
+#endif
+  return mlaFuncSetAttribute(kernel, mlaFuncAttributeMaxDynamicSharedMemorySize, bytes) == MLA_EXT_GPU_SUCCESS;
 }
 
 // Number of multiprocessors (CUs on AMD) of the current device, 0 on failure.

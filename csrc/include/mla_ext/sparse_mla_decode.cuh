@@ -2495,15 +2495,14 @@ __global__ void __launch_bounds__(GROUPED ? (kReduceThreads / CH) * kReduceMaxGr
 }
 
 // Raise the dynamic shared-memory limit of one kernel once per device (the
-// caller passes a flag array that is static per kernel instantiation).
+// caller passes a flag array that is static per kernel instantiation), without
+// touching an error the caller left pending (set_max_dynamic_smem).
 inline bool ensure_smem(PerDevice<bool>& done, const void* kernel, size_t bytes) {
   if (bytes <= 48 * 1024) return true;
   int dev = 0;
   if (mlaGetDevice(&dev) != MLA_EXT_GPU_SUCCESS) return false;
   if (dev >= 0 && dev < 64 && done.get(dev)) return true;
-  if (mlaFuncSetAttribute(kernel, mlaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)) !=
-      MLA_EXT_GPU_SUCCESS)
-    return false;
+  if (!set_max_dynamic_smem(kernel, int(bytes))) return false;
   if (dev >= 0 && dev < 64) done.set(dev, true);
   return true;
 }
