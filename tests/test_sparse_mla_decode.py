@@ -1254,7 +1254,7 @@ def test_gpu_pending_runtime_error_left_to_the_caller(S):
     """A runtime error pending before the call (the caller's unchecked failure) is neither reported
     as a launch failure of the split kernel or the reduce nor cleared by them; the call's result is
     the same as without it, and matches the reference. The op runs once first, so this covers a
-    warm call; a process's first calls (each kernel's shared-memory opt-in) are the next test's."""
+    warm call; a process's first calls of a kernel (its shared-memory opt-in) are the next test's."""
     lib = loaded_cuda_runtime()
     if lib is None:
         pytest.skip("no CUDA runtime loaded (ROCm build)")
@@ -1285,34 +1285,35 @@ def test_gpu_pending_runtime_error_left_to_the_caller(S):
 
 _FIRST_CALLS_SCRIPT = r"""
 import sys
+sys.path[:0] = sys.argv[1:3]  # the parent's mla_ext, then the tests directory
 import torch
 import mla_ext
-sys.path.insert(0, sys.argv[1])
 from conftest import leave_runtime_error_pending, loaded_cuda_runtime
 from test_sparse_mla_decode import make_cache, make_indices, poisoned_buffers
 
 g = torch.Generator().manual_seed(3)
-idx, lengths = make_indices(g, 3, 300, 20 * 64, "scattered", "random")
-cache = make_cache(g, "fp8_ds_mla_v4", 512, 20, 64, idx, "cuda")
-q = torch.randn(3, 16, 512, generator=g).to(torch.bfloat16).cuda()
-idx, lengths = idx.cuda(), lengths.cuda()
 a, a_lse = torch.randn(2, 4, 64, device="cuda"), torch.randn(2, 4, device="cuda")
 merged = torch.empty_like(a)
 results = []
-for S in (1, 4):
+# Two different split kernels (16-head tiles of d_qk 512 and 576, 96 and 110 KB of shared memory:
+# each raises its limit on its first call), the second with the reduce.
+for fmt, d_qk, S in (("fp8_ds_mla_v4", 512, 1), ("fp8_ds_mla", 576, 4)):
+    idx, lengths = make_indices(g, 3, 300, 20 * 64, "scattered", "random")
+    cache = make_cache(g, fmt, d_qk, 20, 64, idx, "cuda")
+    q = torch.randn(3, 16, d_qk, generator=g).to(torch.bfloat16).cuda()
+    idx, lengths = idx.cuda(), lengths.cuda()
+    kw = dict(kv_format=fmt, softmax_scale=0.07, lengths=lengths, num_splits=S)
     out, lse, ws = poisoned_buffers(3, 16, S, "cuda")
     torch.cuda.synchronize()
     lib = loaded_cuda_runtime()
     err = leave_runtime_error_pending(lib)
     if S == 1:
         mla_ext.merge_attn_states(merged, None, a, a_lse, a, a_lse)
-    mla_ext.sparse_mla_decode(q, cache, idx, output=out, workspace=ws, lse=lse, kv_format="fp8_ds_mla_v4",
-                              softmax_scale=0.07, lengths=lengths, num_splits=S)
+    mla_ext.sparse_mla_decode(q, cache, idx, output=out, workspace=ws, lse=lse, **kw)
     still = lib.cudaPeekAtLastError()
     lib.cudaGetLastError()
     again, lse2, _ = poisoned_buffers(3, 16, S, "cuda")
-    mla_ext.sparse_mla_decode(q, cache, idx, output=again, workspace=ws, lse=lse2, kv_format="fp8_ds_mla_v4",
-                              softmax_scale=0.07, lengths=lengths, num_splits=S)
+    mla_ext.sparse_mla_decode(q, cache, idx, output=again, workspace=ws, lse=lse2, **kw)
     results.append(f"S={S}: pending {err} -> {still}, same result {torch.equal(out, again) and torch.equal(lse, lse2)}")
 print("; ".join(results))
 """
@@ -1320,16 +1321,23 @@ print("; ".join(results))
 
 @requires_gpu
 def test_gpu_pending_runtime_error_kept_by_first_calls():
-    """In a fresh process, the first merge call and the first decode calls (one split, then four:
-    each kernel's first use, where the launcher raises its shared-memory limit) leave an error the
-    caller left pending as it was. The CUDA runtime's cudaFuncSetAttribute clears a pending error
-    even when it succeeds (H200, CUDA 13.0), so the launcher sets that attribute through the driver
-    (compat.h, set_max_dynamic_smem). The results equal a second call's."""
+    """In a fresh process, the first merge call and the first calls of two decode split kernels
+    (one split of the V4 16-head tile, then four of the V3.2 one with the reduce: each kernel raises
+    its shared-memory limit on its first call) leave an error the caller left pending as it was. The
+    CUDA runtime's cudaFuncSetAttribute clears a pending error even when it succeeds (H200, CUDA
+    13.0), so the launcher sets that attribute through the driver (compat.h, set_max_dynamic_smem;
+    builds with CUDA 11.3+ headers). The results equal a second call's."""
     if loaded_cuda_runtime() is None:
         pytest.skip("no CUDA runtime loaded (ROCm build)")
-    tests_dir = os.path.dirname(os.path.abspath(__file__))
-    r = subprocess.run([sys.executable, "-c", _FIRST_CALLS_SCRIPT, tests_dir], capture_output=True, text=True,
-                       timeout=600)
+    from mla_ext._load import _build_info
+
+    cuda = _build_info().get("cuda_version") or "0.0"
+    if tuple(int(x) for x in cuda.split(".")[:2]) < (11, 3):
+        pytest.skip(f"built with CUDA {cuda}: the launcher keeps cudaFuncSetAttribute")
+    here = os.path.dirname(os.path.abspath(__file__))
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(mla_ext.__file__)))
+    r = subprocess.run([sys.executable, "-c", _FIRST_CALLS_SCRIPT, package_root, here], capture_output=True,
+                       text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     line = r.stdout.strip().splitlines()[-1]
     m = re.fullmatch(r"S=1: pending (\d+) -> (\d+), same result (\w+); S=4: pending (\d+) -> (\d+), same result (\w+)",

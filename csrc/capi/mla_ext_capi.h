@@ -56,9 +56,9 @@ enum mla_ext_status {
                                               pending (cudaGetLastError reads it). A runtime error
                                               pending before the call is not blamed on the launch
                                               (judged by the launch call's own return code), nor
-                                              cleared (CUDA 12.5+ runtimes: a kernel's shared-memory
-                                              opt-in goes through the driver, since the runtime's
-                                              cudaFuncSetAttribute clears it). */
+                                              cleared (builds with CUDA 11.3+ headers: a kernel's
+                                              shared-memory opt-in goes through the driver, since the
+                                              runtime's cudaFuncSetAttribute clears it). */
   MLA_EXT_STATUS_UNSUPPORTED = 4           /* no kernel fits: every head tile's kernel needs more shared
                                               memory per block than smem_limit (decode) allows */
 };

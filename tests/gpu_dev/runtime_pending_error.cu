@@ -1,8 +1,9 @@
 // Developer probe: which CUDA runtime calls leave an error the caller left pending, and which
 // clear it? One call per process (first-use work happens once): make cudaSetDevice fail (error
 // 101 pending), make the named call, print cudaPeekAtLastError (101 = kept, 0 = cleared).
-// H200, CUDA 13.0 (twenty-eighth session, benchmarks/NOTES.md): only cudaFuncSetAttribute
-// clears it, also when it succeeds and also on a repeated call ("setattr_warm"); the driver
+// H200, CUDA 13.0 (twenty-eighth session, benchmarks/NOTES.md): of the calls below, only
+// cudaFuncSetAttribute clears it, also when it succeeds and also on a repeated call
+// ("setattr_warm"; the session ran this in an earlier form with the same calls); the driver
 // path the launchers now take (entry point + cudaGetFuncBySymbol + cuFuncSetAttribute, "drv")
 // keeps it, and a launch with the raised limit then runs ("drv_launch").
 //

@@ -147,29 +147,35 @@ inline int current_device_attribute_cached(PerDevice<int>& cache, Attr attr) {
 }
 
 // Let `kernel` use `bytes` (> 48 KB) of dynamic shared memory per block; true on success.
-// On CUDA 12.5+ through the driver's cuFuncSetAttribute on the kernel's handle
-// (cudaGetFuncBySymbol; the entry point looked up through the runtime once, so no driver
-// library is linked): the runtime's cudaFuncSetAttribute, even when it succeeds, clears an
-// error the caller left pending (CUDA 13.0 runtime, H200: benchmarks/NOTES.md,
-// twenty-eighth session), and the launchers leave such errors to the caller. Where that
-// lookup fails (its failure is then the pending error), and on older runtimes and HIP:
-// cudaFuncSetAttribute / hipFuncSetAttribute.
+// On CUDA through the driver's cuFuncSetAttribute, applied to the kernel's handle
+// (cudaGetFuncBySymbol). The entry point is looked up through the runtime, once per process
+// (a failed lookup stays failed), so no driver library is linked; with CUDA 13 headers by
+// version, with 11.3-12.x ones through cudaGetDriverEntryPoint, which every 11.3+ runtime has.
+// The reason: the runtime's cudaFuncSetAttribute, even when it succeeds, clears an error the
+// caller left pending (CUDA 13.0 runtime, H200: benchmarks/NOTES.md, twenty-eighth session),
+// and the launchers leave such errors to the caller. Where the lookup or the driver call
+// fails, and on older toolkits and HIP: cudaFuncSetAttribute / hipFuncSetAttribute, whose
+// failure leaves the runtime's own error pending (and whose success may clear one).
 inline bool set_max_dynamic_smem(const void* kernel, int bytes) {
-#if defined(MLA_EXT_CUDA) && defined(CUDART_VERSION) && CUDART_VERSION >= 12050
-  using SetAttribute = CUresult (*)(CUfunction, CUfunction_attribute, int);
+#if defined(MLA_EXT_CUDA) && defined(CUDART_VERSION) && CUDART_VERSION >= 11030
+  using SetAttribute = CUresult(CUDAAPI*)(CUfunction, CUfunction_attribute, int);
   static const SetAttribute driver_set = [] {
     void* fn = nullptr;
+#if CUDART_VERSION >= 13000
     cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-    if (cudaGetDriverEntryPointByVersion("cuFuncSetAttribute", &fn, 12000, cudaEnableDefault, &found) !=
-            cudaSuccess ||
-        found != cudaDriverEntryPointSuccess)
-      return SetAttribute(nullptr);
-    return reinterpret_cast<SetAttribute>(fn);
+    const bool ok = cudaGetDriverEntryPointByVersion("cuFuncSetAttribute", &fn, 12000, cudaEnableDefault, &found) ==
+                        cudaSuccess &&
+                    found == cudaDriverEntryPointSuccess;
+#else
+    const bool ok = cudaGetDriverEntryPoint("cuFuncSetAttribute", &fn, cudaEnableDefault) == cudaSuccess;
+#endif
+    return ok ? reinterpret_cast<SetAttribute>(fn) : SetAttribute(nullptr);
   }();
   cudaFunction_t handle = nullptr;
-  if (driver_set != nullptr && cudaGetFuncBySymbol(&handle, kernel) == cudaSuccess && handle != nullptr)
-    return driver_set(reinterpret_cast<CUfunction>(handle), CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                      bytes) == CUDA_SUCCESS;
+  if (driver_set != nullptr && cudaGetFuncBySymbol(&handle, kernel) == cudaSuccess && handle != nullptr &&
+      driver_set(reinterpret_cast<CUfunction>(handle), CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes) ==
+          CUDA_SUCCESS)
+    return true;
 #endif
   return mlaFuncSetAttribute(kernel, mlaFuncAttributeMaxDynamicSharedMemorySize, bytes) == MLA_EXT_GPU_SUCCESS;
 }
