@@ -138,6 +138,18 @@ def _first_line(e: BaseException) -> str:
     return lines[0] if lines else type(e).__name__
 
 
+def _decode_size_error(num_tokens: int, num_heads: int, num_splits: int = 0) -> Optional[str]:
+    """The op's own limits on one call (num_tokens x num_heads, the split count), checked on the
+    CPU before any work: the first line of its refusal, or None."""
+    from ._decode import sparse_mla_decode_workspace_size
+
+    try:
+        sparse_mla_decode_workspace_size(num_tokens, num_heads, num_splits=num_splits, device="cpu")
+    except (RuntimeError, ValueError, TypeError) as e:
+        return _first_line(e)
+    return None
+
+
 def cmd_merge(args) -> int:
     from tqdm import tqdm
 
@@ -322,12 +334,9 @@ def cmd_decode(args) -> int:
     if context > MAX_CONTEXT:
         return usage(f"--context must be <= {MAX_CONTEXT} tokens (twice the longest context of the models here; "
                      f"the input builders hold a per-token array of that length), got {context}")
-    try:  # the op's own limits on the call's size (num_tokens x num_heads), before any work
-        from ._decode import sparse_mla_decode_workspace_size
-
-        sparse_mla_decode_workspace_size(max(batches) * (1 + args.mtp), heads, device="cpu")
-    except (RuntimeError, ValueError) as e:
-        return usage(f"--batch {max(batches)} x {1 + args.mtp} query tokens x {heads} heads: {_first_line(e)}")
+    err = _decode_size_error(max(batches) * (1 + args.mtp), heads)
+    if err:
+        return usage(f"--batch {max(batches)} x {1 + args.mtp} query tokens x {heads} heads: {err}")
     if context < 1 + args.mtp:
         print(f"mla-ext decode: --context {context} is below 1 + --mtp = {1 + args.mtp} query tokens per request; "
               f"each request gets {1 + args.mtp}", file=sys.stderr)

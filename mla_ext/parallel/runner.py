@@ -294,8 +294,7 @@ def _usage_error(args: argparse.Namespace) -> Optional[str]:
     """What is wrong with the arguments, checked before any rank starts (so a bad value is a
     one-line usage error, exit 2, not a failure inside every rank or a bogus verification result);
     None when they are usable."""
-    from .._decode import sparse_mla_decode_workspace_size
-    from ..cli import MAX_CONTEXT, _check_out_paths
+    from ..cli import MAX_CONTEXT, _check_out_paths, _decode_size_error
 
     kind = LAYER_KINDS[args.layer]
     if args.cp < 1:
@@ -312,11 +311,9 @@ def _usage_error(args: argparse.Namespace) -> Optional[str]:
                 else f"--topk must be >= 1, got {args.topk}")
     if args.steps < 1 or args.warmup < 0:
         return f"--steps must be >= 1 and --warmup >= 0, got {args.steps}, {args.warmup}"
-    try:  # the op's own limits: split count, num_tokens x num_heads
-        sparse_mla_decode_workspace_size(args.batch * (1 + args.mtp), args.heads, num_splits=args.num_splits,
-                                         device="cpu")
-    except (RuntimeError, ValueError, TypeError) as e:
-        return f"--num-splits {args.num_splits} / --batch / --heads: {str(e).splitlines()[0]}"
+    err = _decode_size_error(args.batch * (1 + args.mtp), args.heads, args.num_splits)
+    if err:
+        return f"--num-splits {args.num_splits} / --batch / --heads: {err}"
     return _check_out_paths(json=args.json)
 
 
