@@ -9,9 +9,13 @@
 //               programmatic stream serialisation (PDL); _trig also lets the next node launch early
 //   pair_*    : an add_t128 over other buffers (a stand-in for the attention kernel before the
 //               merge, not PDL-aware) followed by the merge; µs per pair
+// Argument: MiB the rotated input sets span per shape (default 0: 64 sets, e.g. 25 MB at 1x128x512,
+// which the 50 MB L2 can hold; the benchmark rotates through >= 256 MiB, L2-cold).
+//   lib_t128_hotlse: as lib_t128 with every set reading set 0's LSEs (cached): what cold LSE reads cost
 // Build: nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Icsrc/include benchmarks/dev/merge_small.cu
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <string>
 #include <vector>
@@ -33,9 +37,10 @@ __global__ void __launch_bounds__(THREADS) merge_pdl(mla_ext::MergeKernelArgs k)
   mla_ext::merge_attn_states_chunk<E, OW, 8>(k, blockIdx.x * THREADS + threadIdx.x);
 }
 
-constexpr int kSets = 64;
+constexpr int kMinSets = 64;
 
-int main() {
+int main(int argc, char** argv) {
+  const double span_mib = argc > 1 ? atof(argv[1]) : 0.0;
   const int64_t shapes[][3] = {{1, 128, 512}, {64, 128, 512}, {256, 16, 512}};
   cudaStream_t s;
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
@@ -45,6 +50,10 @@ int main() {
   for (int si = 0; si < 3; ++si) {
     const int64_t T = shapes[si][0], H = shapes[si][1], D = shapes[si][2];
     const size_t n = size_t(T) * H * D;
+    const double set_bytes = 6.0 * n * 2 + 3.0 * T * H * 4;
+    const int kSets = std::max(kMinSets, int(span_mib * 1048576.0 / set_bytes + 0.999));
+    printf("shape %lldx%lldx%lld: %d sets (%.0f MiB)\n", (long long)T, (long long)H, (long long)D, kSets,
+           kSets * set_bytes / 1048576.0);
     std::vector<uint16_t*> A(kSets), B(kSets), O(kSets), X(kSets), Y(kSets), Z(kSets);
     std::vector<float*> LA(kSets), LB(kSets), LO(kSets);
     for (int c = 0; c < kSets; ++c) {
@@ -103,6 +112,9 @@ int main() {
     rec(si, "lib_t32", graph_us_per_node(s, kSets, [&](int c) { mla_ext::launch_merge_vec<E, OW, 8, 32>(params(c), s); }));
     rec(si, "lib_t128_nolse", graph_us_per_node(s, kSets, [&](int c) { auto p = params(c); p.output_lse = nullptr;
                                                         mla_ext::launch_merge_vec<E, OW, 8, 128>(p, s); }));
+    rec(si, "lib_t128_hotlse", graph_us_per_node(s, kSets, [&](int c) { auto p = params(c); p.prefix_lse = LA[0];
+                                                         p.suffix_lse = LB[0]; p.output_lse = LO[0];
+                                                         mla_ext::launch_merge_vec<E, OW, 8, 128>(p, s); }));
     rec(si, "pdl_t128", graph_us_per_node(s, kSets, [&](int c) { pdl(c, merge_pdl<128, false>, 128); }));
     rec(si, "pdl_t64", graph_us_per_node(s, kSets, [&](int c) { pdl(c, merge_pdl<64, false>, 64); }));
     rec(si, "pdl_t128_trig", graph_us_per_node(s, kSets, [&](int c) { pdl(c, merge_pdl<128, true>, 128); }));
