@@ -60,6 +60,7 @@ def check_merge(output, output_lse, prefix_output, prefix_lse, suffix_output, su
     _need(output.dim() == 3, op,
           f"expected output to be 3-D [num_tokens, num_heads, head_size], got shape {list(output.shape)}")
     T, H, D = output.shape
+    _need(D < 2 ** 31, op, f"expected head_size below 2^31 elements, got {D}")
     fp8 = output.dtype in _FP8_DTYPES
     if fp8:
         _need(output_scale is not None, op,

@@ -453,6 +453,18 @@ def test_error_head_size_too_large(device):
     mla_ext.merge_attn_states(ok, lse, ok, lse, ok, lse)  # one below the limit: accepted (nothing to do)
 
 
+def test_fake_kernel_refuses_head_size_too_large():
+    # Meta tensors (no storage, so one token of 2^31 elements costs nothing): the fake kernel that
+    # torch.compile traces with refuses the head_size the op refuses, and accepts one below it.
+    def call(D):
+        v = torch.empty(1, 2, D, dtype=torch.bfloat16, device="meta")
+        lse = torch.empty(1, 2, device="meta")
+        torch.ops.mla_ext.merge_attn_states(v, lse, v.clone(), lse.clone(), v.clone(), lse.clone(), None, None)
+    with pytest.raises(RuntimeError, match="merge_attn_states: expected head_size below 2\\^31 elements, got 2147483648"):
+        call(2**31)
+    call(2**31 - 1)
+
+
 @requires_gpu
 def test_error_mixed_devices():
     args = _valid("cuda")
