@@ -243,10 +243,10 @@ def _resolve_device(fn: str, device: DeviceLike) -> torch.device:
         return torch.device("cpu")
     if device.type != "cuda":
         raise ValueError(f"{fn}: expected a CPU or CUDA device, got {device}")
+    if not torch.cuda.is_available():
+        raise RuntimeError(f"{fn}: expected device 'cpu' or an available CUDA device, got '{device}' but "
+                           f"torch {torch.__version__} sees no CUDA device")
     if device.index is None:
-        if not torch.cuda.is_available():
-            raise RuntimeError(f"{fn}: expected device 'cpu' or an available CUDA device, got {device!r} but "
-                               f"torch {torch.__version__} sees no CUDA device")
         device = torch.device("cuda", torch.cuda.current_device())
     return device
 
@@ -279,7 +279,7 @@ def sparse_mla_decode_workspace_size(num_tokens: int, num_heads: int, *, num_spl
 
     Raises:
         RuntimeError: negative sizes, ``num_tokens x num_heads`` above 2^43, ``num_splits``
-            outside 0..256, a CUDA device on a CPU-only build.
+            outside 0..256, a CUDA device where torch sees none or on a CPU-only build of mla_ext.
         ValueError: a device that is neither CPU nor CUDA (or a string that names none, or a
             negative index).
         TypeError: a size or ``num_splits`` that is not an integer (e.g. a float), a device of
@@ -310,8 +310,8 @@ class DecodeWorkspace:
             0..256, a device that is neither CPU nor CUDA (or a string that names none, or a
             negative index).
         TypeError: a size or ``num_splits`` that is not an integer, a device of another type.
-        RuntimeError: ``max_num_tokens x num_heads`` above 2^43, a CUDA device on a CPU-only
-            build.
+        RuntimeError: ``max_num_tokens x num_heads`` above 2^43, a CUDA device where torch sees
+            none or on a CPU-only build of mla_ext.
 
     Attributes:
         tensor: the 1-D uint8 workspace (pass as ``workspace=``); ``nbytes`` bytes, contents

@@ -832,6 +832,21 @@ def test_workspace_device_argument_refused(device, exc, msg):
         mla_ext.DecodeWorkspace(4, 16, device=device)
 
 
+@pytest.mark.skipif(HAS_GPU, reason="the CPU-only case: torch sees no CUDA device")
+@pytest.mark.parametrize("device", [0, "cuda:0", torch.device("cuda", 1), "cuda"])
+def test_workspace_cuda_device_without_cuda(device):
+    """A CUDA device where torch has none, by index, indexed string or device, is refused in the
+    helper's own words (it used to reach the op as an internal device_index), before anything is
+    allocated."""
+    name = f"cuda:{device}" if isinstance(device, int) else str(torch.device(device))
+    want = re.escape(f"expected device 'cpu' or an available CUDA device, got '{name}' but torch "
+                     f"{torch.__version__} sees no CUDA device")
+    with pytest.raises(RuntimeError, match=f"^sparse_mla_decode_workspace_size: {want}$"):
+        mla_ext.sparse_mla_decode_workspace_size(4, 16, device=device)
+    with pytest.raises(RuntimeError, match=f"^DecodeWorkspace: {want}$"):
+        mla_ext.DecodeWorkspace(4, 16, device=device)
+
+
 def _opcheck_args(device, S):
     g = torch.Generator().manual_seed(13)
     T, H, W = 3, 8, 40
