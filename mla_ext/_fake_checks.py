@@ -125,8 +125,12 @@ def _cache(op: str, c, name: str, kv_format: str, d_qk) -> None:
     _, dtypes, row = _KV_FORMATS[kv_format]
     _need(c.dim() == 3 or (c.dim() == 4 and c.shape[2] == 1), op, f"expected {name} to be [num_pages, page_size, "
           f"row] or [num_pages, page_size, 1, row], got shape {list(c.shape)}")
+    fnuz = kv_format.endswith("_fnuz")
+    other = kv_format[:-5] if fnuz else kv_format + "_fnuz"
+    hint = (f" ({_name(c.dtype)} bytes are kv_format \"{other}\")"
+            if c.dtype == (torch.float8_e4m3fn if fnuz else torch.float8_e4m3fnuz) else "")
     _need(c.dtype in dtypes, op, f"expected {name} to be "
-          f"{' / '.join(_name(d) for d in dtypes)} for kv_format \"{kv_format}\", got {_name(c.dtype)}")
+          f"{' / '.join(_name(d) for d in dtypes)} for kv_format \"{kv_format}\", got {_name(c.dtype)}{hint}")
     _need(c.shape[1] >= 1, op, f"expected {name} to have page_size >= 1, got shape {list(c.shape)}")
     want = d_qk if row is None else row
     _need(c.shape[-1] == want, op,

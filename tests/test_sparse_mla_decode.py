@@ -1205,6 +1205,11 @@ _FAKE_REFUSALS = [
     (dict(kv_format=lambda a: "fp8_ds_mla"), "expected q's d_qk to be 576"),
     (dict(kv_cache=lambda a: a["kv_cache"][..., :576]), "expected kv_cache rows of 584 bytes"),
     (dict(kv_cache=lambda a: a["kv_cache"][:, :0]), "expected kv_cache to have page_size >= 1"),
+    # the other FP8 flavour's type: the refusal names the format that takes it
+    (dict(kv_cache=lambda a: a["kv_cache"].view(torch.float8_e4m3fnuz)),
+     'got float8_e4m3fnuz (float8_e4m3fnuz bytes are kv_format "fp8_ds_mla_v4_fnuz")'),
+    (dict(kv_format=lambda a: "fp8_ds_mla_v4_fnuz", kv_cache=lambda a: a["kv_cache"].view(torch.float8_e4m3fn)),
+     'got float8_e4m3fn (float8_e4m3fn bytes are kv_format "fp8_ds_mla_v4")'),
     (dict(indices=lambda a: a["indices"].long()), "expected indices to be int32"),
     (dict(lengths=lambda a: a["lengths"][:2]), "expected lengths of shape [num_tokens]"),
     (dict(extra_indices=lambda a: None, extra_lengths=lambda a: None),

@@ -61,6 +61,15 @@ namespace decode_detail {
 
 constexpr const char* kOp = "sparse_mla_decode";
 
+// Error-path text for a cache of the other FP8 flavour's type: the format that
+// takes it (" (float8_e4m3fnuz bytes are kv_format "fp8_ds_mla_v4_fnuz")"), else "".
+inline std::string fp8_flavour_hint(ScalarType dt, mla_ext::KvFormat fmt, const std::string& fmt_name) {
+  const bool fnuz = mla_ext::kv_is_fnuz(fmt);
+  if (dt != (fnuz ? ScalarType::Float8_e4m3fn : ScalarType::Float8_e4m3fnuz)) return std::string();
+  const std::string other = fnuz ? fmt_name.substr(0, fmt_name.size() - 5) : fmt_name + "_fnuz";
+  return std::string(" (") + dtype_name(dt) + " bytes are kv_format \"" + other + "\")";
+}
+
 // The dtypes an FP8 cache tensor may have: raw bytes, or the torch float8 type
 // of the format's own flavour (a float8_e4m3fn tensor declared as a fnuz cache,
 // or the reverse, is a mix-up the caller should hear about).
@@ -97,7 +106,8 @@ inline void fill_cache(const Tensor& q, const Tensor& c, const char* name, mla_e
   } else {
     MLA_CHECK(is_byte_dtype(dt, fmt), kOp, "expected ", name, " to be uint8 (or int8 / ",
               mla_ext::kv_is_fnuz(fmt) ? "float8_e4m3fnuz" : "float8_e4m3fn",
-              " viewing the same bytes) for kv_format \"", fmt_name, "\", got ", dtype_name(dt));
+              " viewing the same bytes) for kv_format \"", fmt_name, "\", got ", dtype_name(dt),
+              fp8_flavour_hint(dt, fmt, fmt_name));
     want_row = layout == mla_ext::KvFormat::kFP8DsMla ? mla_ext::kFP8DsMlaRowBytes : mla_ext::kFP8DsMlaV4RowBytes;
     MLA_CHECK(row == want_row, kOp, "expected ", name, " rows of ", want_row, " bytes for kv_format \"",
               fmt_name, "\", got shape ", shape_str(c));
