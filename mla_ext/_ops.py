@@ -42,16 +42,20 @@ def int_arg(fn: str, name: str, value) -> int:
 
 def explain_bad_tensor_args(op: str, required: dict, optional: dict) -> None:
     """After an op call failed: raise a TypeError naming the first argument that is not a tensor
-    (required) or neither None nor a tensor (optional), if any; torch's own messages for these
-    (e.g. from a None passed as a required tensor) do not name the argument. Returns otherwise,
-    and the caller re-raises the original error. Only runs on the error path (no host time on
-    successful calls)."""
+    (required) or neither None nor a tensor (optional), if any, else a RuntimeError naming the
+    first tensor that is not dense (a sparse or other non-strided layout, which torch's dispatcher
+    refuses before the op sees it); torch's own messages for these (e.g. from a None passed as a
+    required tensor) do not name the argument. Returns otherwise, and the caller re-raises the
+    original error. Only runs on the error path (no host time on successful calls)."""
     for name, t in required.items():
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{op}: expected {name} to be a torch.Tensor, got {type(t).__name__}")
     for name, t in optional.items():
         if t is not None and not isinstance(t, torch.Tensor):
             raise TypeError(f"{op}: expected {name} to be a torch.Tensor or None, got {type(t).__name__}")
+    for name, t in (*required.items(), *optional.items()):
+        if t is not None and t.layout != torch.strided:
+            raise RuntimeError(f"{op}: expected {name} to be a dense (strided) tensor, got layout {t.layout}")
 
 
 def explain_bad_merge_args(op: str, output, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse,

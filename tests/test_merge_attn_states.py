@@ -421,6 +421,8 @@ ERROR_CASES = {
     "value dtype unsupported": (lambda a: a.update(output=a["output"].double(), prefix_output=a["prefix_output"].double(),
                                                    suffix_output=a["suffix_output"].double()), "float32, float16 or bfloat16"),
     "lse not fp32": (lambda a: a.update(prefix_lse=a["prefix_lse"].double()), "prefix_lse"),
+    "lse sparse": (lambda a: a.update(prefix_lse=a["prefix_lse"].to_sparse()),
+                   "expected prefix_lse to be a dense \\(strided\\) tensor, got layout torch.sparse_coo"),
     "shape mismatch": (lambda a: a.update(suffix_output=a["suffix_output"][:, :2]), "suffix_output"),
     "lse shape": (lambda a: a.update(suffix_lse=a["suffix_lse"][:2]), "suffix_lse"),
     "output_lse shape": (lambda a: a.update(output_lse=poison_(torch.empty(3, 4, device=a["output"].device))), "output_lse"),

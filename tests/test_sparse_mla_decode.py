@@ -936,6 +936,8 @@ ERROR_CASES = {
                                                             device=a["q"].device)[..., ::2]), "q to be contiguous"),
     "kv_format unknown": (lambda a: a.update(kv_format="fp8"), "kv_format"),
     "kv_cache dtype": (lambda a: a.update(kv_cache=a["kv_cache"].float()), "kv_cache to be uint8"),
+    "lengths sparse": (lambda a: a.update(lengths=a["lengths"].to_sparse()),
+                       "expected lengths to be a dense \\(strided\\) tensor, got layout torch.sparse_coo"),
     "kv_cache fnuz view as fn": (lambda a: a.update(kv_cache=a["kv_cache"].view(torch.float8_e4m3fnuz)),
                                  "float8_e4m3fn viewing"),
     "kv_cache fn view as fnuz": (lambda a: a.update(kv_format="fp8_ds_mla_v4_fnuz",
