@@ -253,15 +253,19 @@ MLA_EXT_ALWAYS_INLINE inline void run_unit_body(const SparseDecodeParams& p, con
 #pragma omp simd
           for (int i = 0; i < kDV; ++i) a[i] *= alpha;
         }
-        float l = row_l[h] * alpha;
+        // The chunk's weights summed on their own, then added to the running sum: one
+        // rounding into the (large) running value per chunk instead of per row, which kept
+        // the lse of rows with hundreds of thousands of entries within 1e-3.
+        float cs = 0.f;
         for (int j = 0; j < n; ++j) {
           w[j] = expf(w[j] - m_new);
-          l += w[j];
+          cs += w[j];
         }
         row_m[h] = m_new;
-        row_l[h] = l;
+        row_l[h] = row_l[h] * alpha + cs;
       }
-      // acc[h] += sum_j w[h][j] * V_j, register-tiled over 8 value dims x kHB heads
+      // acc[h] += sum_j w[h][j] * V_j, register-tiled over 8 value dims x kHB heads; the
+      // chunk's sum is formed first and added to acc once (as the weights' sum above)
       float* a0 = acc + (hb + 0) * kDV;
       float* a1 = acc + (hb + 1) * kDV;
       float* a2 = acc + (hb + 2) * kDV;
@@ -271,7 +275,7 @@ MLA_EXT_ALWAYS_INLINE inline void run_unit_body(const SparseDecodeParams& p, con
       const float* w2 = wgt + 2 * kChunk;
       const float* w3 = wgt + 3 * kChunk;
       for (int i0 = 0; i0 < kDV; i0 += 8) {
-        f8 c0 = load8(a0 + i0), c1 = load8(a1 + i0), c2 = load8(a2 + i0), c3 = load8(a3 + i0);
+        f8 c0 = {}, c1 = {}, c2 = {}, c3 = {};
         for (int j = 0; j < n; ++j) {
           const f8 v = load8(K + size_t(j) * d_qk + i0);
           c0 += w0[j] * v;
@@ -279,10 +283,10 @@ MLA_EXT_ALWAYS_INLINE inline void run_unit_body(const SparseDecodeParams& p, con
           c2 += w2[j] * v;
           c3 += w3[j] * v;
         }
-        store8(a0 + i0, c0);
-        store8(a1 + i0, c1);
-        store8(a2 + i0, c2);
-        store8(a3 + i0, c3);
+        store8(a0 + i0, load8(a0 + i0) + c0);
+        store8(a1 + i0, load8(a1 + i0) + c1);
+        store8(a2 + i0, load8(a2 + i0) + c2);
+        store8(a3 + i0, load8(a3 + i0) + c3);
       }
     }
   }
