@@ -329,8 +329,10 @@ def cmd_decode(args) -> int:
     batches = ([64] if gpu else [4]) if args.batch is None else args.batch
     context = (32768 if gpu else 4096) if args.context is None else args.context
     steps = (20 if gpu else 2) if args.steps is None else args.steps
-    if not batches or min(batches) < 1 or context < 1 or args.mtp < 0 or steps < 1:
-        return usage("--batch, --context and --steps must be >= 1 and --mtp >= 0")
+    for flag, value, low in (("--batch", min(batches), 1), ("--context", context, 1),
+                             ("--steps", steps, 1), ("--mtp", args.mtp, 0)):
+        if value < low:
+            return usage(f"{flag} must be >= {low}, got {value}")
     if context > MAX_CONTEXT:
         return usage(f"--context must be <= {MAX_CONTEXT} tokens (twice the longest context of the models here; "
                      f"the input builders hold a per-token array of that length), got {context}")

@@ -94,8 +94,10 @@ class ModelPreset:
         return LAYER_KINDS[self.layer_kinds[0]].formats
 
     def heads_per_gpu(self, tp: int) -> int:
-        """num_heads / tp; raises ValueError unless tp divides num_heads."""
-        if tp < 1 or self.num_heads % tp:
+        """num_heads / tp; raises ValueError unless tp >= 1 divides num_heads."""
+        if tp < 1:
+            raise ValueError(f"--tp must be >= 1 (GPUs the heads are split over), got {tp}")
+        if self.num_heads % tp:
             raise ValueError(f"--tp {tp}: must divide the {self.num_heads} heads of {self.name}")
         return self.num_heads // tp
 

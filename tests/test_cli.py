@@ -158,6 +158,14 @@ def test_int_lists_refuse_empty_and_non_integer_entries(value, capsys):
 def test_decode_bad_arguments(tmp_path, capsys):
     assert run_decode(tmp_path, "--tp", "3")[0] == 2
     assert "must divide the 64 heads" in capsys.readouterr().err
+    # each bad size named with its own bound and value (they shared one message)
+    for argv, words in ((("--tp", "0"), "--tp must be >= 1 (GPUs the heads are split over), got 0"),
+                        (("--batch", "2,-1"), "--batch must be >= 1, got -1"),
+                        (("--context", "0"), "--context must be >= 1, got 0"),
+                        (("--steps", "0"), "--steps must be >= 1, got 0"),
+                        (("--mtp", "-1"), "--mtp must be >= 0, got -1")):
+        assert run_decode(tmp_path, *argv)[0] == 2
+        assert words in capsys.readouterr().err
     assert run_decode(tmp_path, "--model", "deepseek-v4-pro", "--layers", "swa")[0] == 2
     assert "has no such layers" in capsys.readouterr().err
     assert run_decode(tmp_path, "--kv-format", "fp8_ds_mla")[0] == 2
