@@ -1369,6 +1369,61 @@ def test_gpu_pending_runtime_error_kept_by_first_calls():
     assert m[3] == m[6] == "True", line
 
 
+_QREG_SCRIPT = r"""
+import sys
+sys.path.insert(0, sys.argv[1])
+import torch, mla_ext
+from torch.profiler import ProfilerActivity, profile
+from mla_ext.builders import build_decode_inputs
+res = {}
+# (layer, heads, tokens, splits, format): two or more 64-row tiles per split in one wave of 16-head
+# blocks (the Q-register kernel where MLA_EXT_QREG is not 0), partial head tiles, 1 and 3 splits, fnuz
+for kind, H, T, S, fmt, ctx in (("v4_c128", 8, 1, 0, None, 1 << 20), ("v4_c128", 20, 2, 3, None, 1 << 20),
+                                ("v4_c4", 16, 3, 1, None, (20000, 60000)),
+                                ("v4_c4", 12, 2, 2, "fp8_ds_mla_v4_fnuz", (20000, 60000))):
+    inp = build_decode_inputs(kind, batch=T, num_heads=H, context_len=ctx, kv_format=fmt, device=sys.argv[3],
+                              seed=7 + H)
+    out = torch.full((T, H, 512), float("nan"), dtype=torch.bfloat16, device=sys.argv[3])
+    lse = torch.full((T, H), float("nan"), device=sys.argv[3])
+    ws = mla_ext.DecodeWorkspace(T, H, num_splits=S, device=sys.argv[3])
+    with profile(activities=[ProfilerActivity.CUDA if sys.argv[3] == "cuda" else ProfilerActivity.CPU]) as prof:
+        mla_ext.sparse_mla_decode(inp.q, inp.kv_cache, inp.indices, output=out, workspace=ws.tensor, lse=lse,
+                                  num_splits=S, **inp.op_kwargs())
+        if sys.argv[3] == "cuda":
+            torch.cuda.synchronize()
+    names = sorted({e.name for e in prof.events() if "decode_split" in e.name})
+    res[(kind, H, T, S)] = (out.cpu(), lse.cpu(), names)
+torch.save(res, sys.argv[2])
+"""
+
+
+@requires_gpu
+def test_gpu_q_fragments_in_registers_bit_identical(tmp_path):
+    """The 16-head V4 kernel keeps each warp's Q.K fragments of Q in registers where the split grid
+    is one wave and splits span two or more 64-row tiles (decode_q_regs). In fresh processes with
+    and without it (MLA_EXT_QREG=0, read once per process): the same products in the same order, so
+    bit-identical outputs and lses, fully written; where the profiler names kernels, the first ran
+    the Q-register instance (last template argument) and the second never did."""
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(mla_ext.__file__)))
+    runs = {}
+    for flag in ("1", "0"):
+        path = tmp_path / f"qreg{flag}.pt"
+        env = dict(os.environ, MLA_EXT_QREG=flag)
+        r = subprocess.run([sys.executable, "-c", _QREG_SCRIPT, package_root, str(path), "cuda"], capture_output=True,
+                           text=True, timeout=600, env=env)
+        assert r.returncode == 0, r.stderr[-3000:]
+        runs[flag] = torch.load(path)
+    assert runs["1"].keys() == runs["0"].keys()
+    for key, (out, lse, names) in runs["1"].items():
+        out0, lse0, names0 = runs["0"][key]
+        assert not out.isnan().any() and not lse.isnan().any(), key
+        assert torch.equal(out, out0) and torch.equal(lse, lse0), key
+        if names and names0:  # e.g. "void ...decode_split_mma_kernel<1, 512, (...)2, false, ..., true>(...)"
+            assert not any(re.search(r"decode_split_mma_kernel<.*, true>\(", n) for n in names0), (key, names0)
+            if key[:3] == ("v4_c128", 8, 1):  # one 8320-entry row (uniform map): splits of two tiles
+                assert any(re.search(r"decode_split_mma_kernel<1, 512, .*, true>\(", n) for n in names), (key, names)
+
+
 @requires_gpu
 @pytest.mark.parametrize("fmt,d_qk", GEOMS + FNUZ_GEOMS)
 @pytest.mark.parametrize("H", [8, 16, 64, 128])
@@ -1453,8 +1508,9 @@ def _check_64_head_kernel_kind(fn, mma_sync, asym=None):
         return
     names = _split_kernel_names(fn)
     if names:
-        # template arguments MT, DQK, F, BAL, WG, ASYM, TWO
-        pat = r"decode_split_mma_kernel<4, [^,]+, [^,]+, (?:true|false), true, (true|false), (?:true|false)>"
+        # template arguments MT, DQK, F, BAL, WG, ASYM, TWO, QREG
+        pat = (r"decode_split_mma_kernel<4, [^,]+, [^,]+, (?:true|false), true, (true|false), (?:true|false), "
+               r"(?:true|false)>")
         wg = [re.search(pat, n) for n in names if re.search(pat, n)]
         assert bool(wg) == (not mma_sync), names
         if wg and asym is not None:
@@ -1595,7 +1651,7 @@ def test_gpu_two_token_blocks(fmt):
                     extra_indices=e_idx.cuda(), extra_lengths=e_len.cuda(), attn_sink=sink.cuda()))
             if _wgmma_kernel_expected() and _asym_on() and names:
                 two = "true" if mode == 2 else "false"
-                assert all(re.search(rf"decode_split_mma_kernel<4, 512, [^>]*, true, true, {two}>", n)
+                assert all(re.search(rf"decode_split_mma_kernel<4, 512, [^>]*, true, true, {two}, false>", n)
                            for n in names), names
         assert torch.equal(got[2][0], got[1][0]) and torch.equal(got[2][1], got[1][1])
 
@@ -1973,7 +2029,8 @@ def test_gpu_asym_switch_both_kernels(tmp_path):
             check_lse(l_, ref_l, kv_format="fp8_ds_mla_v4")
             if _wgmma_kernel_expected() and nm:
                 flag = "true" if _asym_on(asym) else "false"
-                assert any(re.search(rf"decode_split_mma_kernel<4, 512, [^>]*, true, {flag}, (?:true|false)>", n) for n in nm), nm
+                assert any(re.search(rf"decode_split_mma_kernel<4, 512, [^>]*, true, {flag}, (?:true|false), false>", n)
+                           for n in nm), nm
         o0, l0 = results["0"][key][0].double(), results["0"][key][1].double()
         assert ((out.double() - o0).abs().max() / o0.abs().max()).item() < 1e-2, key
         assert (lse.double() - l0).abs().max().item() < 1e-3, key

@@ -201,6 +201,7 @@ struct DecodeArgs {
   bool balanced;     // decode_balanced(p): the balanced split map
   bool early_trigger;  // pdl_trigger_early (compat.h)
   bool two_token;     // the asymmetric kernel walks two tokens per block (decode_two_token_blocks)
+  bool q_regs;        // the 16-head V4 kernel holds its Q fragments in registers (decode_q_regs)
 };
 
 // ---- balanced split map (sparse_mla_decode.h), computed by a whole block ----
@@ -1054,7 +1055,8 @@ __device__ __forceinline__ void row_address(const SparseDecodeParams& p, int64_t
 // straight from shared memory (decode_split_mma_kernel).
 // sub (the one-token bodies only; a compile-time -1 everywhere but below): >= 0 makes the block
 // serve token 2 b + sub of a two-token grid (decode_split_mma_kernel's TWO fallback).
-template <int MT, int DQK, KvFormat F, bool MMA, bool BAL, bool WG = false, bool ASYM = false, bool TWO = false>
+template <int MT, int DQK, KvFormat F, bool MMA, bool BAL, bool WG = false, bool ASYM = false, bool TWO = false,
+          bool QREG = false>
 __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
   constexpr bool SC = kv_layout(F) == KvFormat::kFP8DsMla;  // scales applied after the products
   static_assert(!ASYM || (WG && !SC && DQK == 512), "asymmetric warpgroups: the V4 64-head tile");
@@ -1568,6 +1570,12 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
     if (two) t += 1;  // the epilogue below writes the block's last token
   } else {
 
+  // QREG (the 16-head V4 tile, kHalfK, at one block per processor): each warp's Q.K
+  // A fragments (its half of the dims: 16 x 4 registers) are loaded from the Q tile once,
+  // at the first tile, instead of once per tile (the Q tile is 64 of the ~240 KB the
+  // tile's products read from shared memory).
+  static_assert(!QREG || (MMA && MT == 1 && !SC && !WG), "Q fragments in registers: the kHalfK tile");
+  uint32_t qf[QREG ? DQK / 32 : 1][4];
   for (int j = 0; j < ntiles; ++j) {
     const int cur = j & 1, nxt = cur ^ 1;
     // This tile's K stage, and where its S copies go.
@@ -1687,19 +1695,35 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
       const uint32_t kb = smem_addr(Ks + (kg * 16 + ((lane >> 4) & 1) * 8 + (lane & 7)) * KST +
                                     ((lane >> 3) & 1) * 8) + uint32_t(dh * KH * 32);
       const bool qk_live = !kSkipRows || kg * 16 < live;
+      if constexpr (QREG) {
+        if (j == 0) {  // (every warp, live or not: later tiles use them)
+#pragma unroll
+          for (int kk = 0; kk < KH; ++kk) ldsm_x4(qf[kk], qa + kk * 32);
+        }
+      }
       if (qk_live) {
         // One accumulator chain per n-tile (two per warp, 16 k-steps each at d_qk 512): a
         // second chain per n-tile cost the 128-register kernels 4-44 bytes of spills.
         float c2[2][4];
 #pragma unroll
         for (int i = 0; i < 2; ++i) c2[i][0] = c2[i][1] = c2[i][2] = c2[i][3] = 0.f;
+        if constexpr (QREG) {
+#pragma unroll
+          for (int kk = 0; kk < KH; ++kk) {
+            uint32_t bf[4];
+            ldsm_x4(bf, kb + kk * 32);
+            mma16816(c2[0], qf[kk], bf[0], bf[1]);
+            mma16816(c2[1], qf[kk], bf[2], bf[3]);
+          }
+        } else {
 #pragma unroll 4
-        for (int kk = 0; kk < KH; ++kk) {
-          uint32_t af[4], bf[4];
-          ldsm_x4(af, qa + kk * 32);
-          ldsm_x4(bf, kb + kk * 32);
-          mma16816(c2[0], af, bf[0], bf[1]);
-          mma16816(c2[1], af, bf[2], bf[3]);
+          for (int kk = 0; kk < KH; ++kk) {
+            uint32_t af[4], bf[4];
+            ldsm_x4(af, qa + kk * 32);
+            ldsm_x4(bf, kb + kk * 32);
+            mma16816(c2[0], af, bf[0], bf[1]);
+            mma16816(c2[1], af, bf[2], bf[3]);
+          }
         }
         float* Sh = Ss + dh * (HTp * SST);
         const int r0 = lane >> 2;
@@ -2236,28 +2260,32 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
 // TWO: a two-token grid (half the blocks) on such code (a Hopper build without sm_90a, e.g.
 // TORCH_CUDA_ARCH_LIST=9.0: the launcher cannot tell) runs it for each of the block's two
 // tokens in turn.
-template <int MT, int DQK, KvFormat F, bool MMA, bool BAL, bool TWO>
+template <int MT, int DQK, KvFormat F, bool MMA, bool BAL, bool TWO, bool QREG = false>
 __device__ __forceinline__ void decode_body_per_token(const DecodeArgs& a) {
   if constexpr (TWO) {
     decode_body<MT, DQK, F, MMA, BAL>(a, 0);
     __syncthreads();  // the first token's shared-memory reads are done
     decode_body<MT, DQK, F, MMA, BAL>(a, 1);
   } else {
-    decode_body<MT, DQK, F, MMA, BAL>(a);
+    decode_body<MT, DQK, F, MMA, BAL, false, false, false, QREG>(a);
   }
 }
 
 // WG: the warpgroup-MMA body where the code is compiled for sm_90a, the
 // mma.sync body elsewhere (its shared memory fits the same allocation: launch_split).
-template <int MT, int DQK, KvFormat F, bool BAL, bool WG = false, bool ASYM = false, bool TWO = false>
-__global__ void __launch_bounds__(kThreads, (MT == 1 && F != KvFormat::kBF16) ? MLA_EXT_DECODE_MT1_MIN_BLOCKS : 1)
+// QREG: one block per processor (the Q fragments' 64 registers; launched only where the
+// grid is one wave, decode_q_regs).
+template <int MT, int DQK, KvFormat F, bool BAL, bool WG = false, bool ASYM = false, bool TWO = false,
+          bool QREG = false>
+__global__ void __launch_bounds__(kThreads,
+                                  (MT == 1 && F != KvFormat::kBF16 && !QREG) ? MLA_EXT_DECODE_MT1_MIN_BLOCKS : 1)
     decode_split_mma_kernel(const DecodeArgs a) {
   wait_for_prior_grids();
   if (a.early_trigger) launch_dependent_grids();
 #if defined(MLA_EXT_DECODE_WGMMA)
-  decode_body<MT, DQK, F, true, BAL, WG, ASYM, TWO>(a);
+  decode_body<MT, DQK, F, true, BAL, WG, ASYM, TWO, QREG>(a);
 #elif defined(MLA_EXT_DECODE_MMA)
-  decode_body_per_token<MT, DQK, F, true, BAL, TWO>(a);
+  decode_body_per_token<MT, DQK, F, true, BAL, TWO, QREG>(a);
 #else
   // NVIDIA below sm_80 (or a host/HIP pass): the portable body fits in this
   // kernel's (larger) shared-memory allocation.
@@ -2528,7 +2556,8 @@ inline Status launch_reduce(const ReduceArgs& r, uint32_t rows, gpuStream_t stre
   return launch_kernel(pdl, kernel, dim3(rows, CH), dim3((kReduceThreads / CH) * groups), 0, stream, r);
 }
 
-template <int MT, int DQK, KvFormat F, bool MMA, bool BAL, bool WG = false, bool ASYM = false, bool TWO = false>
+template <int MT, int DQK, KvFormat F, bool MMA, bool BAL, bool WG = false, bool ASYM = false, bool TWO = false,
+          bool QREG = false>
 inline Status launch_split(const DecodeArgs& a, uint32_t blocks, gpuStream_t stream) {
   constexpr bool kSc = kv_layout(F) == KvFormat::kFP8DsMla;
   // WG: room for either body of the kernel (decode_split_mma_kernel).
@@ -2543,7 +2572,7 @@ inline Status launch_split(const DecodeArgs& a, uint32_t blocks, gpuStream_t str
   static PerDevice<signed char> pdl_cache;
   void (*kernel)(DecodeArgs);
   if constexpr (MMA)
-    kernel = decode_split_mma_kernel<MT, DQK, F, BAL, WG, ASYM, TWO>;
+    kernel = decode_split_mma_kernel<MT, DQK, F, BAL, WG, ASYM, TWO, QREG>;
   else
     kernel = decode_split_portable_kernel<MT, DQK, F, BAL>;
   if (!ensure_smem(done, reinterpret_cast<const void*>(kernel), kBytes)) return Status::kLaunchFailed;
@@ -2563,6 +2592,20 @@ inline Status launch_split(const DecodeArgs& a, uint32_t blocks, gpuStream_t str
 inline bool decode_use_asym() {
   static const bool on = env_int("MLA_EXT_ASYM", 1) != 0;
   return on;
+}
+
+// Whether the 16-head V4 kernel holds its Q fragments in registers (decode_body's QREG):
+// where the split grid is one wave (at most one block per processor, which the kernel then
+// has: its registers allow no second) and a split spans more than one 64-row tile (the
+// index widths over the split count), unless the environment variable MLA_EXT_QREG (read
+// once) is "0". H200, same build (benchmarks/NOTES.md, twenty-ninth session): C128 8-32
+// heads x 1 token (two tiles per split) -2.2..-2.7%; one-tile splits (C4 Flash, window)
+// +1.4..2.2%, hence the tile condition; many waves: two blocks per processor pay more
+// (C4 Flash 16 heads x 64 tokens +38% at one block per processor).
+inline bool decode_q_regs(const SparseDecodeParams& p, int64_t blocks, int num_sms) {
+  static const bool on = env_int("MLA_EXT_QREG", 1) != 0;
+  const int64_t width = p.main.width + (p.extra.cache != nullptr ? p.extra.width : 0);
+  return on && num_sms > 0 && blocks <= num_sms && width > int64_t(p.num_splits) * 64;
 }
 
 // The two-token mode (decode_two_token_blocks) of a call: p.two_token where set,
@@ -2585,7 +2628,11 @@ inline int decode_reduce_chunk_cap() {
 template <int DQK, KvFormat F, bool MMA, bool BAL = false>
 inline Status launch_split_mt(int mt, bool wg, const DecodeArgs& a, uint32_t blocks, gpuStream_t stream) {
   switch (mt) {
-    case 1: return launch_split<1, DQK, F, MMA, BAL>(a, blocks, stream);
+    case 1:
+      if constexpr (MMA && kv_layout(F) == KvFormat::kFP8DsMlaV4 && !BAL) {
+        if (a.q_regs) return launch_split<1, DQK, F, MMA, BAL, false, false, false, true>(a, blocks, stream);
+      }
+      return launch_split<1, DQK, F, MMA, BAL>(a, blocks, stream);
     case 2: return launch_split<2, DQK, F, MMA, BAL>(a, blocks, stream);
     default:
       if constexpr (MMA) {
@@ -2711,6 +2758,7 @@ inline Status launch_sparse_mla_decode(const SparseDecodeParams& p, void* worksp
   a.two_token = !a.balanced && decode_two_token_blocks(p, HG, num_sms, decode_two_token_mode(p));
   // Early trigger only toward the reduce (the kernel after it is the caller's: compat.h).
   a.early_trigger = S > 1 && pdl_trigger_early(blocks, num_sms);
+  a.q_regs = decode_q_regs(p, blocks, num_sms);
   // The caller's limit, never above the device's (a larger one would pick a kernel the runtime
   // then refuses to launch).
   const size_t device_smem = current_device_smem_optin();
@@ -2726,6 +2774,7 @@ inline Status launch_sparse_mla_decode(const SparseDecodeParams& p, void* worksp
     a.head_tile = int(HT);
     a.head_groups = int(HG);
     a.early_trigger = S > 1 && pdl_trigger_early(blocks, num_sms);
+    a.q_regs = decode_q_regs(p, blocks, num_sms);
     a.two_token = false;
   };
 
