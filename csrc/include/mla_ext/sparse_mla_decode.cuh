@@ -2598,10 +2598,10 @@ inline bool decode_use_asym() {
 // where the split grid is one wave (at most one block per processor, which the kernel then
 // has: its registers allow no second) and a split spans more than one 64-row tile (the
 // index widths over the split count), unless the environment variable MLA_EXT_QREG (read
-// once) is "0". H200, same build (benchmarks/NOTES.md, twenty-ninth session): C128 8-32
-// heads x 1 token (two tiles per split) -2.2..-2.7%; one-tile splits (C4 Flash, window)
-// +1.4..2.2%, hence the tile condition; many waves: two blocks per processor pay more
-// (C4 Flash 16 heads x 64 tokens +38% at one block per processor).
+// once) is "0". H200, same build, three alternating rounds (benchmarks/NOTES.md,
+// twenty-ninth session): C128 8-32 heads x 1 token (two tiles per split) -1.9..-2.4%;
+// one-tile splits (C4 Flash, window) +1.4..2.2% with it, hence the tile condition; many
+// waves: two blocks per processor pay more (C4 Flash 16 heads x 64 tokens +38% at one).
 inline bool decode_q_regs(const SparseDecodeParams& p, int64_t blocks, int num_sms) {
   static const bool on = env_int("MLA_EXT_QREG", 1) != 0;
   const int64_t width = p.main.width + (p.extra.cache != nullptr ? p.extra.width : 0);
