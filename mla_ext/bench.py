@@ -27,8 +27,11 @@ def require_gpu(script: str) -> None:
                          "(on the CPU, `mla-ext decode` and `mla-ext merge` verify and time small sizes)")
 
 
-def num_rotations(bytes_per_call: int, min_bytes: int = L2_FLUSH_BYTES, cap: int = 64) -> int:
-    """Input sets needed so one pass over them touches at least ``min_bytes``."""
+def num_rotations(bytes_per_call: int, min_bytes: int = L2_FLUSH_BYTES, cap: int = 4096) -> int:
+    """Input sets needed so one pass over them touches at least ``min_bytes`` (at least 2, at most
+    ``cap``: calls under 64 KiB are not made L2-cold). Until the twenty-ninth session the cap was
+    64, so calls under 4 MiB (a 1 x 128 x 512 merge: 25 MB over 64 sets, which the H200's 50 MB L2
+    holds) and their copy ceilings were timed L2-warm."""
     return max(2, min(cap, -(-min_bytes // max(1, bytes_per_call))))
 
 

@@ -12,6 +12,9 @@
 // Argument: MiB the rotated input sets span per shape (default 0: 64 sets, e.g. 25 MB at 1x128x512,
 // which the 50 MB L2 can hold; the benchmark rotates through >= 256 MiB, L2-cold).
 //   lib_t128_hotlse: as lib_t128 with every set reading set 0's LSEs (cached): what cold LSE reads cost
+// Second argument "packed": every set's tensors carved back to back (512-byte aligned) from one
+// allocation, in the order make_merge_inputs creates them, as torch's caching allocator packs small
+// tensors into 2 MiB segments; default: one cudaMalloc per tensor (each on its own 2 MiB page).
 // Build: nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Icsrc/include benchmarks/dev/merge_small.cu
 #include <algorithm>
 #include <cstdio>
@@ -41,6 +44,7 @@ constexpr int kMinSets = 64;
 
 int main(int argc, char** argv) {
   const double span_mib = argc > 1 ? atof(argv[1]) : 0.0;
+  const bool packed = argc > 2 && std::string(argv[2]) == "packed";
   const int64_t shapes[][3] = {{1, 128, 512}, {64, 128, 512}, {256, 16, 512}};
   cudaStream_t s;
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
@@ -56,9 +60,22 @@ int main(int argc, char** argv) {
            kSets * set_bytes / 1048576.0);
     std::vector<uint16_t*> A(kSets), B(kSets), O(kSets), X(kSets), Y(kSets), Z(kSets);
     std::vector<float*> LA(kSets), LB(kSets), LO(kSets);
+    auto up512 = [](size_t b) { return (b + 511) / 512 * 512; };
+    const size_t vb = up512(n * 2), lb = up512(size_t(T) * H * 4);
+    uint8_t* pool = nullptr;
+    if (packed) CK(cudaMalloc(&pool, kSets * (6 * vb + 3 * lb)));
+    size_t at = 0;
+    auto carve = [&](size_t b) { void* p = pool + at; at += b; return p; };
     for (int c = 0; c < kSets; ++c) {
-      for (auto* v : {&A[c], &B[c], &O[c], &X[c], &Y[c], &Z[c]}) CK(cudaMalloc(v, n * 2));
-      for (auto* l : {&LA[c], &LB[c], &LO[c]}) CK(cudaMalloc(l, T * H * 4));
+      if (packed) {  // make_merge_inputs' order: values, LSEs, output, output LSE; then the extra buffers
+        A[c] = (uint16_t*)carve(vb); B[c] = (uint16_t*)carve(vb);
+        LA[c] = (float*)carve(lb); LB[c] = (float*)carve(lb);
+        O[c] = (uint16_t*)carve(vb); LO[c] = (float*)carve(lb);
+        X[c] = (uint16_t*)carve(vb); Y[c] = (uint16_t*)carve(vb); Z[c] = (uint16_t*)carve(vb);
+      } else {
+        for (auto* v : {&A[c], &B[c], &O[c], &X[c], &Y[c], &Z[c]}) CK(cudaMalloc(v, n * 2));
+        for (auto* l : {&LA[c], &LB[c], &LO[c]}) CK(cudaMalloc(l, T * H * 4));
+      }
       fill_random<<<1024, 256>>>(A[c], n, LA[c], T * H, 2 * c + 1);
       fill_random<<<1024, 256>>>(B[c], n, LB[c], T * H, 2 * c + 2);
       fill_random<<<1024, 256>>>(X[c], n, LO[c], T * H, 2 * c + 3);
@@ -128,9 +145,11 @@ int main(int argc, char** argv) {
                                                       add(c, add_once<128>, 128, A[c], B[c], O[c]); }));
     CK(cudaDeviceSynchronize());
     for (int c = 0; c < kSets; ++c) {
+      if (packed) break;
       for (auto* v : {A[c], B[c], O[c], X[c], Y[c], Z[c]}) cudaFree(v);
       for (auto* l : {LA[c], LB[c], LO[c]}) cudaFree(l);
     }
+    if (packed) cudaFree(pool);
   }
   printf("%-18s %10s %10s %10s\n", "us per node", "1x128x512", "64x128x512", "256x16x512");
   for (size_t i = 0; i < table.names.size(); ++i) printf("%-18s %10.3f %10.3f %10.3f\n", table.names[i], table.cols[i][0], table.cols[i][1], table.cols[i][2]);
