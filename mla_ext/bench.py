@@ -305,9 +305,16 @@ def decode_rows_per_token(kind: str, context_len: int, topk: Optional[int] = Non
 
 
 def decode_num_sets(kind: str, num_tokens: int, context_len: int, topk: Optional[int] = None,
-                    kv_format: Optional[str] = None, cap: int = 16) -> int:
-    """Input sets one GPU timing cycles through so that they exceed the L2 cache
-    (:func:`num_rotations` of the estimated KV bytes per call, at most ``cap``)."""
+                    kv_format: Optional[str] = None, cap: int = 4096) -> int:
+    """Input sets one GPU timing cycles through so that their selected rows span 256 MiB, far
+    past the L2 cache (:func:`num_rotations` of the estimated KV bytes per call, at most ``cap``).
+
+    Until the twenty-ninth session the cap was 16, so one-token calls of the window, C4 and
+    V3.2 layers (75 KB-1.3 MB of rows per call) were timed with their rows in the H200's 50 MB
+    L2. One token at the benchmark's contexts now takes 3,592 (window), 719 / 400 (C4 Flash /
+    Pro), 200 (V3.2) and 56 (C128) sets; each set holds its own requests' caches, measured on
+    the CPU at 0.37, 8.9, 38 and 5.3 MB per request (window, C4, V3.2 at 64K tokens, C128 at 1M),
+    so at most ~7.6 GB per layer."""
     from .builders import LAYER_KINDS
     from .formats import kv_bytes_per_row
 

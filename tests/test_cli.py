@@ -343,3 +343,25 @@ def test_decode_sets_pass_num_splits_cpu():
     assert max(v["out_err"] for v in verify_decode_sets(ds, {0: [0, 1]})) < 2e-2
     with pytest.raises(RuntimeError, match="workspace"):
         ds.calls(empty, 4)[0]()
+
+
+def test_benchmark_rotations_span_256_mib():
+    """Every decode benchmark shape (and the merge benchmark's smallest call) rotates through input
+    sets whose selected rows (bytes moved) span at least 256 MiB, so no timed call finds its
+    inputs in the L2 (50 MB on the H200): the caps of 64 (merge) and 16 (decode) sets had kept calls
+    under 4 MiB L2-resident. And the sets a one-token call needs stay within a few GB of caches."""
+    from mla_ext.bench import (DECODE_LAYERS, L2_FLUSH_BYTES, decode_num_sets, decode_rows_per_token,
+                               merge_bytes, num_rotations)
+    from mla_ext.builders import LAYER_KINDS
+    from mla_ext.formats import kv_bytes_per_row
+
+    for layer, (kind, topk, ctx) in DECODE_LAYERS.items():
+        k = LAYER_KINDS[kind]
+        per_token = decode_rows_per_token(kind, ctx[1], topk) * kv_bytes_per_row(k.default_format, k.d_qk)
+        for T in (1, 4, 16, 64, 128, 512):
+            sets = decode_num_sets(kind, T, ctx[1], topk)
+            assert sets * T * per_token >= L2_FLUSH_BYTES, (layer, T, sets)
+            assert sets == 2 or (sets - 1) * T * per_token < L2_FLUSH_BYTES, (layer, T, sets)  # no more than needed
+    assert decode_num_sets("v4_swa", 1, 65536) == 3592 and decode_num_sets("v32", 1, 65536, 2048) == 200
+    nbytes = merge_bytes(1, 128, 512, torch.bfloat16)
+    assert num_rotations(nbytes) * nbytes >= L2_FLUSH_BYTES and num_rotations(nbytes) == 681
