@@ -128,7 +128,7 @@ def _cache(op: str, c, name: str, kv_format: str, d_qk) -> None:
     fnuz = kv_format.endswith("_fnuz")
     other = kv_format[:-5] if fnuz else kv_format + "_fnuz"
     hint = (f" ({_name(c.dtype)} bytes are kv_format \"{other}\")"
-            if c.dtype == (torch.float8_e4m3fn if fnuz else torch.float8_e4m3fnuz) else "")
+            if kv_format != "bf16" and c.dtype == (torch.float8_e4m3fn if fnuz else torch.float8_e4m3fnuz) else "")
     _need(c.dtype in dtypes, op, f"expected {name} to be "
           f"{' / '.join(_name(d) for d in dtypes)} for kv_format \"{kv_format}\", got {_name(c.dtype)}{hint}")
     _need(c.shape[1] >= 1, op, f"expected {name} to have page_size >= 1, got shape {list(c.shape)}")

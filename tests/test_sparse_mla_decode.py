@@ -1225,6 +1225,21 @@ _FAKE_REFUSALS = [
 ]
 
 
+def test_fp8_flavour_hint_only_for_fp8_formats():
+    """A float8 cache under kv_format "bf16" is simply not bfloat16: neither the op nor its fake
+    kernel suggests a format (there is no "bf16_fnuz"), and both say the same words."""
+    args = _valid("cpu")
+    q, H = args["q"], args["q"].shape[1]
+    for dev in ("cpu", "meta"):
+        cache = torch.zeros(4, 64, 512, dtype=torch.float8_e4m3fnuz, device=dev)
+        out = torch.empty(q.shape[0], H, 512, dtype=torch.bfloat16, device=dev)
+        ws = torch.empty(1 << 20, dtype=torch.uint8, device=dev)
+        with pytest.raises(RuntimeError, match='expected kv_cache to be bfloat16 for kv_format "bf16", '
+                                               'got float8_e4m3fnuz$'):
+            torch.ops.mla_ext.sparse_mla_decode(q.to(dev), cache, args["indices"].to(dev), "bf16", 0.05, out, ws,
+                                                None, None, None, None, None, None, 1)
+
+
 @pytest.mark.parametrize("i", range(len(_FAKE_REFUSALS)))
 def test_fake_kernel_refuses_like_the_op(i):
     """The same bad call on CPU tensors and on meta tensors (the fake kernel torch.compile traces
@@ -1377,8 +1392,10 @@ from torch.profiler import ProfilerActivity, profile
 from mla_ext.builders import build_decode_inputs
 res = {}
 # (layer, heads, tokens, splits, format): two or more 64-row tiles per split in one wave of 16-head
-# blocks (the Q-register kernel where MLA_EXT_QREG is not 0), partial head tiles, 1 and 3 splits, fnuz
-for kind, H, T, S, fmt, ctx in (("v4_c128", 8, 1, 0, None, 1 << 20), ("v4_c128", 20, 2, 3, None, 1 << 20),
+# blocks on the uniform split map (the Q-register kernel where MLA_EXT_QREG is not 0; two tokens with
+# lengths and 3 splits of a C128 row would take the balanced map instead), partial head tiles (8, 12
+# of 16), automatic and 1-3 splits, fnuz
+for kind, H, T, S, fmt, ctx in (("v4_c128", 8, 1, 0, None, 1 << 20), ("v4_c128", 12, 1, 3, None, 1 << 20),
                                 ("v4_c4", 16, 3, 1, None, (20000, 60000)),
                                 ("v4_c4", 12, 2, 2, "fp8_ds_mla_v4_fnuz", (20000, 60000))):
     inp = build_decode_inputs(kind, batch=T, num_heads=H, context_len=ctx, kv_format=fmt, device=sys.argv[3],
@@ -1420,8 +1437,7 @@ def test_gpu_q_fragments_in_registers_bit_identical(tmp_path):
         assert torch.equal(out, out0) and torch.equal(lse, lse0), key
         if names and names0:  # e.g. "void ...decode_split_mma_kernel<1, 512, (...)2, false, ..., true>(...)"
             assert not any(re.search(r"decode_split_mma_kernel<.*, true>\(", n) for n in names0), (key, names0)
-            if key[:3] == ("v4_c128", 8, 1):  # one 8320-entry row (uniform map): splits of two tiles
-                assert any(re.search(r"decode_split_mma_kernel<1, 512, .*, true>\(", n) for n in names), (key, names)
+            assert any(re.search(r"decode_split_mma_kernel<1, 512, .*, true>\(", n) for n in names), (key, names)
 
 
 @requires_gpu
