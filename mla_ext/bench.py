@@ -304,8 +304,37 @@ def decode_rows_per_token(kind: str, context_len: int, topk: Optional[int] = Non
     return window + (min(top, compressed) if k.topk is not None else compressed)
 
 
+def decode_request_cache_bytes(kind: str, context_len: int, kv_format: Optional[str] = None,
+                               topk: Optional[int] = None) -> int:
+    """Upper estimate of the cache bytes the builders allocate for one request of ``kind`` at
+    ``context_len`` tokens: the window's pages (plus three), and the pages of the compressed or
+    top-k rows, a top-k set at most one page per selected row. Measured on the CPU (64K tokens;
+    1M): window 0.37 (0.60) MB, C4 8.9 (19.1), V3.2 38 (83), C128 at 1M 5.3; this gives 0.60
+    (0.60), 10.2 (19.7), 43 (86) and 5.4."""
+    from .builders import LAYER_KINDS
+    from .formats import kv_bytes_per_row
+
+    k = LAYER_KINDS[kind]
+    top = k.topk if topk is None else topk
+    row = kv_bytes_per_row(kv_format or k.default_format, k.d_qk)
+
+    def paged(n: int, page: int, selected: Optional[int]) -> int:
+        pages = -(-n // page)
+        return (pages if selected is None else min(pages, selected)) * page
+
+    rows = 0
+    if k.window:
+        rows += (-(-k.window // k.page_size) + 3) * k.page_size
+    if k.compress_ratio:
+        rows += paged(-(-context_len // k.compress_ratio), k.extra_page_size, top if k.topk else None)
+    if k.window is None and k.compress_ratio is None:
+        rows += paged(context_len, k.page_size, top)
+    return rows * row
+
+
 def decode_num_sets(kind: str, num_tokens: int, context_len: int, topk: Optional[int] = None,
-                    kv_format: Optional[str] = None, cap: int = 4096) -> int:
+                    kv_format: Optional[str] = None, cap: int = 4096,
+                    max_cache_bytes: Optional[int] = None) -> int:
     """Input sets one GPU timing cycles through so that their selected rows span 256 MiB, far
     past the L2 cache (:func:`num_rotations` of the estimated KV bytes per call, at most ``cap``).
 
@@ -314,13 +343,26 @@ def decode_num_sets(kind: str, num_tokens: int, context_len: int, topk: Optional
     L2. One token at the benchmark's contexts now takes 3,592 (window), 719 / 400 (C4 Flash /
     Pro), 200 (V3.2) and 56 (C128) sets; each set holds its own requests' caches, measured on
     the CPU at 0.37, 8.9, 38 and 5.3 MB per request (window, C4, V3.2 at 64K tokens, C128 at 1M),
-    so at most ~7.6 GB per layer."""
+    so at most ~7.6 GB per layer. ``max_cache_bytes`` (the GPU callers pass a quarter of the
+    device's memory, split over the layer kinds built together) bounds the sets' caches,
+    :func:`decode_request_cache_bytes` per token (an upper bound: a request has 1 + mtp tokens),
+    at the cost of fewer sets: a V3.2 request at 1M tokens holds 83 MB."""
     from .builders import LAYER_KINDS
     from .formats import kv_bytes_per_row
 
     k = LAYER_KINDS[kind]
     row_bytes = kv_bytes_per_row(kv_format or k.default_format, k.d_qk)
-    return num_rotations(num_tokens * decode_rows_per_token(kind, context_len, topk) * row_bytes, cap=cap)
+    sets = num_rotations(num_tokens * decode_rows_per_token(kind, context_len, topk) * row_bytes, cap=cap)
+    if max_cache_bytes is not None:
+        per_set = max(1, num_tokens) * decode_request_cache_bytes(kind, context_len, kv_format, topk)
+        sets = max(2, min(sets, max_cache_bytes // per_set))
+    return sets
+
+
+def decode_cache_budget(device, kinds: int = 1) -> int:
+    """Bytes of request caches one layer kind's timing sets may hold on ``device`` (CUDA): a
+    quarter of its memory, split over ``kinds`` kinds built at the same time."""
+    return torch.cuda.get_device_properties(torch.device(device)).total_memory // (4 * max(1, kinds))
 
 
 class DecodeSets:
@@ -564,7 +606,7 @@ def build_layer_sets(layer: str, *, num_tokens: int, num_heads: int, device="cud
     :func:`mla_ext.builders.build_decode_inputs`."""
     kind, topk, ctx = DECODE_LAYERS[layer]
     gpu = torch.device(device).type != "cpu"
-    sets = decode_num_sets(kind, num_tokens, ctx[1], topk) if gpu else 1
+    sets = decode_num_sets(kind, num_tokens, ctx[1], topk, max_cache_bytes=decode_cache_budget(device)) if gpu else 1
     return build_decode_sets(kind, batch=num_tokens, num_heads=num_heads, context_len=ctx, sets=sets,
                              topk=topk, device=device, seed=seed, mixed=layer.endswith("mixed"),
                              row_placement=row_placement)
@@ -666,7 +708,8 @@ def run_model_decode(model, *, batch: int, num_heads: int, context_len: int, kin
     built: Dict[str, DecodeSets] = {}
     for i, kind in enumerate(kinds):
         topk = model.topk.get(kind)
-        n_sets = sets or (decode_num_sets(kind, T, ctx[1], topk, kv_format) if gpu else 2)
+        n_sets = sets or (decode_num_sets(kind, T, ctx[1], topk, kv_format,
+                                          max_cache_bytes=decode_cache_budget(device, len(kinds))) if gpu else 2)
         built[kind] = build_decode_sets(kind, batch=batch, num_heads=num_heads, context_len=ctx, sets=n_sets,
                                         mtp=mtp, kv_format=kv_format, topk=topk, device=device,
                                         seed=seed + 1000 * i)

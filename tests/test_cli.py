@@ -365,3 +365,24 @@ def test_benchmark_rotations_span_256_mib():
     assert decode_num_sets("v4_swa", 1, 65536) == 3592 and decode_num_sets("v32", 1, 65536, 2048) == 200
     nbytes = merge_bytes(1, 128, 512, torch.bfloat16)
     assert num_rotations(nbytes) * nbytes >= L2_FLUSH_BYTES and num_rotations(nbytes) == 681
+
+
+def test_decode_request_cache_estimate_bounds_the_builders():
+    """decode_request_cache_bytes, which bounds the timing sets' memory (decode_num_sets'
+    max_cache_bytes), is an upper bound of what the builders allocate per request, within 2x; and
+    the bounded set count keeps to the budget (a V3.2 layer at 1M tokens: 83 MB per request, so a
+    6 GiB budget allows 74 of the 200 sets that would span 256 MiB of rows)."""
+    from mla_ext.bench import decode_num_sets, decode_request_cache_bytes
+    from mla_ext.builders import build_decode_inputs
+
+    for kind, ctx in (("v4_swa", 65536), ("v4_c4", 65536), ("v4_c4", 1 << 20), ("v4_c128", 1 << 20),
+                      ("v32", 65536), ("v32", 1 << 20)):
+        inp = build_decode_inputs(kind, batch=2, num_heads=8, context_len=ctx, device="cpu", seed=5)
+        got = sum(c.numel() * c.element_size() for c in (inp.kv_cache, inp.extra_kv_cache) if c is not None) / 2
+        est = decode_request_cache_bytes(kind, ctx)
+        assert got <= est <= 2 * got, (kind, ctx, got, est)
+    per_request = decode_request_cache_bytes("v32", 1 << 20, topk=2048)
+    assert decode_num_sets("v32", 1, 1 << 20, 2048) == 200
+    sets = decode_num_sets("v32", 1, 1 << 20, 2048, max_cache_bytes=6 << 30)
+    assert sets == 74 and sets * per_request <= 6 << 30
+    assert decode_num_sets("v32", 64, 1 << 20, 2048, max_cache_bytes=1 << 20) == 2  # never below two sets
