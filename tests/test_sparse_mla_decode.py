@@ -1384,36 +1384,6 @@ def test_gpu_pending_runtime_error_kept_by_first_calls():
     assert m[3] == m[6] == "True", line
 
 
-_QREG_SCRIPT = r"""
-import sys
-sys.path.insert(0, sys.argv[1])
-import torch, mla_ext
-from torch.profiler import ProfilerActivity, profile
-from mla_ext.builders import build_decode_inputs
-res = {}
-# (layer, heads, tokens, splits, format): two or more 64-row tiles per split in one wave of 16-head
-# blocks on the uniform split map (the Q-register kernel where MLA_EXT_QREG is not 0; two tokens with
-# lengths and 3 splits of a C128 row would take the balanced map instead), partial head tiles (8, 12
-# of 16), automatic and 1-3 splits, fnuz
-for kind, H, T, S, fmt, ctx in (("v4_c128", 8, 1, 0, None, 1 << 20), ("v4_c128", 12, 1, 3, None, 1 << 20),
-                                ("v4_c4", 16, 3, 1, None, (20000, 60000)),
-                                ("v4_c4", 12, 2, 2, "fp8_ds_mla_v4_fnuz", (20000, 60000))):
-    inp = build_decode_inputs(kind, batch=T, num_heads=H, context_len=ctx, kv_format=fmt, device=sys.argv[3],
-                              seed=7 + H)
-    out = torch.full((T, H, 512), float("nan"), dtype=torch.bfloat16, device=sys.argv[3])
-    lse = torch.full((T, H), float("nan"), device=sys.argv[3])
-    ws = mla_ext.DecodeWorkspace(T, H, num_splits=S, device=sys.argv[3])
-    with profile(activities=[ProfilerActivity.CUDA if sys.argv[3] == "cuda" else ProfilerActivity.CPU]) as prof:
-        mla_ext.sparse_mla_decode(inp.q, inp.kv_cache, inp.indices, output=out, workspace=ws.tensor, lse=lse,
-                                  num_splits=S, **inp.op_kwargs())
-        if sys.argv[3] == "cuda":
-            torch.cuda.synchronize()
-    names = sorted({e.name for e in prof.events() if "decode_split" in e.name})
-    res[(kind, H, T, S)] = (out.cpu(), lse.cpu(), names)
-torch.save(res, sys.argv[2])
-"""
-
-
 @requires_gpu
 def test_gpu_q_fragments_in_registers_bit_identical(tmp_path):
     """The 16-head V4 kernel keeps each warp's Q.K fragments of Q in registers where the split grid
@@ -1421,18 +1391,18 @@ def test_gpu_q_fragments_in_registers_bit_identical(tmp_path):
     and without it (MLA_EXT_QREG=0, read once per process): the same products in the same order, so
     bit-identical outputs and lses, fully written; where the profiler names kernels, the first ran
     the Q-register instance (last template argument) and the second never did."""
-    package_root = os.path.dirname(os.path.dirname(os.path.abspath(mla_ext.__file__)))
-    runs = {}
-    for flag in ("1", "0"):
-        path = tmp_path / f"qreg{flag}.pt"
-        env = dict(os.environ, MLA_EXT_QREG=flag)
-        r = subprocess.run([sys.executable, "-c", _QREG_SCRIPT, package_root, str(path), "cuda"], capture_output=True,
-                           text=True, timeout=600, env=env)
-        assert r.returncode == 0, r.stderr[-3000:]
-        runs[flag] = torch.load(path)
+    # Two or more 64-row tiles per split in one wave of 16-head blocks on the uniform split map (two
+    # tokens with lengths and 3 splits of a C128 row would take the balanced map instead), partial
+    # head tiles (8, 12 of 16), automatic and 1-3 splits, fnuz.
+    # (kind, heads, batch, context_len, num_splits, seed, kv_format)
+    cases = [("v4_c128", 8, 1, (1 << 20, 1 << 20), 0, 15, None),
+             ("v4_c128", 12, 1, (1 << 20, 1 << 20), 3, 19, None),
+             ("v4_c4", 16, 3, (20000, 60000), 1, 23, None),
+             ("v4_c4", 12, 2, (20000, 60000), 2, 19, "fp8_ds_mla_v4_fnuz")]
+    runs = _run_switch_children(tmp_path, "MLA_EXT_QREG", ("1", "0"), None, cases, "decode_split")
     assert runs["1"].keys() == runs["0"].keys()
-    for key, (out, lse, names) in runs["1"].items():
-        out0, lse0, names0 = runs["0"][key]
+    for key, (out, lse, _, _, names, _) in runs["1"].items():
+        out0, lse0, _, _, names0, _ = runs["0"][key]
         assert not out.isnan().any() and not lse.isnan().any(), key
         assert torch.equal(out, out0) and torch.equal(lse, lse0), key
         if names and names0:  # e.g. "void ...decode_split_mma_kernel<1, 512, (...)2, false, ..., true>(...)"
@@ -1981,9 +1951,9 @@ cfg = json.loads(sys.argv[3])
 if cfg["head_tile"]:
     torch.ops.mla_ext._set_head_tile(cfg["head_tile"])
 res = {}
-for kind, heads, batch, ctx, splits, seed in cfg["cases"]:
+for kind, heads, batch, ctx, splits, seed, *fmt in cfg["cases"]:  # (an optional kv_format last)
     inp = builders.build_decode_inputs(kind, batch=batch, num_heads=heads, context_len=tuple(ctx), device="cuda",
-                                       seed=seed)
+                                       seed=seed, kv_format=fmt[0] if fmt else None)
     T = inp.num_tokens
     out = torch.full((T, heads, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
     lse = torch.full((T, heads), float("nan"), device="cuda")
@@ -2005,7 +1975,8 @@ torch.save(res, sys.argv[1])
 def _run_switch_children(tmp_path, var, values, ref_value, cases, kernel, head_tile=0):
     """_SWITCH_CHILD once per value of the environment variable ``var`` ("" = unset; switches are
     read once per process): {value: {case: (out, lse, ref_out, ref_lse, kernel names, kv_format)}},
-    the float64 reference computed only in the ``ref_value`` child."""
+    the float64 reference computed only in the ``ref_value`` child (none for a value no child has).
+    A case is (kind, heads, batch, context_len range, num_splits, seed[, kv_format])."""
     cfg = json.dumps(dict(cases=cases, kernel=kernel, head_tile=head_tile))
     results = {}
     for value in values:
