@@ -8,10 +8,11 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
-def _setup_module():
-    spec = importlib.util.spec_from_file_location("mla_ext_setup_py", ROOT / "setup.py")
+def _setup_module(path: pathlib.Path = ROOT / "setup.py"):
+    """setup.py (this checkout's, or a copy at ``path``) as a module; main() only runs under __main__."""
+    spec = importlib.util.spec_from_file_location("mla_ext_setup_py", path)
     mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)  # main() only runs under __main__
+    spec.loader.exec_module(mod)
     return mod
 
 
@@ -67,13 +68,6 @@ def test_sdist_carries_every_source(tmp_path):
     assert "mla_ext/_build_info.py" not in names and not any(n.endswith(".so") for n in names)
 
 
-def _setup_module_at(path: pathlib.Path):
-    spec = importlib.util.spec_from_file_location("mla_ext_setup_py_copy", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_isolated_build_env_is_recognised():
     """setup.py warns when it builds against a build front end's temporary torch (pip's build
     isolation, `python -m build`), which need not match the torch that will import the extension."""
@@ -121,7 +115,7 @@ def test_build_info_commit_only_from_this_checkout(tmp_path):
                     "--allow-empty", "-m", "x"], check=True)
     copy = outer / "third_party" / "mla_ext" / "setup.py"
     shutil.copy(ROOT / "setup.py", copy)
-    assert _setup_module_at(copy).git_commit() == "unknown"
+    assert _setup_module(copy).git_commit() == "unknown"
     here = _setup_module().git_commit()
     assert here == "unknown" or len(here) == 12  # this checkout's own commit (or no git metadata)
 
