@@ -165,7 +165,11 @@ inline int merge_vec_elems(const MergeParams& p) {
 // 8192x128x128 bf16 in 193 us where a row-per-thread-row grid-stride kernel
 // took 223-232 us and a device-to-device copy of the same bytes 202 us
 // (benchmarks/dev/merge_variants.cu).
-constexpr int kMergeThreads = 128;
+// MLA_EXT_MERGE_THREADS overrides it at build time (benchmark A/B builds only).
+#ifndef MLA_EXT_MERGE_THREADS
+#define MLA_EXT_MERGE_THREADS 128
+#endif
+constexpr int kMergeThreads = MLA_EXT_MERGE_THREADS;
 // Token tile (log2) when the LSEs have token stride 1: 8 tokens = one 32-byte
 // sector of fp32 LSEs. In flat (token, head) order such a call read and wrote
 // its LSEs one 4-byte value per sector per block, and ran at 237 us instead of
