@@ -1135,15 +1135,30 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
   const int64_t h0 = int64_t(hg) * a.head_tile;
   const int nh = int((H - h0) < a.head_tile ? (H - h0) : a.head_tile);
 
-  // Split 0 starts at position 0 whatever the lengths, so its first tile's main-set
-  // indices are loaded beside the lengths instead of after them (one memory round trip
-  // fewer before the first gather; in bounds: tid < W_main), and used where the position
-  // turns out valid and in the main set. FP8 tensor-core kernels only (the bf16-cache
-  // ones spilled 4-24 more bytes with it).
-  const bool spec0 = MMA && kv_layout(F) != KvFormat::kBF16 && s == 0 && tid < BN &&
-                     p.main.cache != nullptr && tid < p.main.width;
+  // A split's first tile of indices is loaded beside the lengths instead of
+  // after them (one memory round trip fewer before the first gather), at the
+  // positions the split starts at when both index sets are full (its range of
+  // the widths' sum), and used where the lengths confirm it: both sets full, or
+  // split 0's main-set rows (split 0 starts at position 0 whatever the
+  // lengths). FP8 tensor-core kernels only (the bf16-cache ones spilled 4-24
+  // more bytes with split 0's part). kSpecAll: every split, not only split 0;
+  // not in the V3.2 kernels (48-168 bytes of spills with it, even with nothing
+  // of the guess but the index kept live) nor the two-token ones (8 bytes; one
+  // split there anyway).
+  constexpr bool kSpecAll = !SC && !TWO;
+  const bool spec = MMA && kv_layout(F) != KvFormat::kBF16 && tid < BN && (kSpecAll || s == 0);
+  auto full_width = [&](const KvSet& set) -> int64_t { return set.cache != nullptr && set.width > 0 ? set.width : 0; };
   int32_t idx_spec = -1;
-  if (spec0) idx_spec = p.main.indices[t * p.main.indices_stride_token + tid];
+  if (spec) {
+    int64_t lo_g = 0, hi_g;
+    if (kSpecAll) decode_split_range(full_width(p.main) + full_width(p.extra), s, ns, &lo_g, &hi_g);
+    const int64_t k = lo_g + tid, em_g = full_width(p.main);
+    if (k < em_g) {
+      idx_spec = p.main.indices[t * p.main.indices_stride_token + k];
+    } else if (kSpecAll && k < em_g + full_width(p.extra)) {
+      idx_spec = p.extra.indices[t * p.extra.indices_stride_token + (k - em_g)];
+    }
+  }
   int64_t em, ee;
   effective_lens(p.main, p.extra, t, &em, &ee);
   // The second token of a two-token block: its lengths (one split: positions [0, E1)).
@@ -1222,7 +1237,8 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
   if (NT > 0) {
     if (tid < BN) {
       const int64_t k = p_lo + tid;
-      const int32_t idx = spec0 && k < em && k < p_hi ? idx_spec : g_index(0);
+      const bool full = kSpecAll && E == full_width(p.main) + full_width(p.extra);
+      const int32_t idx = spec && k < p_hi && (full || (s == 0 && k < em)) ? idx_spec : g_index(0);
       g_address(0, idx, 0);
       if constexpr (ASYM) valid_mask_store(vmask, 0, meta_d[tid] != nullptr, tid);
     }
