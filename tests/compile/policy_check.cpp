@@ -40,6 +40,16 @@ int main() {
   expect("splits(C4 Flash, 1 token, 8 heads)", mla_ext::decode_num_splits(1, 8, 640, 132, false), 20);
   expect("splits(C4 Pro, 1 token, 8 heads)", mla_ext::decode_num_splits(1, 8, 1152, 132, false), 32);
   expect("splits(V3.2, 1 token, 64 heads)", mla_ext::decode_num_splits(1, 64, 2048, 132, false), 32);
+  // 32- and 64-head blocks take splits of at least one 64-entry tile (kMinEntriesPerWideSplit,
+  // thirtieth session): C4 Pro x 128 heads x 1 token 18 splits of 32-head blocks (was 32 splits of
+  // 36 entries), 64 heads x 2 tokens 18; C4 Flash x 128 heads x 2 tokens 10 (was 16); one token at
+  // 64 heads keeps 16-head blocks and its 32 splits.
+  expect("splits(C4 Pro, 1 token, 128 heads)", mla_ext::decode_num_splits(1, 128, 1152, 132, true), 18);
+  expect("head tile(C4 Pro, 1 token, 128 heads)", mla_ext::decode_launch_head_tile(1, 128, 18, 132), 32);
+  expect("splits(C4 Pro, 2 tokens, 64 heads)", mla_ext::decode_num_splits(2, 64, 1152, 132, true), 18);
+  expect("splits(C4 Flash, 2 tokens, 128 heads)", mla_ext::decode_num_splits(2, 128, 640, 132, true), 10);
+  expect("splits(C4 Pro, 1 token, 64 heads)", mla_ext::decode_num_splits(1, 64, 1152, 132, true), 32);
+  expect("head tile(C4 Pro, 1 token, 64 heads)", mla_ext::decode_launch_head_tile(1, 64, 32, 132), 16);
   if (!bad) printf("ok\n");
   return bad;
 }

@@ -271,6 +271,15 @@ inline int decode_reduce_chunks(int64_t rows, int num_splits, bool balanced, int
 // with ~250 rows they lose ~1 us or tie). Fitted to a handful of points.
 constexpr int64_t kHeadTile16MaxRows = kDecodeTileRows;
 constexpr int64_t kHeadTile32MaxRows = 160;
+// Entries per split at least, in 32- and 64-head blocks: one tile. The reduce
+// reads every split's 2 KB per head, so with many heads short splits cost more
+// there than they save in the split kernel. H200 split sweep, L2-cold (thirtieth
+// session), the 14 shapes this changes: C4 Pro x 1-4 tokens x 24-128 heads
+// -0.3..-1.5 us (128 heads x 1 token: 32 splits 13.95 -> 18 splits 12.45), C4
+// Flash x 3-4 tokens x 96-128 heads -0.4..-1.15, and +0.15..+0.35 (1-2.5%) at
+// C4 Flash 32 heads x 8 tokens, 64 x 4 and 128 x 2 (16 splits of 40 entries ->
+// 10 of 64).
+constexpr int64_t kMinEntriesPerWideSplit = kDecodeTileRows;
 
 // The automatic split count for a call whose index sets have total width
 // `total_width` (main width + extra width).
@@ -285,7 +294,8 @@ constexpr int64_t kHeadTile32MaxRows = 160;
 // launcher then takes that tile, or a smaller one should the count let it fit
 // one wave too), so a small call spends its spare blocks on head tiles instead
 // of on splits too short to pay (H200, 128 heads x 4 tokens: C4 Flash 29.4 -> 17.4
-// us; C128 128 heads x 2 tokens 58.7 -> 41.3).
+// us; C128 128 heads x 2 tokens 58.7 -> 41.3). In 32- and 64-head blocks a split owns at least
+// one tile of entries (kMinEntriesPerWideSplit).
 //
 // Both: then, with balanced_map (the call can take the balanced split map:
 // decode_auto_splits), at least two splits for long rows
@@ -305,6 +315,9 @@ inline int decode_num_splits(int64_t num_tokens, int64_t num_heads, int64_t tota
       int64_t s = one_wave < 1 ? 1 : one_wave;
       if (s > kMaxAutoSplits) s = kMaxAutoSplits;
       if (s > by_width) s = by_width;
+      // 32- and 64-head tiles: splits of at least a whole tile (see kMinEntriesPerWideSplit).
+      const int64_t by_tile = (total_width + kMinEntriesPerWideSplit - 1) / kMinEntriesPerWideSplit;
+      if (ht > 16 && s > by_tile) s = by_tile < 1 ? 1 : by_tile;
       const int64_t max_rows = ht == 16 ? kHeadTile16MaxRows : kHeadTile32MaxRows;
       if (!last && (!decode_tile_fits_one_wave(ht, num_tokens, num_heads, s, sms) ||
                     (total_width + s - 1) / s > max_rows))
