@@ -280,15 +280,15 @@ def test_splits_agree(device):
 @pytest.mark.parametrize("H", [8, 64])
 @pytest.mark.parametrize("fmt,d_qk", [("fp8_ds_mla_v4", 512), ("fp8_ds_mla", 576)])
 def test_full_and_short_lengths_side_by_side(device, fmt, d_qk, H):
-    """The GPU kernels load each split's first indices before the lengths arrive, guessing that
-    both index sets are full, and keep them only where the lengths agree. Tokens here are full in
+    """The GPU kernels load each split's (V3.2: split 0's) first indices before the lengths
+    arrive, guessing that both index sets are full, and keep them only where the lengths agree. Tokens here are full in
     both sets, full in one and a row or more short in the other, or short in both, side by side
     in one call, at split counts that move every split's start when a length is one short. Every
     index past a length names a written row, so a guessed index used where it should not be
     changes the result."""
     g = torch.Generator().manual_seed(zlib.crc32(repr((fmt, H)).encode()))
     W, W2, ps, eps = 200, 130, 64, 61
-    # (main length, extra length) per token; W / W2 = full, None = that set has no lengths.
+    # (main length, extra length) per token; W / W2 = full (longer counts as full).
     lens = [(W, W2), (W, W2 - 1), (W - 1, W2), (W - 1, W2 - 1), (W, 1), (3, W2), (W + 5, W2 + 9),
             (W, 0), (0, W2), (W - 64, W2)]
     T = len(lens)
@@ -305,7 +305,7 @@ def test_full_and_short_lengths_side_by_side(device, fmt, d_qk, H):
     # Lengths for one set only (the other counts as full).
     for S in (3, 7):
         run_check(q, cache, idx, fmt=fmt, scale=d_qk ** -0.5, device=device, num_splits=S, lengths=None,
-                  extra=dict(extra), sink=None)
+                  extra=extra, sink=None)
         run_check(q, cache, idx, fmt=fmt, scale=d_qk ** -0.5, device=device, num_splits=S, lengths=lengths,
                   extra=dict(extra, lengths=None), sink=None)
 
