@@ -453,8 +453,8 @@ def verify_decode_sets(ds: DecodeSets, samples: Dict[int, Sequence[int]]) -> Lis
 
     Returns:
         one dict per sampled token: ``set``, ``token``, ``out_err`` (max |out - ref| relative to
-        max |ref| over that set's sampled tokens), ``lse_err`` (max abs over finite reference
-        entries), ``out_tol`` / ``lse_tol`` (:func:`mla_ext.reference.decode_tolerances`),
+        max |ref| over that set's sampled tokens), ``lse_err`` (:func:`mla_ext.reference.lse_error`: max abs
+        over finite reference entries, relative beyond |lse| 1024), ``out_tol`` / ``lse_tol`` (:func:`mla_ext.reference.decode_tolerances`),
         ``ok`` and ``problem`` (why not ok, else "").
     """
     from . import reference
@@ -477,7 +477,7 @@ def verify_decode_sets(ds: DecodeSets, samples: Dict[int, Sequence[int]]) -> Lis
         for i, t in enumerate(tok):
             out_err = ((got_o[i] - ref_o[i]).abs().max() / scale).item()
             fin = ~torch.isneginf(ref_l[i])
-            lse_err = (got_l[i][fin] - ref_l[i][fin]).abs().max().item() if bool(fin.any()) else 0.0
+            lse_err = reference.lse_error(got_l[i], ref_l[i])
             problem = ""
             if bool(torch.isnan(got_o[i]).any()) or bool(torch.isnan(got_l[i]).any()):
                 problem = "NaN in output or lse (unwritten or wrong)"

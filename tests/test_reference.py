@@ -217,6 +217,22 @@ def _naive_merge(va, a, vb, b):
     return out, lse
 
 
+def test_lse_error_absolute_then_relative():
+    """lse_error: absolute up to |ref| = 1024, relative to |ref| / 1024 beyond, non-finite
+    reference entries matched exactly (the CPU's 1e-3 lse tolerance cannot hold in absolute terms
+    at |lse| ~ 23,000, where one fp32 step is ~0.002)."""
+    ref = torch.tensor([2.0, -500.0, 23003.0, -float("inf")], dtype=torch.float64)
+    assert R.lse_error(ref.float(), ref) == pytest.approx(0.0, abs=1e-4)
+    assert R.lse_error(ref + torch.tensor([5e-4, 0, 0, 0]), ref) == pytest.approx(5e-4)
+    assert R.lse_error(ref + torch.tensor([0, 2e-3, 0, 0]), ref) == pytest.approx(2e-3)
+    # 0.02 at 23,003 is 0.02 / (23003 / 1024) ~ 8.9e-4 relative to the limit's scale
+    assert R.lse_error(ref + torch.tensor([0, 0, 0.02, 0]), ref) == pytest.approx(0.02 / (23003 / 1024))
+    assert R.lse_error(ref.clone().index_fill_(0, torch.tensor([3]), 1.0), ref) == math.inf
+    assert R.lse_error(torch.tensor([float("nan")]), torch.tensor([1.0])) == math.inf
+    assert R.lse_error(torch.tensor([float("nan")]), torch.tensor([float("nan")])) == 0.0
+    assert R.lse_error(torch.tensor([float("inf")]), torch.tensor([float("inf")])) == 0.0
+
+
 def test_merge_edge_cases():
     g = torch.Generator().manual_seed(10)
     T, H, D = 8, 3, 16
