@@ -43,10 +43,14 @@ def _name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def _lse(op: str, t, name: str, T, H) -> None:
+def _lse(op: str, t, name: str, T, H, q=None) -> None:
+    """q: the decode op's, whose sizes set num_tokens and num_heads (named in the message)."""
     _need(t.dtype == torch.float32, op, f"expected {name} to be float32, got {_name(t.dtype)}")
+    where = "" if q is None else "; num_tokens, num_heads = q.size(0), q.size(1)"
+    seen = "" if q is None else f" (q {list(q.shape)})"
     _need(t.dim() == 2 and t.shape[0] == T and t.shape[1] == H, op,
-          f"expected {name} of shape [num_tokens, num_heads] = [{T}, {H}] (any strides), got {list(t.shape)}")
+          f"expected {name} of shape [num_tokens, num_heads] = [{T}, {H}] (any strides{where}), got "
+          f"{list(t.shape)}{seen}")
 
 
 def _lse_needs_values(op: str, T, H, D) -> None:
@@ -180,12 +184,14 @@ def check_decode(q, kv_cache, indices, kv_format, softmax_scale, output, workspa
     if attn_sink is not None:
         _need(attn_sink.dtype == torch.float32, op, f"expected attn_sink to be float32, got {_name(attn_sink.dtype)}")
         _need(attn_sink.dim() == 1 and attn_sink.shape[0] == H, op,
-              f"expected attn_sink of shape [num_heads] = [{H}], got {list(attn_sink.shape)}")
+              f"expected attn_sink of shape [num_heads] = [{H}] (num_heads = q.size(1)), got "
+              f"{list(attn_sink.shape)} (q {list(q.shape)})")
     _need(output.dtype == torch.bfloat16, op, f"expected output to be bfloat16, got {_name(output.dtype)}")
     _need(output.dim() == 3 and output.shape[0] == T and output.shape[1] == H and output.shape[2] == 512, op,
-          f"expected output of shape [num_tokens, num_heads, 512] = [{T}, {H}, 512], got {list(output.shape)}")
+          f"expected output of shape [num_tokens, num_heads, 512] = [{T}, {H}, 512] (num_tokens, num_heads = "
+          f"q.size(0), q.size(1)), got {list(output.shape)} (q {list(q.shape)})")
     if lse is not None:
-        _lse(op, lse, "lse", T, H)
+        _lse(op, lse, "lse", T, H, q)
     _need(workspace.dtype == torch.uint8 and workspace.dim() == 1, op, "expected workspace to be a 1-D uint8 "
           f"tensor, got {_name(workspace.dtype)} of shape {list(workspace.shape)}")
     _need(_finite_as_float32(float(softmax_scale)), op,

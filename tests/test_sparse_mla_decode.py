@@ -1264,6 +1264,12 @@ _FAKE_REFUSALS = [
     (dict(attn_sink=lambda a: a["attn_sink"][:3]), "expected attn_sink of shape [num_heads]"),
     (dict(output=lambda a: a["output"][..., :256]), "expected output of shape [num_tokens, num_heads, 512]"),
     (dict(lse=lambda a: a["lse"].double()), "expected lse to be float32"),
+    # q sets num_heads: fewer heads in q than in the buffers is blamed on them, naming q's sizes
+    (dict(q=lambda a: a["q"][:, :2]), "(num_heads = q.size(1)), got ["),
+    (dict(q=lambda a: a["q"][:, :2], attn_sink=lambda a: a["attn_sink"][:2]),
+     "(num_tokens, num_heads = q.size(0), q.size(1)), got ["),
+    (dict(q=lambda a: a["q"][:, :2], attn_sink=lambda a: a["attn_sink"][:2],
+          output=lambda a: a["output"][:, :2]), "(any strides; num_tokens, num_heads = q.size(0), q.size(1))"),
     (dict(workspace=lambda a: a["workspace"].view(torch.int32)), "expected workspace to be a 1-D uint8 tensor"),
     (dict(softmax_scale=lambda a: 1e39), "expected softmax_scale to be finite as a float32"),
     (dict(num_splits=lambda a: 999), "expected num_splits to be 0 (automatic) or 1..256"),

@@ -251,7 +251,7 @@ inline mla_ext::SparseDecodeParams make_decode_params(
     MLA_CHECK(s.scalar_type() == ScalarType::Float, kOp, "expected attn_sink to be float32, got ",
               dtype_name(s.scalar_type()));
     MLA_CHECK(s.dim() == 1 && s.size(0) == H, kOp, "expected attn_sink of shape [num_heads] = [", H,
-              "], got ", shape_str(s));
+              "] (num_heads = q.size(1)), got ", shape_str(s), " (q ", shape_str(q), ")");
     p.attn_sink = H > 0 ? static_cast<const float*>(s.data_ptr()) : nullptr;
     p.attn_sink_stride = s.stride(0);
   }
@@ -261,8 +261,9 @@ inline mla_ext::SparseDecodeParams make_decode_params(
   MLA_CHECK(output.scalar_type() == ScalarType::BFloat16, kOp, "expected output to be bfloat16, got ",
             dtype_name(output.scalar_type()));
   MLA_CHECK(output.dim() == 3 && output.size(0) == T && output.size(1) == H && output.size(2) == mla_ext::kDV,
-            kOp, "expected output of shape [num_tokens, num_heads, 512] = [", T, ", ", H, ", 512], got ",
-            shape_str(output));
+            kOp, "expected output of shape [num_tokens, num_heads, 512] = [", T, ", ", H,
+            ", 512] (num_tokens, num_heads = q.size(0), q.size(1)), got ", shape_str(output), " (q ", shape_str(q),
+            ")");
   MLA_CHECK(output.stride(2) == 1, kOp, "expected output to be contiguous in its last dim, got stride ",
             output.stride(2));
   check_no_repeats(kOp, output, "output");
@@ -274,8 +275,9 @@ inline mla_ext::SparseDecodeParams make_decode_params(
     MLA_CHECK(l.scalar_type() == ScalarType::Float, kOp, "expected lse to be float32, got ",
               dtype_name(l.scalar_type()));
     MLA_CHECK(l.dim() == 2 && l.size(0) == T && l.size(1) == H, kOp,
-              "expected lse of shape [num_tokens, num_heads] = [", T, ", ", H, "] (any strides), got ",
-              shape_str(l));
+              "expected lse of shape [num_tokens, num_heads] = [", T, ", ", H,
+              "] (any strides; num_tokens, num_heads = q.size(0), q.size(1)), got ", shape_str(l), " (q ",
+              shape_str(q), ")");
     check_no_repeats(kOp, l, "lse");
   }
 
