@@ -453,9 +453,10 @@ def verify_decode_sets(ds: DecodeSets, samples: Dict[int, Sequence[int]]) -> Lis
 
     Returns:
         one dict per sampled token: ``set``, ``token``, ``out_err`` (max |out - ref| relative to
-        max |ref| over that set's sampled tokens), ``lse_err`` (:func:`mla_ext.reference.lse_error`: max abs
-        over finite reference entries, relative beyond |lse| 1024), ``out_tol`` / ``lse_tol`` (:func:`mla_ext.reference.decode_tolerances`),
-        ``ok`` and ``problem`` (why not ok, else "").
+        max |ref| over that set's sampled tokens), ``lse_err`` (:func:`mla_ext.reference.lse_error`:
+        max abs over finite reference entries, relative beyond |lse| 1024), ``out_tol`` /
+        ``lse_tol`` (:func:`mla_ext.reference.decode_tolerances`), ``ok`` and ``problem`` (why not
+        ok, else "").
     """
     from . import reference
 

@@ -22,6 +22,7 @@ __all__ = [
     "softmax_scale_v4",
     "decode_tolerances",
     "lse_error",
+    "LSE_ABS_LIMIT",
     "D_V",
 ]
 
@@ -75,8 +76,7 @@ def lse_error(lse: torch.Tensor, ref: torch.Tensor) -> float:
     ``|lse - ref| / max(1, |ref| / LSE_ABS_LIMIT)`` over entries where ``ref`` is finite (0.0
     where none is; inf where ``lse`` is not finite there); absolute up to |ref| = 1024, relative
     beyond. Where ``ref`` is infinite or NaN, ``lse`` must be the same value (else the error is
-    inf). Any shapes that broadcast;
-    compared in float64 on the CPU.
+    inf). Any shapes that broadcast; compared in float64 on the CPU.
 
     Raises:
         RuntimeError: if the shapes do not broadcast (torch's error).

@@ -1,5 +1,6 @@
 """Shared test fixtures: devices (CPU always, CUDA when present), poisoning, tolerances."""
 import re
+from typing import Optional
 
 import pytest
 import torch
@@ -29,7 +30,7 @@ TOL = {torch.float32: 2e-6, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 
 
 def assert_close_rel(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, what: str = "output",
-                     magnitude: torch.Tensor = None):
+                     magnitude: Optional[torch.Tensor] = None):
     """max |out - ref| within TOL[dtype] of max |ref|, or of max ``magnitude`` where given: for a
     weighted sum, the same sum of its terms' absolute values, which bounds its rounding error where
     the terms cancel and max |ref| does not (a 1 x 1 x 1 fp32 merge whose two terms nearly cancel:
