@@ -27,7 +27,7 @@ for layer, heads, batch in shapes:
     ds = build_layer_sets(layer, num_tokens=batch, num_heads=heads)
     row = [layer, heads, batch, int(ds.rows_per_call)]
     for s in splits:
-        row.append(round(time_graph(ds.calls(ws, s)), 1))
+        row.append(round(time_graph(ds.calls(ws, s)), 2))
     rows.append(row)
     del ds
 print(tabulate(rows, headers=["layer", "H", "T", "rows"] + [f"S={s}" if s else "auto" for s in splits]))

@@ -1144,20 +1144,28 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
   // more bytes with split 0's part). kSpecAll: every split, not only split 0;
   // not in the V3.2 kernels (48-168 bytes of spills with it, even with nothing
   // of the guess but the index kept live) nor the two-token ones (8 bytes; one
-  // split there anyway).
-  constexpr bool kSpecAll = !SC && !TWO;
+  // split there anyway), nor the asymmetric warpgroup kernels (64-head tiles,
+  // mostly many-token calls: 128 heads x 128 tokens was 2.5-3% slower with it on
+  // the H200, its schedule moved at ~2,000 of 6,300 instructions; split 0's part
+  // costs nothing there).
+  constexpr bool kSpecAll = !SC && !TWO && !ASYM;
   const bool spec = MMA && kv_layout(F) != KvFormat::kBF16 && tid < BN && (kSpecAll || s == 0);
   auto full_width = [&](const KvSet& set) -> int64_t { return set.cache != nullptr && set.width > 0 ? set.width : 0; };
+  // The guessed start in the 32-bit arithmetic of decode_split_range (every real
+  // call: fewer than 2^23 positions, at most kMaxSplits splits; no guess
+  // otherwise), and one load through a selected pointer. The 64-bit form (a
+  // second decode_split_range and a branch per set, c7478c8) cost 1-3% at 8-16
+  // heads x 64-128 tokens on the H200 against this one: its prologue reshuffled
+  // the tile loop's schedule.
+  const int64_t wm_g = full_width(p.main), e_g = wm_g + full_width(p.extra);
+  const bool g_ok = !kSpecAll || (e_g < (int64_t(1) << 23) && ns <= kMaxSplits);
   int32_t idx_spec = -1;
-  if (spec) {
-    int64_t lo_g = 0, hi_g;
-    if (kSpecAll) decode_split_range(full_width(p.main) + full_width(p.extra), s, ns, &lo_g, &hi_g);
-    const int64_t k = lo_g + tid, em_g = full_width(p.main);
-    if (k < em_g) {
-      idx_spec = p.main.indices[t * p.main.indices_stride_token + k];
-    } else if (kSpecAll && k < em_g + full_width(p.extra)) {
-      idx_spec = p.extra.indices[t * p.extra.indices_stride_token + (k - em_g)];
-    }
+  if (spec && g_ok) {
+    const uint32_t lo_g = kSpecAll ? uint32_t(e_g) * uint32_t(s) / uint32_t(ns) : 0u;
+    const int64_t k = int64_t(lo_g) + tid;
+    const int32_t* ip = k < wm_g ? p.main.indices + t * p.main.indices_stride_token + k
+                                 : p.extra.indices + t * p.extra.indices_stride_token + (k - wm_g);
+    if (k < (kSpecAll ? e_g : wm_g)) idx_spec = *ip;
   }
   int64_t em, ee;
   effective_lens(p.main, p.extra, t, &em, &ee);
@@ -1237,7 +1245,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
   if (NT > 0) {
     if (tid < BN) {
       const int64_t k = p_lo + tid;
-      const bool full = kSpecAll && E == full_width(p.main) + full_width(p.extra);
+      const bool full = kSpecAll && g_ok && E == e_g;
       const int32_t idx = spec && k < p_hi && (full || (s == 0 && k < em)) ? idx_spec : g_index(0);
       g_address(0, idx, 0);
       if constexpr (ASYM) valid_mask_store(vmask, 0, meta_d[tid] != nullptr, tid);
