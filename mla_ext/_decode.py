@@ -223,7 +223,7 @@ def sparse_mla_decode(
 
 def _resolve_device(fn: str, device: DeviceLike) -> torch.device:
     """The CPU or an indexed CUDA device (None: the current CUDA device if any, else the CPU; an
-    int: that CUDA index). TypeError for a bool or another type, ValueError for a negative index,
+    int: that CUDA index). TypeError for a bool or another type, ValueError for an index outside 0..127,
     an unparsable string or another device type, RuntimeError for CUDA without CUDA."""
     if device is None:
         return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
@@ -231,14 +231,19 @@ def _resolve_device(fn: str, device: DeviceLike) -> torch.device:
         raise TypeError(f"{fn}: expected device to be a torch.device, a string or a CUDA device index, got "
                         f"{type(device).__name__}")
     if isinstance(device, int):
-        if device < 0:
-            raise ValueError(f"{fn}: expected a CUDA device index >= 0, got {device}")
+        # torch.device wraps indices past its 8-bit range (256 -> cuda:0) or fails to unpack them.
+        if not 0 <= device <= 127:
+            raise ValueError(f"{fn}: expected a CUDA device index in 0..127, got {device}")
         device = torch.device("cuda", device)
     elif isinstance(device, str):
         try:
-            device = torch.device(device)
+            parsed = torch.device(device)
         except RuntimeError:
             raise ValueError(f"{fn}: expected device to be 'cpu', 'cuda' or 'cuda:<index>', got {device!r}") from None
+        written = device.rsplit(":", 1)[-1] if ":" in device else ""
+        if written.isdigit() and int(written) != parsed.index:  # wrapped, as above ('cuda:300' -> cuda:44)
+            raise ValueError(f"{fn}: expected a CUDA device index in 0..127, got {device!r}")
+        device = parsed
     if device.type == "cpu":
         return torch.device("cpu")
     if device.type != "cuda":
@@ -280,8 +285,8 @@ def sparse_mla_decode_workspace_size(num_tokens: int, num_heads: int, *, num_spl
     Raises:
         RuntimeError: negative sizes, ``num_tokens x num_heads`` above 2^43, ``num_splits``
             outside 0..256, a CUDA device where torch sees none or on a CPU-only build of mla_ext.
-        ValueError: a device that is neither CPU nor CUDA (or a string that names none, or a
-            negative index).
+        ValueError: a device that is neither CPU nor CUDA (or a string that names none, or an
+            index outside 0..127).
         TypeError: a size or ``num_splits`` that is not an integer (e.g. a float), a device of
             another type (e.g. a bool).
     """
@@ -307,8 +312,8 @@ class DecodeWorkspace:
 
     Raises:
         ValueError: ``max_num_tokens`` or ``num_heads`` negative, ``num_splits`` outside
-            0..256, a device that is neither CPU nor CUDA (or a string that names none, or a
-            negative index).
+            0..256, a device that is neither CPU nor CUDA (or a string that names none, or an
+            index outside 0..127).
         TypeError: a size or ``num_splits`` that is not an integer, a device of another type.
         RuntimeError: ``max_num_tokens x num_heads`` above 2^43, a CUDA device where torch sees
             none or on a CPU-only build of mla_ext.
@@ -334,8 +339,12 @@ class DecodeWorkspace:
         self.num_heads = int(num_heads)
         self.num_splits = int(num_splits)
         self.device = dev
-        self.nbytes = sparse_mla_decode_workspace_size(self.max_num_tokens, self.num_heads,
-                                                       num_splits=self.num_splits, device=dev)
+        try:
+            self.nbytes = sparse_mla_decode_workspace_size(self.max_num_tokens, self.num_heads,
+                                                           num_splits=self.num_splits, device=dev)
+        except RuntimeError as e:  # the size query's limits, in this constructor's names
+            msg = str(e).replace("sparse_mla_decode_workspace_size:", f"{fn}:", 1)
+            raise RuntimeError(msg.replace("num_tokens x num_heads", "max_num_tokens x num_heads", 1)) from None
         self.tensor = torch.empty(self.nbytes, dtype=torch.uint8, device=dev)
 
     def check(self, num_tokens: int, num_heads: int, num_splits: Optional[int] = None) -> torch.Tensor:

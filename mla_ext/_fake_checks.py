@@ -103,6 +103,7 @@ def check_merge_n(output, output_lse, values, lses, attn_sink) -> None:
     _need(output.dim() == 3, op,
           f"expected output to be 3-D [num_tokens, num_heads, head_size], got shape {list(output.shape)}")
     T, H, D = output.shape
+    _need(D < 2 ** 31, op, f"expected head_size below 2^31 elements, got {D}")
     _need(output.dtype in _VALUE_DTYPES, op,
           f"expected output to be float32, float16 or bfloat16, got {_name(output.dtype)}")
     _need(values.dim() == 4 and values.shape[1] == T and values.shape[2] == H and values.shape[3] == D, op,

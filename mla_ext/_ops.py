@@ -319,7 +319,8 @@ def merge_attn_states_n(
     whose values are never read; every state empty gives output 0 and LSE ``-inf`` (sink or
     not); exactly one non-empty state is selected exactly (its values copied bit for bit, its
     LSE) when there is no sink (or it is ``-inf``), and scaled by ``1 / (1 + exp(sink -
-    lse))`` otherwise; any NaN LSE gives NaN output and LSE; a NaN sink gives NaN output.
+    lse))`` otherwise; any NaN LSE gives NaN output and LSE; a NaN sink gives NaN output
+    where some state is non-empty (with every state empty the 0 / ``-inf`` rule wins).
     Zero tokens or heads return at once; so does head_size 0 without ``output_lse`` (with
     one it is refused: the LSE would not be written).
 
@@ -337,8 +338,8 @@ def merge_attn_states_n(
             shares memory with ``lses`` / ``output_lse`` / ``attn_sink``, a last dim is not
             contiguous, ``attn_sink`` is not float32 ``[num_heads]``, tensors are on
             different devices, ``output`` / ``output_lse`` elements share memory among
-            themselves, head_size is 0 with an ``output_lse`` (and tokens and heads), or
-            ``output`` / ``output_lse`` requires grad while grad mode is on.
+            themselves, head_size is 2^31 or more, or 0 with an ``output_lse`` (and tokens and
+            heads), or ``output`` / ``output_lse`` requires grad while grad mode is on.
         TypeError: a tensor argument that is not a tensor (``None`` for a required one),
             naming it.
     """

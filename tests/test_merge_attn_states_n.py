@@ -186,6 +186,21 @@ def test_empty_batch(device):
         mla_ext.merge_attn_states_n(out, out_lse, values, lses)
 
 
+def test_error_head_size_too_large(device):
+    """The two-way merge's limit (32-bit in-row chunk indices on the GPU) on every device, checked
+    before the zero-token early return; the fake kernel torch.compile traces with refuses it too."""
+    def call(D, dev, T=0):
+        out = torch.empty(T, 2, D, dtype=torch.bfloat16, device=dev)
+        values = torch.empty(3, T, 2, D, dtype=torch.bfloat16, device=dev)
+        lses = torch.empty(3, T, 2, device=dev)
+        torch.ops.mla_ext.merge_attn_states_n(out, torch.empty(T, 2, device=dev), values, lses, None)
+    for dev, T in ((device, 0), ("meta", 1)):  # meta tensors have no storage: one real token
+        with pytest.raises(RuntimeError, match="merge_attn_states_n: expected head_size below 2\\^31 "
+                                               "elements, got 2147483648"):
+            call(2**31, dev, T)
+        call(2**31 - 1, dev, T)
+
+
 # ---- errors: raised before anything is written ----
 
 def _valid(device, S=3, T=4, H=3, D=16, dtype=torch.bfloat16):

@@ -865,16 +865,32 @@ def test_workspace_size_extremes_and_default_device():
 @pytest.mark.parametrize("device,exc,msg", [
     (True, TypeError, "expected device to be a torch.device, a string or a CUDA device index, got bool"),
     (1.0, TypeError, "expected device to be a torch.device, a string or a CUDA device index, got float"),
-    (-1, ValueError, "expected a CUDA device index >= 0, got -1"),
+    (-1, ValueError, "expected a CUDA device index in 0..127, got -1"),
+    (128, ValueError, "expected a CUDA device index in 0..127, got 128"),
+    (256, ValueError, "expected a CUDA device index in 0..127, got 256"),
+    (2**70, ValueError, f"expected a CUDA device index in 0..127, got {2**70}"),
+    ("cuda:300", ValueError, "expected a CUDA device index in 0..127, got 'cuda:300'"),
     ("xyz", ValueError, "expected device to be 'cpu', 'cuda' or 'cuda:<index>', got 'xyz'"),
     ("meta", ValueError, "expected a CPU or CUDA device, got meta")])
 def test_workspace_device_argument_refused(device, exc, msg):
     """Both workspace helpers take the device the same way and name it when it is wrong: a bool
-    is not a CUDA index (True was cuda:1), a negative index is not the CPU."""
+    is not a CUDA index (True was cuda:1), a negative index is not the CPU, and an index past
+    torch's 8-bit device index is refused instead of wrapping to another device (256 -> cuda:0,
+    'cuda:300' -> cuda:44) or failing to unpack."""
     with pytest.raises(exc, match=re.escape(f"sparse_mla_decode_workspace_size: {msg}")):
         mla_ext.sparse_mla_decode_workspace_size(4, 16, device=device)
     with pytest.raises(exc, match=re.escape(f"DecodeWorkspace: {msg}")):
         mla_ext.DecodeWorkspace(4, 16, device=device)
+
+
+def test_workspace_size_limit_named_by_the_constructor():
+    """DecodeWorkspace refuses sizes past the query's limit in its own argument names."""
+    with pytest.raises(RuntimeError, match=re.escape("DecodeWorkspace: expected max_num_tokens x num_heads <= "
+                                                     f"2^43, got {2**44} x 1")):
+        mla_ext.DecodeWorkspace(2**44, 1, device="cpu")
+    with pytest.raises(RuntimeError, match=re.escape("sparse_mla_decode_workspace_size: expected num_tokens x "
+                                                     f"num_heads <= 2^43, got {2**44} x 1")):
+        mla_ext.sparse_mla_decode_workspace_size(2**44, 1, device="cpu")
 
 
 @pytest.mark.skipif(HAS_GPU, reason="the CPU-only case: torch sees no CUDA device")
@@ -1000,7 +1016,8 @@ ERROR_CASES = {
                                             extra_kv_cache=_bf16_cache(a, 512)), "kv_cache rows of d_qk"),
     "bf16 cache dtype": (lambda a: a.update(kv_format="bf16", kv_cache=_bf16_cache(a, 512).half(),
                                             extra_kv_cache=_bf16_cache(a, 512)), "kv_cache to be bfloat16"),
-    "indices dtype": (lambda a: a.update(indices=a["indices"].long()), "indices to be int32"),
+    "indices dtype": (lambda a: a.update(indices=a["indices"].long()), "indices to be int32, got int64"),
+    "indices uint32": (lambda a: a.update(indices=a["indices"].to(torch.uint32)), "indices to be int32, got uint32"),
     "indices shape": (lambda a: a.update(indices=a["indices"][:2]), "indices of shape"),
     "output expanded": (lambda a: a.update(output=a["output"][:1].expand(a["output"].shape)),
                         "output to hold each element once"),

@@ -42,6 +42,11 @@ inline const char* dtype_name(ScalarType t) {
     case ScalarType::Short: return "int16";
     case ScalarType::ComplexFloat: return "complex64";
     case ScalarType::ComplexDouble: return "complex128";
+    case ScalarType::ComplexHalf: return "complex32";
+    case ScalarType::UInt16: return "uint16";
+    case ScalarType::UInt32: return "uint32";
+    case ScalarType::UInt64: return "uint64";
+    case ScalarType::Float8_e8m0fnu: return "float8_e8m0fnu";
     default: return "an unsupported dtype";
   }
 }
@@ -557,6 +562,8 @@ inline mla_ext::MergeNParams make_merge_n_params(const Tensor& output, const std
   MLA_CHECK(output.dim() == 3, op,
             "expected output to be 3-D [num_tokens, num_heads, head_size], got shape ", shape_str(output));
   const int64_t T = output.size(0), H = output.size(1), D = output.size(2);
+  // As merge_attn_states (the GPU kernels index a row's chunks in 32 bits): one limit on every device.
+  MLA_CHECK(D < (int64_t(1) << 31), op, "expected head_size below 2^31 elements, got ", D);
   mla_ext::MergeNParams p;
   p.dtype = to_value_dtype(op, output, "output");
   MLA_CHECK(D <= 1 || output.stride(2) == 1, op,
