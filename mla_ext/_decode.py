@@ -13,11 +13,13 @@ from typing import Optional, Union
 import torch
 
 from . import _fake_checks
-from ._ops import (any_requires_grad, check_same_device, explain_bad_tensor_args, mark_written, recording,
-                   refuse_requires_grad, with_autograd_note)
+from ._ops import (_grad_enabled, _is_compiling, any_requires_grad, check_same_device, eager_callable,
+                   explain_bad_tensor_args, mark_written, refuse_requires_grad, with_autograd_note)
 from ._ops import int_arg as _int_arg
 
 _ops = torch.ops.mla_ext
+_decode_op = torch.ops.mla_ext.sparse_mla_decode.default
+_decode_eager = eager_callable(_decode_op)
 
 __all__ = ["sparse_mla_decode", "sparse_mla_decode_workspace_size", "DecodeWorkspace"]
 
@@ -206,12 +208,14 @@ def sparse_mla_decode(
     if not isinstance(kv_format, str):
         raise TypeError(f"sparse_mla_decode: expected kv_format to be a string (e.g. 'fp8_ds_mla_v4'), got "
                         f"{type(kv_format).__name__}")
-    rec = recording()
+    compiling = _is_compiling()
+    rec = not compiling and _grad_enabled()
     if rec and any_requires_grad(output, workspace, lse):
         refuse_requires_grad("sparse_mla_decode", ("output", "workspace", "lse"), (output, workspace, lse))
     try:
-        _ops.sparse_mla_decode(q, kv_cache, indices, kv_format, scale, output, workspace,
-                               lengths, extra_kv_cache, extra_indices, extra_lengths, attn_sink, lse, splits)
+        (_decode_op if compiling else _decode_eager)(q, kv_cache, indices, kv_format, scale, output, workspace,
+                                                     lengths, extra_kv_cache, extra_indices, extra_lengths,
+                                                     attn_sink, lse, splits)
     except (RuntimeError, TypeError):
         explain_bad_tensor_args(
             "sparse_mla_decode", dict(q=q, kv_cache=kv_cache, indices=indices, output=output, workspace=workspace),
