@@ -121,7 +121,8 @@ def mark_written(rec: bool, tensors: tuple) -> None:
     """Record in autograd that the op wrote ``tensors`` in place (their version counters, as
     torch's own in-place ops do), so that a tensor saved for backward and overwritten by the op
     makes backward fail instead of using the new values. ``rec``: whether autograd records
-    (grad mode on, not compiling), read before the call; ~0.2-0.3 us when it is true. A tuple of tensors, no ``None``."""
+    (grad mode on, not compiling), read before the call; ~0.2-0.3 us when it is true. A tuple
+    of tensors, no ``None``."""
     if rec:
         _bump_versions(tensors)
 

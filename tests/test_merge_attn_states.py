@@ -479,6 +479,36 @@ def test_error_mixed_devices():
 
 # ---- torch integration ----
 
+def test_eager_calls_reach_modes_as_the_overload(device):
+    """The wrappers call the overload's C++ callable in eager mode (host time); a torch function
+    mode still sees the OpOverload itself, and fake tensors still reach the fake kernel's checks."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.overrides import TorchFunctionMode
+
+    seen = []
+
+    class Record(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            seen.append(func)
+            return func(*args, **(kwargs or {}))
+
+    args = _valid(device, T=3, H=2, D=16)
+    with Record():
+        mla_ext.merge_attn_states(**args)
+    assert torch.ops.mla_ext.merge_attn_states.default in seen
+    values = torch.randn(2, 3, 2, 16, device=device)
+    with Record():
+        mla_ext.merge_attn_states_n(torch.empty(3, 2, 16, device=device), None, values,
+                                    torch.randn(2, 3, 2, device=device))
+    assert torch.ops.mla_ext.merge_attn_states_n.default in seen
+    with FakeTensorMode():
+        out = torch.empty(3, 2, 8)
+        with pytest.raises(RuntimeError, match="merge_attn_states: expected output and prefix_output to have the "
+                                               "same shape"):
+            mla_ext.merge_attn_states(out, None, torch.empty(3, 2, 16), torch.empty(3, 2), torch.empty(3, 2, 16),
+                                      torch.empty(3, 2))
+
+
 def test_opcheck(device):
     args = _valid(device, T=5, H=4, D=64)
     torch.library.opcheck(torch.ops.mla_ext.merge_attn_states.default, tuple(args.values()))
