@@ -245,7 +245,7 @@ def _resolve_device(fn: str, device: DeviceLike) -> torch.device:
         except RuntimeError:
             raise ValueError(f"{fn}: expected device to be 'cpu', 'cuda' or 'cuda:<index>', got {device!r}") from None
         written = device.rsplit(":", 1)[-1] if ":" in device else ""
-        if written.isdigit() and int(written) != parsed.index:  # wrapped, as above ('cuda:300' -> cuda:44)
+        if parsed.type == "cuda" and written.isdigit() and int(written) != parsed.index:  # wrapped, as above
             raise ValueError(f"{fn}: expected a CUDA device index in 0..127, got {device!r}")
         device = parsed
     if device.type == "cpu":

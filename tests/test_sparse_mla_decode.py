@@ -883,6 +883,14 @@ def test_workspace_device_argument_refused(device, exc, msg):
         mla_ext.DecodeWorkspace(4, 16, device=device)
 
 
+def test_workspace_device_cpu_string_with_index():
+    """A CPU device string with an index is the CPU, as torch.device takes it (the CUDA index
+    range check applies to CUDA devices only)."""
+    want = mla_ext.sparse_mla_decode_workspace_size(4, 16, device="cpu")
+    assert mla_ext.sparse_mla_decode_workspace_size(4, 16, device="cpu:300") == want
+    assert mla_ext.DecodeWorkspace(4, 16, device="cpu:0").device == torch.device("cpu")
+
+
 def test_workspace_size_limit_named_by_the_constructor():
     """DecodeWorkspace refuses sizes past the query's limit in its own argument names."""
     with pytest.raises(RuntimeError, match=re.escape("DecodeWorkspace: expected max_num_tokens x num_heads <= "
