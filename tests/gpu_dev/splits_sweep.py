@@ -6,10 +6,12 @@ Answers: is the automatic split count right at small num_tokens, where a call is
 Usage: python3 tests/gpu_dev/splits_sweep.py [--shapes v4_c128:128:2,v32:64:1] [--splits 0,16,32]
 """
 import argparse
+import sys
 
 import torch
 from tabulate import tabulate
 
+import mla_ext
 from mla_ext.bench import build_layer_sets, sweep_shapes, time_graph
 from mla_ext.cli import _int_list
 
@@ -21,13 +23,16 @@ ap.add_argument("--splits", type=_int_list, default="0,1,2,4,8,12,16,24,32,64", 
 args = ap.parse_args()
 splits = args.splits
 shapes = sweep_shapes(ap, args.shapes, "splits_sweep.py")
-ws = torch.empty(512 << 20, dtype=torch.uint8, device="cuda")
 rows = []
 for layer, heads, batch in shapes:
     ds = build_layer_sets(layer, num_tokens=batch, num_heads=heads)
+    # one workspace per shape, as large as the largest split count asks
+    nbytes = max(mla_ext.sparse_mla_decode_workspace_size(batch, heads, num_splits=s, device="cuda") for s in splits)
+    ws = torch.empty(max(nbytes, 1), dtype=torch.uint8, device="cuda")
     row = [layer, heads, batch, int(ds.rows_per_call)]
     for s in splits:
         row.append(round(time_graph(ds.calls(ws, s)), 2))
     rows.append(row)
-    del ds
+    print(*row, file=sys.stderr, flush=True)  # progress, in case a later shape fails
+    del ds, ws
 print(tabulate(rows, headers=["layer", "H", "T", "rows"] + [f"S={s}" if s else "auto" for s in splits]))
