@@ -259,7 +259,9 @@ MLA_EXT_CAPI_EXPORT size_t mla_ext_sparse_mla_decode_workspace_size_for(long lon
  * width + extra width. This is the count of a call that can take the balanced
  * split map (a V4 FP8 format with a lengths array): at 2..256 tokens and
  * total_width >= 4096 it keeps at least two splits, where other calls get what
- * the policy gives without that floor (possibly one). num_sms <= 0 queries the
+ * the policy gives without that floor (possibly one). Index sets of at most two
+ * 64-entry tiles (at most four at <= 16 heads) take one split once the call has
+ * blocks enough (mla_ext::decode_one_split_pays). num_sms <= 0 queries the
  * current device. 0 for negative arguments or no device to query. */
 MLA_EXT_CAPI_EXPORT int mla_ext_sparse_mla_decode_num_splits(long long num_tokens, long long num_heads,
                                                              long long total_width, int num_sms);

@@ -50,6 +50,23 @@ int main() {
   expect("splits(C4 Flash, 2 tokens, 128 heads)", mla_ext::decode_num_splits(2, 128, 640, 132, true), 10);
   expect("splits(C4 Pro, 1 token, 64 heads)", mla_ext::decode_num_splits(1, 64, 1152, 132, true), 32);
   expect("head tile(C4 Pro, 1 token, 64 heads)", mla_ext::decode_launch_head_tile(1, 64, 32, 132), 16);
+  // Short index sets with blocks enough take one split (decode_one_split_pays, thirty-third
+  // session): the V4 window layer (128 entries) from 40 blocks of 16-head tiles, any head count;
+  // three or four tiles (<= 256 entries) at up to 16 heads from 93 blocks; longer sets keep theirs.
+  using mla_ext::decode_num_splits;
+  expect("splits(window, 16 heads, 128 tokens)", decode_num_splits(128, 16, 128, 132, true), 1);
+  expect("splits(window, 8 heads, 40 tokens)", decode_num_splits(40, 8, 128, 132, true), 1);
+  expect("splits(window, 128 heads, 5 tokens)", decode_num_splits(5, 128, 128, 132, true), 1);
+  expect("head tile(window, 128 heads, 5 tokens, 1 split)", mla_ext::decode_launch_head_tile(5, 128, 1, 132), 16);
+  expect("splits(window, 64 heads, 10 tokens)", decode_num_splits(10, 64, 128, 132, true), 1);
+  expect("splits(window, 8 heads, 32 tokens) > 1", decode_num_splits(32, 8, 128, 132, true) > 1, 1);
+  expect("splits(window, 32 heads, 16 tokens) > 1", decode_num_splits(16, 32, 128, 132, true) > 1, 1);
+  expect("splits(window, 8 heads, 1 token)", decode_num_splits(1, 8, 128, 132, true), 4);
+  expect("splits(256 entries, 16 heads, 96 tokens)", decode_num_splits(96, 16, 256, 132, true), 1);
+  expect("splits(256 entries, 16 heads, 64 tokens) > 1", decode_num_splits(64, 16, 256, 132, true) > 1, 1);
+  expect("splits(256 entries, 64 heads, 48 tokens) > 1", decode_num_splits(48, 64, 256, 132, true) > 1, 1);
+  expect("splits(C4 Flash, 16 heads, 128 tokens)", decode_num_splits(128, 16, 640, 132, true), 2);
+  expect("splits(window, 2^62 tokens, 2^62 heads)", decode_num_splits(int64_t(1) << 62, int64_t(1) << 62, 128, 132, true), 1);
   if (!bad) printf("ok\n");
   return bad;
 }

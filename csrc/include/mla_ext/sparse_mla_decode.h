@@ -281,8 +281,37 @@ constexpr int64_t kHeadTile32MaxRows = 160;
 // 10 of 64).
 constexpr int64_t kMinEntriesPerWideSplit = kDecodeTileRows;
 
+// Calls with short index sets and blocks enough take one split. A split of a token with at
+// most two tiles of entries walks at most one tile, and a block's fixed costs (the prologue's
+// memory round trips, Q, the epilogue) are most of its time there, so a second split leaves the
+// split kernel about as long (H200, V4 window layer, 16 heads x 128 tokens: 11.5 us at one
+// split, 11.9 at two) and adds the reduce (4.4 us). H200 split sweep (thirty-third session,
+// L2-cold, graph replay): at most two tiles per token (V4 window layer, 128 entries; V3.2 with
+// 128) one split is the fastest from 40 blocks of 16-head tiles on (8-128 heads x 5-128 tokens:
+// -3.5..-31% against the previous automatic count; at 32 blocks two splits still win by 0.3-0.7
+// us); three or four tiles at up to 16 heads from 96 blocks on (-1.4..-21%; at 64 blocks two or
+// four splits win; with more heads the 16-head tiles of one split lost up to 15% on V3.2
+// rows, so those keep the count below). `blocks`: num_tokens x ceil(num_heads / 16), the
+// blocks one split has in the 16-head tiles the launcher then takes while they fit one wave.
+constexpr int64_t kOneSplitMaxTiles = 2;         // tiles per token, any head count
+constexpr int64_t kOneSplitMaxTilesFewHeads = 4;  // tiles per token, up to 16 heads
+inline bool decode_one_split_pays(int64_t num_tokens, int64_t num_heads, int64_t total_width, int num_sms) {
+  if (num_tokens <= 0 || num_heads <= 0 || total_width <= 0) return false;
+  const int64_t tiles = (total_width + kDecodeTileRows - 1) / kDecodeTileRows;  // total_width <= 2^40
+  const int64_t sms = num_sms > 0 ? num_sms : 1;
+  const int64_t t = num_tokens < (int64_t(1) << 20) ? num_tokens : (int64_t(1) << 20);
+  int64_t groups = (num_heads + 15) / 16;
+  if (groups > (int64_t(1) << 20)) groups = int64_t(1) << 20;
+  const int64_t blocks = t * groups;  // <= 2^40
+  if (tiles <= kOneSplitMaxTiles) return blocks * 10 >= sms * 3;  // 40 of 132 processors
+  if (tiles <= kOneSplitMaxTilesFewHeads && num_heads <= 16) return blocks * 10 >= sms * 7;  // 93 of 132
+  return false;
+}
+
 // The automatic split count for a call whose index sets have total width
 // `total_width` (main width + extra width).
+//
+// Short index sets with blocks enough: one split (decode_one_split_pays).
 //
 // Up to 16 heads (one 16-head tile, two blocks per processor): ~2 blocks per
 // processor, at most the width's worth (decode_width_splits), tile-rounded.
@@ -303,6 +332,7 @@ constexpr int64_t kMinEntriesPerWideSplit = kDecodeTileRows;
 inline int decode_num_splits(int64_t num_tokens, int64_t num_heads, int64_t total_width,
                              int num_sms, bool balanced_map = true) {
   if (total_width > kMaxPolicyWidth) total_width = kMaxPolicyWidth;
+  if (decode_one_split_pays(num_tokens, num_heads, total_width, num_sms)) return 1;
   const int64_t by_width = decode_width_splits(total_width);
   const int cap = decode_max_auto_splits(num_tokens, num_heads, num_sms, balanced_map);
   const int64_t big = decode_head_tile(num_heads);
