@@ -237,7 +237,11 @@ int mla_ext_sparse_mla_decode_num_splits(long long num_tokens, long long num_hea
                                          int num_sms) {
   const int sms = resolve_sms(num_sms);
   if (num_tokens < 0 || num_heads < 0 || total_width < 0 || sms <= 0) return 0;
-  return mla_ext::decode_num_splits(num_tokens, num_heads, total_width, sms);
+  // balanced_map as the op decides it for a V4 FP8 call with lengths (decode_balanced_shape): with
+  // `true` at every width, tile rounding under the floor's cap gave 2 where the op takes 1 (e.g.
+  // 16 heads x 200 tokens x 640 entries).
+  return mla_ext::decode_num_splits(num_tokens, num_heads, total_width, sms,
+                                    mla_ext::decode_balanced_width(num_tokens, total_width));
 }
 
 size_t mla_ext_sparse_decode_params_size(void) { return sizeof(mla_ext_sparse_decode_params); }

@@ -4,7 +4,8 @@
 // written and fills mla_ext::SparseDecodeParams; every violation throws a
 // "sparse_mla_decode: expected <arg> ..., got ..." message (RuntimeError in
 // Python). The split count is resolved here: 0 = automatic
-// (decode_num_splits(T, H, W_main + W_extra, processor count)), else 1..256.
+// (decode_auto_splits: decode_num_splits(T, H, W_main + W_extra, processor count), the
+// one-split rule for GPU calls only), else 1..256.
 #pragma once
 
 #include <cmath>
@@ -297,7 +298,7 @@ inline mla_ext::SparseDecodeParams make_decode_params(
             "expected num_splits to be 0 (automatic) or 1..", mla_ext::kMaxSplits, ", got ", num_splits);
 
   int S = int(num_splits);
-  if (S == 0) S = mla_ext::decode_auto_splits(p, processor_count());
+  if (S == 0) S = mla_ext::decode_auto_splits(p, processor_count(), !q.is_cpu());
   if (S < 1) S = 1;
   const size_t need = mla_ext::decode_workspace_size(T, H, S);
   MLA_CHECK(size_t(workspace.numel()) >= need, kOp, "expected workspace of at least ", need,

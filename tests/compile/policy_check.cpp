@@ -1,6 +1,7 @@
 // Host check of the decode launch policy helpers in sparse_mla_decode.h that the GPU launcher
 // uses but no CPU test reaches (tools/compile_check.sh builds and runs it; exit status 1 and a
 // line per mismatch on failure).
+#include <stdint.h>
 #include <stdio.h>
 
 #include "mla_ext/sparse_mla_decode.h"
@@ -67,6 +68,40 @@ int main() {
   expect("splits(256 entries, 64 heads, 48 tokens) > 1", decode_num_splits(48, 64, 256, 132, true) > 1, 1);
   expect("splits(C4 Flash, 16 heads, 128 tokens)", decode_num_splits(128, 16, 640, 132, true), 2);
   expect("splits(window, 2^62 tokens, 2^62 heads)", decode_num_splits(int64_t(1) << 62, int64_t(1) << 62, 128, 132, true), 1);
+  // The thresholds' edges (0.3 / 0.7 x processors), the op's balanced_map = false at these widths,
+  // 17 heads (two 16-head groups) beyond two tiles, no processor count (one), extreme arguments
+  // (no overflow: the C API passes any non-negative value), and the CPU twin (gpu = false: no rule).
+  using mla_ext::decode_one_split_pays;
+  const int64_t kMax = INT64_MAX;
+  expect("one split(window, 39 blocks)", decode_one_split_pays(39, 8, 128, 132), 0);
+  expect("one split(window, 40 blocks)", decode_one_split_pays(40, 8, 128, 132), 1);
+  expect("one split(256 entries, 92 blocks)", decode_one_split_pays(92, 16, 256, 132), 0);
+  expect("one split(256 entries, 93 blocks)", decode_one_split_pays(93, 16, 256, 132), 1);
+  expect("one split(257 entries, 128 blocks)", decode_one_split_pays(128, 16, 257, 132), 0);
+  expect("one split(256 entries, 17 heads)", decode_one_split_pays(128, 17, 256, 132), 0);
+  expect("one split(128 entries, 17 heads, 20 tokens)", decode_one_split_pays(20, 17, 128, 132), 1);
+  expect("one split(window, 1 token, no processor count)", decode_one_split_pays(1, 8, 128, 0), 1);
+  expect("one split(width INT64_MAX)", decode_one_split_pays(100, 16, kMax, 132), 0);
+  expect("one split(heads INT64_MAX)", decode_one_split_pays(100, kMax, 128, 132), 1);
+  expect("one split(tokens INT64_MAX)", decode_one_split_pays(kMax, 8, 128, 132), 1);
+  expect("one split(width 0)", decode_one_split_pays(100, 16, 0, 132), 0);
+  expect("splits(window, 16 heads, 128 tokens, op's map)", decode_num_splits(128, 16, 128, 132, false), 1);
+  expect("splits(window, 8 heads, 40 tokens, CPU, 64 threads) > 1", decode_num_splits(40, 8, 128, 64, false, false) > 1, 1);
+  expect("splits(window, 8 heads, 40 tokens, GPU, 64 processors)", decode_num_splits(40, 8, 128, 64, false, true), 1);
+  expect("splits(window, 8 heads, 1 token, CPU, 2 threads)", decode_num_splits(1, 8, 128, 2, false, false), 4);
+  expect("splits(window, 8 heads, 1 token, GPU rule on 2 processors)", decode_num_splits(1, 8, 128, 2, false, true), 1);
+  expect("splits(heads INT64_MAX, window) in range", decode_num_splits(1, kMax, 128, 132, true) >= 1, 1);
+  expect("splits(heads INT64_MAX, C128 width) in range", decode_num_splits(1, kMax, 8320, 132, true) <= 256, 1);
+  expect("head groups(INT64_MAX)", mla_ext::decode_head_groups(kMax), kMax / 64 + 1);
+  // The C API's query passes balanced_map as the op decides it (decode_balanced_width): below
+  // 4096 entries the op's count, not the tile rounding under the two-split floor's cap.
+  expect("balanced width(200 tokens, 640)", mla_ext::decode_balanced_width(200, 640), 0);
+  expect("balanced width(200 tokens, 8320)", mla_ext::decode_balanced_width(200, 8320), 1);
+  expect("balanced width(1 token, 8320)", mla_ext::decode_balanced_width(1, 8320), 0);
+  expect("splits(C4 Flash, 16 heads, 200 tokens, as the query)",
+         decode_num_splits(200, 16, 640, 132, mla_ext::decode_balanced_width(200, 640)),
+         decode_num_splits(200, 16, 640, 132, false));
+  expect("splits(C4 Flash, 16 heads, 200 tokens, op's map)", decode_num_splits(200, 16, 640, 132, false), 1);
   if (!bad) printf("ok\n");
   return bad;
 }

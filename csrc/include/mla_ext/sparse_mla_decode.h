@@ -105,13 +105,17 @@ struct SparseDecodeParams {
 //   decode_num_splits(T, H, W, n) <= decode_max_auto_splits(T, H, n) for all W.
 // ---------------------------------------------------------------------------
 
+// ceil(a / b) for a >= 0, b > 0, without the a + b - 1 that overflows near INT64_MAX (the C
+// API's policy query takes any non-negative num_heads).
+inline int64_t decode_ceil_div(int64_t a, int64_t b) { return a / b + (a % b != 0 ? 1 : 0); }
+
 // Heads handled together by one GPU block (the head tile). Blocks per
 // (token, split) = ceil(num_heads / head tile).
 inline int64_t decode_head_tile(int64_t num_heads) { return num_heads <= 64 ? num_heads : 64; }
 
 inline int64_t decode_head_groups(int64_t num_heads) {
   const int64_t tile = decode_head_tile(num_heads);
-  return tile > 0 ? (num_heads + tile - 1) / tile : 0;
+  return tile > 0 ? decode_ceil_div(num_heads, tile) : 0;
 }
 
 // Blocks of `groups` head groups per (token, split) that fit one per processor
@@ -228,7 +232,7 @@ inline int decode_round_splits(int s, int64_t total_width, int64_t limit) {
 // processor lost to one 32-head block).
 inline bool decode_tile_fits_one_wave(int64_t ht, int64_t num_tokens, int64_t num_heads, int64_t num_splits,
                                       int64_t sms) {
-  const int64_t groups = (num_heads + ht - 1) / ht;
+  const int64_t groups = decode_ceil_div(num_heads, ht);
   return (num_splits < 1 ? 1 : num_splits) <= decode_one_wave_splits(sms, num_tokens, groups);
 }
 
@@ -281,26 +285,35 @@ constexpr int64_t kHeadTile32MaxRows = 160;
 // 10 of 64).
 constexpr int64_t kMinEntriesPerWideSplit = kDecodeTileRows;
 
-// Calls with short index sets and blocks enough take one split. A split of a token with at
-// most two tiles of entries walks at most one tile, and a block's fixed costs (the prologue's
-// memory round trips, Q, the epilogue) are most of its time there, so a second split leaves the
-// split kernel about as long (H200, V4 window layer, 16 heads x 128 tokens: 11.5 us at one
-// split, 11.9 at two) and adds the reduce (4.4 us). H200 split sweep (thirty-third session,
-// L2-cold, graph replay): at most two tiles per token (V4 window layer, 128 entries; V3.2 with
-// 128) one split is the fastest from 40 blocks of 16-head tiles on (8-128 heads x 5-128 tokens:
-// -3.5..-31% against the previous automatic count; at 32 blocks two splits still win by 0.3-0.7
-// us); three or four tiles at up to 16 heads from 96 blocks on (-1.4..-21%; at 64 blocks two or
-// four splits win; with more heads the 16-head tiles of one split lost up to 15% on V3.2
-// rows, so those keep the count below). `blocks`: num_tokens x ceil(num_heads / 16), the
-// blocks one split has in the 16-head tiles the launcher then takes while they fit one wave.
+// GPU calls with short index sets and blocks enough take one split. Split in two, a token of
+// at most two 64-entry tiles gives each split at most one tile, and a block's fixed costs (the
+// prologue's memory round trips, Q, the epilogue) are most of its time there: the split kernel
+// is about as long as with one split (H200, V4 window layer, 16 heads x 128 tokens: 11.5 us at
+// one split, 11.9 at two) and the reduce comes on top (4.4 us). H200 split sweeps (thirty-third
+// session, L2-cold, graph replay), by `blocks` = num_tokens x ceil(num_heads / 16), the blocks
+// of one split in the 16-head tiles the launcher then takes while they fit one wave:
+//  - at most two tiles per token: the V4 window layer (128 entries) ran fastest with one split
+//    from 40 blocks on at 8-128 heads (-3.4..-31.4% against the previous automatic count where
+//    it changed; at 32 blocks two splits still won by 0.3-0.7 us); V3.2 rows of 128 entries at
+//    16 heads x 48-128 tokens -2..-20%, at 40 tokens +0.2%, at 64 heads x 16 tokens +6.2% (the
+//    one loss measured; DeepSeek V3.2's index sets are 2048 wide);
+//  - three or four tiles at up to 16 heads: one split from 96 blocks on (-1.8..-21%; at 64
+//    blocks two or four splits won), so the threshold sits at 0.7 x processors (93 of 132); with
+//    more heads one split's 16-head tiles lost up to 15% (V3.2 rows of 256 entries at 64 heads
+//    x 32 tokens), so those fall through to the count below.
+// num_sms <= 0 counts as one processor, as in decode_base_splits. Not for the CPU twin
+// (decode_num_splits' `gpu`): its processors are its threads, and one split of a short call
+// leaves most of them idle (1 token x 8 heads on 2 threads: 47-52 us at four splits, 66-80 at
+// one).
 constexpr int64_t kOneSplitMaxTiles = 2;         // tiles per token, any head count
 constexpr int64_t kOneSplitMaxTilesFewHeads = 4;  // tiles per token, up to 16 heads
 inline bool decode_one_split_pays(int64_t num_tokens, int64_t num_heads, int64_t total_width, int num_sms) {
   if (num_tokens <= 0 || num_heads <= 0 || total_width <= 0) return false;
-  const int64_t tiles = (total_width + kDecodeTileRows - 1) / kDecodeTileRows;  // total_width <= 2^40
-  const int64_t sms = num_sms > 0 ? num_sms : 1;
+  if (total_width > kOneSplitMaxTilesFewHeads * kDecodeTileRows) return false;
+  const int64_t tiles = decode_ceil_div(total_width, kDecodeTileRows);
+  const int64_t sms = num_sms > 0 ? num_sms : 1;  // as decode_base_splits
   const int64_t t = num_tokens < (int64_t(1) << 20) ? num_tokens : (int64_t(1) << 20);
-  int64_t groups = (num_heads + 15) / 16;
+  int64_t groups = decode_ceil_div(num_heads, 16);
   if (groups > (int64_t(1) << 20)) groups = int64_t(1) << 20;
   const int64_t blocks = t * groups;  // <= 2^40
   if (tiles <= kOneSplitMaxTiles) return blocks * 10 >= sms * 3;  // 40 of 132 processors
@@ -311,7 +324,8 @@ inline bool decode_one_split_pays(int64_t num_tokens, int64_t num_heads, int64_t
 // The automatic split count for a call whose index sets have total width
 // `total_width` (main width + extra width).
 //
-// Short index sets with blocks enough: one split (decode_one_split_pays).
+// Short index sets with blocks enough, on the GPU (gpu = true): one split
+// (decode_one_split_pays).
 //
 // Up to 16 heads (one 16-head tile, two blocks per processor): ~2 blocks per
 // processor, at most the width's worth (decode_width_splits), tile-rounded.
@@ -330,9 +344,9 @@ inline bool decode_one_split_pays(int64_t num_tokens, int64_t num_heads, int64_t
 // decode_auto_splits), at least two splits for long rows
 // (decode_two_split_floor). Never more than decode_max_auto_splits.
 inline int decode_num_splits(int64_t num_tokens, int64_t num_heads, int64_t total_width,
-                             int num_sms, bool balanced_map = true) {
+                             int num_sms, bool balanced_map = true, bool gpu = true) {
   if (total_width > kMaxPolicyWidth) total_width = kMaxPolicyWidth;
-  if (decode_one_split_pays(num_tokens, num_heads, total_width, num_sms)) return 1;
+  if (gpu && decode_one_split_pays(num_tokens, num_heads, total_width, num_sms)) return 1;
   const int64_t by_width = decode_width_splits(total_width);
   const int cap = decode_max_auto_splits(num_tokens, num_heads, num_sms, balanced_map);
   const int64_t big = decode_head_tile(num_heads);
@@ -340,7 +354,7 @@ inline int decode_num_splits(int64_t num_tokens, int64_t num_heads, int64_t tota
     const int64_t sms = num_sms > 0 ? num_sms : 1;
     for (int64_t ht = 16;; ht *= 2) {
       const bool last = ht >= big;
-      const int64_t groups = (num_heads + ht - 1) / ht;  // the last ht (>= big) gives decode_head_groups
+      const int64_t groups = decode_ceil_div(num_heads, ht);  // the last ht (>= big) gives decode_head_groups
       const int64_t one_wave = decode_one_wave_splits(sms, num_tokens, groups);
       int64_t s = one_wave < 1 ? 1 : one_wave;
       if (s > kMaxAutoSplits) s = kMaxAutoSplits;
@@ -419,13 +433,17 @@ MLA_EXT_HD int64_t decode_total_width(const SparseDecodeParams& p) {
 // long compressed rows; the other kernels keep their registers for the tile
 // loop), S > 1, 2..kBalanceMaxTokens tokens, a lengths array on some set, and
 // index widths summing to >= kBalanceMinWidth.
-// decode_balanced_shape: all of these but the split count.
+// decode_balanced_shape: all of these but the split count; decode_balanced_width: the token
+// count and widths only (a V4 FP8 call with lengths: the C API's split-count query).
+MLA_EXT_HD bool decode_balanced_width(int64_t num_tokens, int64_t total_width) {
+  return num_tokens >= 2 && num_tokens <= kBalanceMaxTokens && total_width >= kBalanceMinWidth;
+}
+
 MLA_EXT_HD bool decode_balanced_shape(const SparseDecodeParams& p) {
   if (kv_layout(p.kv_format) != KvFormat::kFP8DsMlaV4) return false;
   const bool has_lengths = (p.main.lengths != nullptr && p.main.cache != nullptr) ||
                            (p.extra.lengths != nullptr && p.extra.cache != nullptr);
-  return p.num_tokens >= 2 && p.num_tokens <= kBalanceMaxTokens && has_lengths &&
-         decode_total_width(p) >= kBalanceMinWidth;
+  return has_lengths && decode_balanced_width(p.num_tokens, decode_total_width(p));
 }
 
 MLA_EXT_HD bool decode_balanced(const SparseDecodeParams& p) {
@@ -460,9 +478,10 @@ MLA_EXT_HD bool decode_two_token_blocks(const SparseDecodeParams& p, int64_t hea
 // The automatic split count of a call (num_splits == 0): decode_num_splits over
 // its total index width, with the two-split floor where the balanced map can
 // use it. Reads kv_format, num_tokens, num_heads and both sets' caches, widths
-// and lengths pointers (never their contents).
-inline int decode_auto_splits(const SparseDecodeParams& p, int num_sms) {
-  return decode_num_splits(p.num_tokens, p.num_heads, decode_total_width(p), num_sms, decode_balanced_shape(p));
+// and lengths pointers (never their contents). gpu = false: the CPU twin's count
+// (num_sms = its threads; no one-split rule, decode_one_split_pays).
+inline int decode_auto_splits(const SparseDecodeParams& p, int num_sms, bool gpu = true) {
+  return decode_num_splits(p.num_tokens, p.num_heads, decode_total_width(p), num_sms, decode_balanced_shape(p), gpu);
 }
 
 // c_t of the balanced map: 1..2^31 - 1, so that X * C_t stays below 2^55
