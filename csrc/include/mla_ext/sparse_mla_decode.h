@@ -302,9 +302,9 @@ constexpr int64_t kMinEntriesPerWideSplit = kDecodeTileRows;
 //    more heads one split's 16-head tiles lost up to 15% (V3.2 rows of 256 entries at 64 heads
 //    x 32 tokens), so those fall through to the count below.
 // num_sms <= 0 counts as one processor, as in decode_base_splits. Not for the CPU twin
-// (decode_num_splits' `gpu`): its processors are its threads, and one split of a short call
-// leaves most of them idle (1 token x 8 heads on 2 threads: 47-52 us at four splits, 66-80 at
-// one).
+// (decode_num_splits' `gpu`): its processors are its threads, and one split of a call with
+// fewer tokens than threads leaves threads idle (1 token x 8 heads on 2 threads: 47-52 us at
+// four splits, 66-80 at one).
 constexpr int64_t kOneSplitMaxTiles = 2;         // tiles per token, any head count
 constexpr int64_t kOneSplitMaxTilesFewHeads = 4;  // tiles per token, up to 16 heads
 inline bool decode_one_split_pays(int64_t num_tokens, int64_t num_heads, int64_t total_width, int num_sms) {
