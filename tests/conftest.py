@@ -77,6 +77,23 @@ def assert_fake_refuses_like_op(op, cpu_args: dict, changes: dict, words: str) -
             op(*bad.values())
 
 
+def ops_seen_by_function_mode(fn) -> list:
+    """The functions a torch function mode sees while fn() runs (the wrappers call an overload's
+    C++ callable in eager mode; a mode must still see the OpOverload)."""
+    from torch.overrides import TorchFunctionMode
+
+    seen = []
+
+    class Record(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            seen.append(func)
+            return func(*args, **(kwargs or {}))
+
+    with Record():
+        fn()
+    return seen
+
+
 def loaded_cuda_runtime():
     """The CUDA runtime library this process (torch, and the extension through it) has loaded, via
     ctypes; None when none is loaded (CPU builds, ROCm). For tests of the runtime's per-thread

@@ -9,7 +9,7 @@ import torch
 import mla_ext
 from mla_ext import reference
 from conftest import (assert_close_rel, assert_fake_refuses_like_op, leave_runtime_error_pending,
-                      loaded_cuda_runtime, poison_, requires_gpu)
+                      loaded_cuda_runtime, ops_seen_by_function_mode, poison_, requires_gpu)
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 INF = float("inf")
@@ -483,23 +483,13 @@ def test_eager_calls_reach_modes_as_the_overload(device):
     """The wrappers call the overload's C++ callable in eager mode (host time); a torch function
     mode still sees the OpOverload itself, and fake tensors still reach the fake kernel's checks."""
     from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.overrides import TorchFunctionMode
-
-    seen = []
-
-    class Record(TorchFunctionMode):
-        def __torch_function__(self, func, types, args=(), kwargs=None):
-            seen.append(func)
-            return func(*args, **(kwargs or {}))
 
     args = _valid(device, T=3, H=2, D=16)
-    with Record():
-        mla_ext.merge_attn_states(**args)
+    seen = ops_seen_by_function_mode(lambda: mla_ext.merge_attn_states(**args))
     assert torch.ops.mla_ext.merge_attn_states.default in seen
     values = torch.randn(2, 3, 2, 16, device=device)
-    with Record():
-        mla_ext.merge_attn_states_n(torch.empty(3, 2, 16, device=device), None, values,
-                                    torch.randn(2, 3, 2, device=device))
+    seen = ops_seen_by_function_mode(lambda: mla_ext.merge_attn_states_n(
+        torch.empty(3, 2, 16, device=device), None, values, torch.randn(2, 3, 2, device=device)))
     assert torch.ops.mla_ext.merge_attn_states_n.default in seen
     with FakeTensorMode():
         out = torch.empty(3, 2, 8)

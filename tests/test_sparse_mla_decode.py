@@ -19,7 +19,8 @@ import torch
 import mla_ext
 from mla_ext import builders, formats, reference
 from conftest import (HAS_GPU, assert_close_rel, assert_fake_refuses_like_op, e4m3_reference_table,
-                      leave_runtime_error_pending, loaded_cuda_runtime, poison_, requires_gpu)
+                      leave_runtime_error_pending, loaded_cuda_runtime, ops_seen_by_function_mode, poison_,
+                      requires_gpu)
 
 
 @contextlib.contextmanager
@@ -934,20 +935,10 @@ def _opcheck_args(device, S):
 def test_eager_call_reaches_modes_as_the_overload(device):
     """The wrapper calls the overload's C++ callable in eager mode (host time); a torch function
     mode still sees the OpOverload itself."""
-    from torch.overrides import TorchFunctionMode
-
-    seen = []
-
-    class Record(TorchFunctionMode):
-        def __torch_function__(self, func, types, args=(), kwargs=None):
-            seen.append(func)
-            return func(*args, **(kwargs or {}))
-
     a = _opcheck_args(device, 3)
-    with Record():
-        mla_ext.sparse_mla_decode(a[0], a[1], a[2], kv_format=a[3], softmax_scale=a[4], output=a[5], workspace=a[6],
-                                  lengths=a[7], extra_kv_cache=a[8], extra_indices=a[9], extra_lengths=a[10],
-                                  attn_sink=a[11], lse=a[12], num_splits=a[13])
+    seen = ops_seen_by_function_mode(lambda: mla_ext.sparse_mla_decode(
+        a[0], a[1], a[2], kv_format=a[3], softmax_scale=a[4], output=a[5], workspace=a[6], lengths=a[7],
+        extra_kv_cache=a[8], extra_indices=a[9], extra_lengths=a[10], attn_sink=a[11], lse=a[12], num_splits=a[13]))
     assert torch.ops.mla_ext.sparse_mla_decode.default in seen
 
 
