@@ -2272,6 +2272,31 @@ def test_gpu_deterministic_with_poisoned_workspace(batch, S):
 
 
 @requires_gpu
+@pytest.mark.parametrize("kind,topk,heads,batch,h200_splits", [("v32", 2048, 8, 96, 8), ("v4_c4", 1024, 16, 140, 3)])
+def test_gpu_balance_model_counts(kind, topk, heads, batch, h200_splits):
+    """Calls whose automatic split count comes from the policy's balance model
+    (decode_balance_splits: V3.2 8 heads x 96 tokens and C4 Pro 16 heads x 140 tokens take 8 and
+    3 splits on an H200, where the wave count took 2 and 1) fit the workspace the size query gives
+    for their shape (poisoned) and match the float64 reference; on a 132-processor GPU the result
+    is bit-identical to the explicit count the policy is meant to pick there."""
+    inp = builders.build_decode_inputs(kind, batch=batch, num_heads=heads, context_len=(4096, 8192), topk=topk,
+                                       device="cuda", seed=34)
+    T = inp.num_tokens
+    out, lse, ws = poisoned_buffers(T, heads, 0, "cuda")
+    mla_ext.sparse_mla_decode(inp.q, inp.kv_cache, inp.indices, output=out, workspace=ws, lse=lse, num_splits=0,
+                              **inp.op_kwargs())
+    ref_o, ref_l = inp.reference(dtype=torch.float64)
+    check_out(out, ref_o, inp.kv_format)
+    check_lse(lse, ref_l, kv_format=inp.kv_format)
+    if torch.cuda.get_device_properties(0).multi_processor_count == 132:
+        out2, lse2, ws2 = poisoned_buffers(T, heads, h200_splits, "cuda")
+        mla_ext.sparse_mla_decode(inp.q, inp.kv_cache, inp.indices, output=out2, workspace=ws2, lse=lse2,
+                                  num_splits=h200_splits, **inp.op_kwargs())
+        assert torch.equal(out.view(torch.int16), out2.view(torch.int16))
+        assert torch.equal(lse.view(torch.int32), lse2.view(torch.int32))
+
+
+@requires_gpu
 def test_gpu_cache_over_2gib():
     free, _ = torch.cuda.mem_get_info()
     ps = 64

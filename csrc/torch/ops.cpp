@@ -181,7 +181,7 @@ int64_t sparse_mla_decode_workspace_size(int64_t num_tokens, int64_t num_heads, 
               device_index);
 #endif
   }
-  return int64_t(mla_ext::decode_workspace_size_for(num_tokens, num_heads, int(num_splits), procs));
+  return int64_t(mla_ext::decode_workspace_size_for(num_tokens, num_heads, int(num_splits), procs, device_index >= 0));
 }
 
 bool set_force_portable(bool enable) { return force_portable_flag().exchange(enable); }

@@ -102,6 +102,66 @@ int main() {
          decode_num_splits(200, 16, 640, 132, mla_ext::decode_balanced_width(200, 640)),
          decode_num_splits(200, 16, 640, 132, false));
   expect("splits(C4 Flash, 16 heads, 200 tokens, op's map)", decode_num_splits(200, 16, 640, 132, false), 1);
+  // The balance model (decode_balance_splits, thirty-fourth session): GPU calls of 40..512 tokens
+  // (..256 above 16 heads) and sets of 257..4095 entries (from 2048 above 16 heads) move off the
+  // wave count where the model saves at least 8%; the counts the H200 sweeps measured faster.
+  using mla_ext::decode_balance_applies;
+  expect("balance(39 tokens)", decode_balance_applies(39, 16, 1152, 132), 0);
+  expect("balance(40 tokens)", decode_balance_applies(40, 16, 1152, 132), 1);
+  expect("balance(512 tokens, 16 heads)", decode_balance_applies(512, 16, 1152, 132), 1);
+  expect("balance(513 tokens, 16 heads)", decode_balance_applies(513, 16, 1152, 132), 0);
+  expect("balance(256 tokens, 17 heads)", decode_balance_applies(256, 17, 2048, 132), 1);
+  expect("balance(257 tokens, 17 heads)", decode_balance_applies(257, 17, 2048, 132), 0);
+  expect("balance(256 entries)", decode_balance_applies(100, 16, 256, 132), 0);
+  expect("balance(257 entries)", decode_balance_applies(100, 16, 257, 132), 1);
+  expect("balance(4095 entries)", decode_balance_applies(100, 16, 4095, 132), 1);
+  expect("balance(4096 entries: C128 widths)", decode_balance_applies(100, 16, 4096, 132), 0);
+  expect("balance(2047 entries, 17 heads)", decode_balance_applies(100, 17, 2047, 132), 0);
+  expect("balance(2048 entries, 17 heads)", decode_balance_applies(100, 17, 2048, 132), 1);
+  expect("balance(no processor count)", decode_balance_applies(100, 16, 1152, 0), 0);
+  expect("balance(heads INT64_MAX)", decode_balance_applies(100, kMax, 2048, 132), 0);
+  expect("splits(C4 Pro, 16 heads, 140 tokens)", decode_num_splits(140, 16, 1152, 132, false), 3);
+  expect("splits(C4 Flash, 8 heads, 140 tokens)", decode_num_splits(140, 8, 640, 132, false), 5);
+  expect("splits(V3.2, 8 heads, 96 tokens)", decode_num_splits(96, 8, 2048, 132, false), 8);
+  expect("splits(V3.2, 16 heads, 300 tokens)", decode_num_splits(300, 16, 2048, 132, false), 3);
+  expect("splits(V3.2, 128 heads, 72 tokens)", decode_num_splits(72, 128, 2048, 132, false), 4);
+  expect("splits(V3.2, 128 heads, 40 tokens)", decode_num_splits(40, 128, 2048, 132, false), 3);
+  // kept: the 32-head tile of one split (96 heads x 40 tokens), a modelled gain under 8% (C4 Pro
+  // 16 heads x 180 tokens), C128 widths (straggler rows), the CPU twin, the issue's token counts
+  expect("splits(V3.2, 96 heads, 40 tokens)", decode_num_splits(40, 96, 2048, 132, false), 1);
+  expect("splits(C4 Pro, 16 heads, 180 tokens)", decode_num_splits(180, 16, 1152, 132, false), 1);
+  expect("splits(C128, 16 heads, 140 tokens)", decode_num_splits(140, 16, 8320, 132, true), 2);
+  expect("splits(C4 Pro, 16 heads, 140 tokens, CPU)", decode_num_splits(140, 16, 1152, 132, false, false), 1);
+  {
+    const int64_t widths[] = {640, 1152, 2048, 8320};
+    const int64_t hs[] = {8, 16, 64, 128};
+    const int64_t ts[] = {1, 16, 64, 128, 512};
+    for (int64_t w : widths)
+      for (int64_t h : hs)
+        for (int64_t t : ts)
+          expect("issue grid unchanged (wave count)", decode_num_splits(t, h, w, 132, mla_ext::decode_balanced_width(t, w)),
+                 mla_ext::decode_wave_splits(t, h, w, 132, mla_ext::decode_balanced_width(t, w)));
+  }
+  // Every automatic count (GPU and CPU) fits the automatic workspace, at several processor counts.
+  {
+    const int sms[] = {132, 114, 78, 16, 2};
+    const int64_t hs[] = {1, 8, 16, 17, 24, 32, 64, 65, 128, 200};
+    int ok = 1;
+    for (int n : sms)
+      for (int64_t h : hs)
+        for (int gpu = 0; gpu < 2; ++gpu)
+          for (int64_t t = 1; t <= 600 && ok; t += (t < 64 ? 1 : 5)) {
+            const size_t ws = mla_ext::decode_workspace_size_for(t, h, 0, n, gpu != 0);
+            for (int64_t w = 1; w <= 9000 && ok; w += (w < 300 ? 1 : 37))
+              for (int map = 0; map < 2 && ok; ++map) {
+                const int s = decode_num_splits(t, h, w, n, map != 0, gpu != 0);
+                ok = s >= 1 && s <= mla_ext::decode_max_auto_splits(t, h, n, map != 0, gpu != 0) &&
+                     mla_ext::decode_workspace_size(t, h, s) <= ws;
+                if (!ok) printf("t=%ld h=%ld w=%ld sms=%d map=%d gpu=%d: %d splits\n", long(t), long(h), long(w), n, map, gpu, s);
+              }
+          }
+    expect("automatic splits within the automatic workspace", ok, 1);
+  }
   if (!bad) printf("ok\n");
   return bad;
 }

@@ -102,7 +102,8 @@ struct SparseDecodeParams {
 // Split-K policy. Depends on shapes and the processor count only (never on
 // tensor contents), so a CUDA graph captured once stays valid when indices and
 // lengths change. Invariant relied on by workspace sizing:
-//   decode_num_splits(T, H, W, n) <= decode_max_auto_splits(T, H, n) for all W.
+//   decode_num_splits(T, H, W, n, map, gpu) <= decode_max_auto_splits(T, H, n, map, gpu)
+// for all W, and decode_workspace_size_for covers it.
 // ---------------------------------------------------------------------------
 
 // ceil(a / b) for a >= 0, b > 0, without the a + b - 1 that overflows near INT64_MAX (the C
@@ -164,12 +165,12 @@ inline int decode_two_split_floor(int s, int64_t num_tokens, int64_t num_heads, 
   return s;
 }
 
-// The most splits the automatic policy can pick for (T, H) on a device with
-// num_sms processors, whatever the index widths: the base count plus the
+// The most splits the wave count (decode_wave_splits) can pick for (T, H) on a
+// device with num_sms processors, whatever the index widths: the base count plus the
 // tile rounding's headroom (up to 1/8 more, within one block per processor),
 // and at least two for 2..kBalanceMaxTokens tokens (the two-split floor; not
 // with floor = false, the bound for calls that cannot take the balanced map).
-inline int decode_max_auto_splits(int64_t num_tokens, int64_t num_heads, int num_sms, bool floor = true) {
+inline int decode_wave_max_splits(int64_t num_tokens, int64_t num_heads, int num_sms, bool floor = true) {
   const int s = decode_base_splits(num_tokens, num_heads, num_sms);
   if (num_tokens <= 0 || num_heads <= 0) return s;
   int64_t ext = int64_t(s) + s / 8;
@@ -321,11 +322,9 @@ inline bool decode_one_split_pays(int64_t num_tokens, int64_t num_heads, int64_t
   return false;
 }
 
-// The automatic split count for a call whose index sets have total width
-// `total_width` (main width + extra width).
-//
-// Short index sets with blocks enough, on the GPU (gpu = true): one split
-// (decode_one_split_pays).
+// The wave count of a call whose index sets have total width `total_width` (main width +
+// extra width): the automatic split count before the GPU's one-split rule and balance model
+// (decode_num_splits).
 //
 // Up to 16 heads (one 16-head tile, two blocks per processor): ~2 blocks per
 // processor, at most the width's worth (decode_width_splits), tile-rounded.
@@ -342,13 +341,12 @@ inline bool decode_one_split_pays(int64_t num_tokens, int64_t num_heads, int64_t
 //
 // Both: then, with balanced_map (the call can take the balanced split map:
 // decode_auto_splits), at least two splits for long rows
-// (decode_two_split_floor). Never more than decode_max_auto_splits.
-inline int decode_num_splits(int64_t num_tokens, int64_t num_heads, int64_t total_width,
-                             int num_sms, bool balanced_map = true, bool gpu = true) {
+// (decode_two_split_floor). Never more than decode_wave_max_splits.
+inline int decode_wave_splits(int64_t num_tokens, int64_t num_heads, int64_t total_width,
+                              int num_sms, bool balanced_map = true) {
   if (total_width > kMaxPolicyWidth) total_width = kMaxPolicyWidth;
-  if (gpu && decode_one_split_pays(num_tokens, num_heads, total_width, num_sms)) return 1;
   const int64_t by_width = decode_width_splits(total_width);
-  const int cap = decode_max_auto_splits(num_tokens, num_heads, num_sms, balanced_map);
+  const int cap = decode_wave_max_splits(num_tokens, num_heads, num_sms, balanced_map);
   const int64_t big = decode_head_tile(num_heads);
   if (big > 16 && num_tokens > 0) {
     const int64_t sms = num_sms > 0 ? num_sms : 1;
@@ -373,10 +371,132 @@ inline int decode_num_splits(int64_t num_tokens, int64_t num_heads, int64_t tota
   }
   int s = decode_base_splits(num_tokens, num_heads, num_sms);
   if (int64_t(s) > by_width) s = int(by_width);
-  // (decode_max_auto_splits bounds the rounding, up to 1/8 more with blocks within one per
+  // (decode_wave_max_splits bounds the rounding, up to 1/8 more with blocks within one per
   // processor, and allows the floor's two splits)
   s = decode_round_splits(s, total_width, cap);
   return balanced_map ? decode_two_split_floor(s, num_tokens, num_heads, total_width) : s;
+}
+
+// Balance model (GPU calls of many blocks). The wave count fills at most one wave of blocks
+// and takes one split once the tokens alone fill it, so a processor's share of the blocks is
+// uneven whenever their count is not near a multiple of the processors, and the busiest
+// processors set the call's time: V3.2 at 16 heads x 140 tokens, one split, puts two of the
+// 140 blocks on 8 of 132 processors and takes 244 us, where 3-8 splits take 167-179 (H200).
+// decode_split_cost models the busiest processor's time for S splits, in units of the time a
+// lone 16-head block takes per 64-entry tile:
+//  - n = ceil(ceil(W / S) / 64) tiles per split, B = T x ceil(H / tile) x S blocks in the head
+//    tile the launcher takes (decode_launch_head_tile), m = ceil(B / processors);
+//  - 16-head (and smaller) tiles run two blocks per processor: floor(m / 2) pairs at
+//    1 + 1.5 n each, and a lone block at 1.5 + n when m is odd;
+//  - 32- and 64-head tiles run one: m blocks at 2 + n each;
+//  - S > 1 adds the reduce and the partials' round trip: 1 + T x H x S / (64 x processors).
+// Fitted to an H200 sweep (thirty-fourth session, benchmarks/RESULTS.md: the V3.2, C4 Flash,
+// C4 Pro and C128 layers at 8-128 heads x 48-300 tokens, 116 shapes, 1-8 splits), then checked
+// on 156 other shapes against the wave count, which set where it applies
+// (decode_balance_applies):
+//  - num_tokens >= 0.3 x processors (40 on the H200; smaller calls keep the wave count's tuned
+//    head tiles and split counts) and at most half of decode_balance_max_token_splits (beyond,
+//    one split is the only count left);
+//  - index sets of more than four tiles (shorter ones keep the one-split rule and the wave
+//    count) and shorter than kBalanceMinWidth: the model takes every row as long as the set,
+//    and long sets are the ones whose rows fall short of it (V4 C128: widths sized for the
+//    longest context). On the straggler layer (one 8192-entry row, the rest ~500) the model's
+//    counts lost up to 60%, where uniform C128 rows gained up to 36%;
+//  - 32- and 64-head tiles only for sets of at least kBalanceWideMinWidth entries (V3.2's
+//    2048): with 10-18 tiles per row (C4) their fixed costs weigh more than the model has them
+//    (C4 Flash 48 heads x 150 tokens, two splits: +12%), where V3.2 at 96-128 heads x 40-88
+//    tokens ran 20-27% faster.
+// decode_balance_splits keeps the wave count's head tile (the 32- and 64-head tiles' costs per
+// tile differ by more than the model knows: V3.2 96 heads x 40 tokens, 32-head tiles at one
+// split against 64-head tiles at three: +7.8%) and moves only for a modelled gain of at least
+// 8% (kBalanceMinGain). Counts stay at 1..decode_balance_max_splits (8 up to 16 heads, 4
+// above: the sweeps' best counts at 32-128 heads were 3-4) with num_tokens x S at most
+// decode_balance_max_token_splits, which bounds the workspace (decode_workspace_size_for):
+// 1,024 token-splits up to 16 heads, 512 above (the two-split floor's bound). On the H200 the
+// automatic workspace for max_num_tokens >= 128 grows from 16.8 to 33.6 MB at 16 heads and not
+// at all from 32 heads on at max_num_tokens >= 256 (64 tokens at 128 heads: 34.7 -> 67.2 MB).
+constexpr int kBalanceMaxSplits = 8;
+constexpr int kBalanceMaxSplitsWide = 4;
+constexpr int64_t kBalanceMaxTokenSplits = 1024;
+inline int decode_balance_max_splits(int64_t num_heads) {
+  return num_heads <= 16 ? kBalanceMaxSplits : kBalanceMaxSplitsWide;
+}
+inline int64_t decode_balance_max_token_splits(int64_t num_heads) {
+  return num_heads <= 16 ? kBalanceMaxTokenSplits : 2 * kBalanceMaxTokens;
+}
+constexpr int64_t kBalanceWideMinWidth = 2048;
+constexpr double kBalanceMinGain = 0.08;
+constexpr int64_t kBalanceMaxHeads = 4096;  // beyond every model; keeps the products small
+inline bool decode_balance_applies(int64_t num_tokens, int64_t num_heads, int64_t total_width, int num_sms) {
+  if (num_sms <= 0 || num_tokens <= 0 || num_heads <= 0 || num_heads > kBalanceMaxHeads) return false;
+  if (num_tokens > decode_balance_max_token_splits(num_heads) / 2) return false;
+  if (total_width <= kOneSplitMaxTilesFewHeads * kDecodeTileRows || total_width >= kBalanceMinWidth) return false;
+  if (num_heads > 16 && total_width < kBalanceWideMinWidth) return false;
+  return num_tokens * 10 >= int64_t(num_sms) * 3;
+}
+inline double decode_split_cost(int64_t num_tokens, int64_t num_heads, int64_t total_width, int num_splits,
+                                int num_sms) {
+  const int64_t S = num_splits, sms = num_sms;
+  const int64_t ht = decode_launch_head_tile(num_tokens, num_heads, num_splits, num_sms);
+  const int64_t blocks = num_tokens * decode_ceil_div(num_heads, ht) * S;
+  const int64_t m = decode_ceil_div(blocks, sms);
+  const double n = double(decode_ceil_div(decode_ceil_div(total_width, S), kDecodeTileRows));
+  double t = ht <= 16 ? double(m / 2) * (1.0 + 1.5 * n) + double(m % 2) * (1.5 + n) : double(m) * (2.0 + n);
+  if (S > 1) t += 1.0 + double(num_tokens * num_heads * S) / double(64 * sms);
+  return t;
+}
+// The count of least modelled cost among 1..decode_balance_max_splits with num_tokens x S <=
+// decode_balance_max_token_splits, at least 32 entries per split (decode_width_splits) and the head
+// tile of `wave` (the wave count), if it models at least kBalanceMinGain below `wave`; else
+// `wave`. Call where decode_balance_applies.
+inline int decode_balance_splits(int64_t num_tokens, int64_t num_heads, int64_t total_width, int num_sms,
+                                 int wave) {
+  const int64_t tile = decode_launch_head_tile(num_tokens, num_heads, wave, num_sms);
+  const double wave_cost = decode_split_cost(num_tokens, num_heads, total_width, wave, num_sms);
+  int best = wave;
+  double best_cost = wave_cost;
+  const int64_t by_width = decode_width_splits(total_width), max_ts = decode_balance_max_token_splits(num_heads);
+  const int max_s = decode_balance_max_splits(num_heads);
+  for (int s = 1; s <= max_s && num_tokens * s <= max_ts && s <= by_width; ++s) {
+    if (decode_launch_head_tile(num_tokens, num_heads, s, num_sms) != tile) continue;
+    const double c = decode_split_cost(num_tokens, num_heads, total_width, s, num_sms);
+    if (c < best_cost) best = s, best_cost = c;
+  }
+  return best_cost < wave_cost * (1.0 - kBalanceMinGain) ? best : wave;
+}
+
+// The most splits the automatic count can pick for (T, H) on a device with num_sms processors,
+// whatever the index widths: the wave count's bound (decode_wave_max_splits; floor = false for
+// calls that cannot take the balanced map) and, for GPU calls the balance model may reach,
+// min(decode_balance_max_splits(H), decode_balance_max_token_splits(H) / T).
+inline int decode_max_auto_splits(int64_t num_tokens, int64_t num_heads, int num_sms, bool floor = true,
+                                  bool gpu = true) {
+  const int s = decode_wave_max_splits(num_tokens, num_heads, num_sms, floor);
+  // (kBalanceWideMinWidth: a width at which the model applies at every head count)
+  if (!gpu || !decode_balance_applies(num_tokens, num_heads, kBalanceWideMinWidth, num_sms)) return s;
+  const int64_t b = decode_balance_max_token_splits(num_heads) / num_tokens;
+  const int reach = b < decode_balance_max_splits(num_heads) ? int(b) : decode_balance_max_splits(num_heads);
+  return reach > s ? reach : s;
+}
+
+// The automatic split count for a call whose index sets have total width
+// `total_width` (main width + extra width):
+//  - GPU calls (gpu = true) of short index sets with blocks enough: one split
+//    (decode_one_split_pays);
+//  - else the wave count (decode_wave_splits);
+//  - GPU calls of many blocks and index sets of 257..4095 entries
+//    (decode_balance_applies): the balance model's pick between the wave count and
+//    1..8 splits (decode_balance_splits). (Sets that long take no two-split floor.)
+// gpu = false is the CPU twin's count, whose "processors" are its threads (see
+// decode_one_split_pays). Never more than decode_max_auto_splits(T, H, n, balanced_map, gpu).
+inline int decode_num_splits(int64_t num_tokens, int64_t num_heads, int64_t total_width,
+                             int num_sms, bool balanced_map = true, bool gpu = true) {
+  if (total_width > kMaxPolicyWidth) total_width = kMaxPolicyWidth;
+  if (gpu && decode_one_split_pays(num_tokens, num_heads, total_width, num_sms)) return 1;
+  int s = decode_wave_splits(num_tokens, num_heads, total_width, num_sms, balanced_map);
+  if (gpu && decode_balance_applies(num_tokens, num_heads, total_width, num_sms))
+    s = decode_balance_splits(num_tokens, num_heads, total_width, num_sms, s);
+  return s;
 }
 
 // ---------------------------------------------------------------------------
@@ -573,13 +693,13 @@ inline size_t decode_workspace_size(int64_t num_tokens, int64_t num_heads, int n
 }
 
 // Workspace for any call with at most num_tokens tokens and num_heads heads
-// and this split setting (num_splits == 0: automatic). For the automatic
-// setting this is the maximum over every smaller (T', H') too, since fewer
-// tokens can mean more splits. Only head counts at the top of a head-group
-// count matter, and only T' below the split target can split beyond the
-// two-split floor.
+// and this split setting (num_splits == 0: automatic; gpu as decode_num_splits).
+// For the automatic setting this is the maximum over every smaller (T', H') too,
+// since fewer tokens can mean more splits. Only head counts at the top of a
+// head-group count matter, and only T' below the split target can split beyond
+// the two-split floor and the balance model's token-split bound.
 inline size_t decode_workspace_size_for(int64_t num_tokens, int64_t num_heads, int num_splits,
-                                        int num_sms) {
+                                        int num_sms, bool gpu = true) {
   if (num_tokens <= 0 || num_heads <= 0) return 0;
   if (num_splits > 0) return decode_workspace_size(num_tokens, num_heads, num_splits);
   size_t best = 0;
@@ -590,18 +710,37 @@ inline size_t decode_workspace_size_for(int64_t num_tokens, int64_t num_heads, i
     // More head groups than the split target: one split for every t, and so for every larger h.
     if (decode_head_groups(h) > target) break;
     for (int64_t t = 1; t <= t_max; ++t) {
-      const size_t b = decode_workspace_size(t, h, decode_max_auto_splits(t, h, num_sms));
+      const size_t b = decode_workspace_size(t, h, decode_wave_max_splits(t, h, num_sms));
       if (b > best) best = b;
     }
     if (h == num_heads) break;
   }
-  // The two-split floor (decode_max_auto_splits) reaches past the loop above:
+  // The two-split floor (decode_wave_max_splits) reaches past the loop above:
   // any head count, up to kBalanceMaxTokens tokens whatever the processor count.
   // Two-split workspaces grow with T and H, so the largest shape bounds them all.
   if (num_tokens >= 2) {
     const size_t b = decode_workspace_size(num_tokens < kBalanceMaxTokens ? num_tokens : kBalanceMaxTokens,
                                            num_heads, 2);
     if (b > best) best = b;
+  }
+  // The balance model (GPU): up to min(decode_balance_max_splits(H'),
+  // decode_balance_max_token_splits(H') / T') splits where it applies. More heads only widen where it applies (up to
+  // kBalanceMaxHeads) and add cells, except across the token-split bound's step at 16 heads:
+  // check both sides of it.
+  if (gpu) {
+    const int64_t h_top = num_heads < kBalanceMaxHeads ? num_heads : kBalanceMaxHeads;
+    const int64_t hs[2] = {h_top < 16 ? h_top : 16, h_top};
+    for (const int64_t h : hs) {
+      const int64_t max_ts = decode_balance_max_token_splits(h);
+      const int64_t t_top = num_tokens < max_ts / 2 ? num_tokens : max_ts / 2;
+      for (int64_t t = 1; t <= t_top; ++t) {
+        if (!decode_balance_applies(t, h, kBalanceWideMinWidth, num_sms)) continue;
+        const int64_t max_s = decode_balance_max_splits(h);
+        const int64_t s = max_ts / t < max_s ? max_ts / t : max_s;
+        const size_t b = decode_workspace_size(t, h, int(s));
+        if (b > best) best = b;
+      }
+    }
   }
   return best;
 }
