@@ -263,8 +263,9 @@ MLA_EXT_CAPI_EXPORT size_t mla_ext_sparse_mla_decode_workspace_size_for(long lon
  * 64-entry tiles (at most four at <= 16 heads) take one split once the call has
  * blocks enough (mla_ext::decode_one_split_pays); calls of 0.3 x num_sms to 512
  * tokens with sets of 257..4095 entries may take 1..8 splits from a model of the
- * busiest processor's time (mla_ext::decode_balance_splits). num_sms <= 0 queries
- * the current device. 0 for negative arguments or no device to query. */
+ * busiest processor's time (mla_ext::decode_balance_splits; above 16 heads: at most
+ * 256 tokens, sets of 2048+ entries, 1..4 splits). num_sms <= 0 queries the current
+ * device. 0 for negative arguments or no device to query. */
 MLA_EXT_CAPI_EXPORT int mla_ext_sparse_mla_decode_num_splits(long long num_tokens, long long num_heads,
                                                              long long total_width, int num_sms);
 

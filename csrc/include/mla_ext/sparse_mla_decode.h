@@ -381,7 +381,7 @@ inline int decode_wave_splits(int64_t num_tokens, int64_t num_heads, int64_t tot
 // and takes one split once the tokens alone fill it, so a processor's share of the blocks is
 // uneven whenever their count is not near a multiple of the processors, and the busiest
 // processors set the call's time: V3.2 at 16 heads x 140 tokens, one split, puts two of the
-// 140 blocks on 8 of 132 processors and takes 244 us, where 3-8 splits take 167-179 (H200).
+// 140 blocks on 8 of 132 processors and takes 244 us, where 3-8 splits take 175-181 (H200).
 // decode_split_cost models the busiest processor's time for S splits, in units of the time a
 // lone 16-head block takes per 64-entry tile:
 //  - n = ceil(ceil(W / S) / 64) tiles per split, B = T x ceil(H / tile) x S blocks in the head
@@ -408,13 +408,14 @@ inline int decode_wave_splits(int64_t num_tokens, int64_t num_heads, int64_t tot
 //    tokens ran 20-27% faster.
 // decode_balance_splits keeps the wave count's head tile (the 32- and 64-head tiles' costs per
 // tile differ by more than the model knows: V3.2 96 heads x 40 tokens, 32-head tiles at one
-// split against 64-head tiles at three: +7.8%) and moves only for a modelled gain of at least
-// 8% (kBalanceMinGain). Counts stay at 1..decode_balance_max_splits (8 up to 16 heads, 4
+// split against 64-head tiles at three: +7.8%) and moves only for a modelled gain of more than
+// 8% (kBalanceMinGainPercent). Counts stay at 1..decode_balance_max_splits (8 up to 16 heads, 4
 // above: the sweeps' best counts at 32-128 heads were 3-4) with num_tokens x S at most
 // decode_balance_max_token_splits, which bounds the workspace (decode_workspace_size_for):
 // 1,024 token-splits up to 16 heads, 512 above (the two-split floor's bound). On the H200 the
-// automatic workspace for max_num_tokens >= 128 grows from 16.8 to 33.6 MB at 16 heads and not
-// at all from 32 heads on at max_num_tokens >= 256 (64 tokens at 128 heads: 34.7 -> 67.2 MB).
+// automatic workspace at 16 heads grows from 16.8 to 33.6 MB for max_num_tokens >= 256 (8.7 ->
+// 33.6 MB at 128), at 1-31 heads in proportion, and from 32 heads on only for max_num_tokens
+// below 256 (64 tokens at 128 heads: 34.7 -> 67.2 MB).
 constexpr int kBalanceMaxSplits = 8;
 constexpr int kBalanceMaxSplitsWide = 4;
 constexpr int64_t kBalanceMaxTokenSplits = 1024;
@@ -425,7 +426,7 @@ inline int64_t decode_balance_max_token_splits(int64_t num_heads) {
   return num_heads <= 16 ? kBalanceMaxTokenSplits : 2 * kBalanceMaxTokens;
 }
 constexpr int64_t kBalanceWideMinWidth = 2048;
-constexpr double kBalanceMinGain = 0.08;
+constexpr int64_t kBalanceMinGainPercent = 8;
 constexpr int64_t kBalanceMaxHeads = 4096;  // beyond every model; keeps the products small
 inline bool decode_balance_applies(int64_t num_tokens, int64_t num_heads, int64_t total_width, int num_sms) {
   if (num_sms <= 0 || num_tokens <= 0 || num_heads <= 0 || num_heads > kBalanceMaxHeads) return false;
@@ -434,35 +435,39 @@ inline bool decode_balance_applies(int64_t num_tokens, int64_t num_heads, int64_
   if (num_heads > 16 && total_width < kBalanceWideMinWidth) return false;
   return num_tokens * 10 >= int64_t(num_sms) * 3;
 }
-inline double decode_split_cost(int64_t num_tokens, int64_t num_heads, int64_t total_width, int num_splits,
-                                int num_sms) {
+// In units of 1 / (128 x processors) of a lone block's tile time, as an integer, so that the
+// comparisons below come out the same on every host compiler (no rounding: below 2^53 for the
+// arguments decode_balance_applies lets through).
+inline int64_t decode_split_cost(int64_t num_tokens, int64_t num_heads, int64_t total_width, int num_splits,
+                                 int num_sms) {
   const int64_t S = num_splits, sms = num_sms;
   const int64_t ht = decode_launch_head_tile(num_tokens, num_heads, num_splits, num_sms);
   const int64_t blocks = num_tokens * decode_ceil_div(num_heads, ht) * S;
   const int64_t m = decode_ceil_div(blocks, sms);
-  const double n = double(decode_ceil_div(decode_ceil_div(total_width, S), kDecodeTileRows));
-  double t = ht <= 16 ? double(m / 2) * (1.0 + 1.5 * n) + double(m % 2) * (1.5 + n) : double(m) * (2.0 + n);
-  if (S > 1) t += 1.0 + double(num_tokens * num_heads * S) / double(64 * sms);
+  const int64_t n = decode_ceil_div(decode_ceil_div(total_width, S), kDecodeTileRows);
+  // 16-head tiles: pairs at 1 + 1.5 n, a lone block at 1.5 + n; wider: m x (2 + n); x 128 sms
+  int64_t t = ht <= 16 ? 64 * sms * ((m / 2) * (2 + 3 * n) + (m % 2) * (3 + 2 * n)) : 128 * sms * m * (2 + n);
+  if (S > 1) t += 128 * sms + 2 * num_tokens * num_heads * S;  // the reduce: 1 + T H S / (64 sms)
   return t;
 }
 // The count of least modelled cost among 1..decode_balance_max_splits with num_tokens x S <=
 // decode_balance_max_token_splits, at least 32 entries per split (decode_width_splits) and the head
-// tile of `wave` (the wave count), if it models at least kBalanceMinGain below `wave`; else
+// tile of `wave` (the wave count), if it models more than kBalanceMinGainPercent below `wave`; else
 // `wave`. Call where decode_balance_applies.
 inline int decode_balance_splits(int64_t num_tokens, int64_t num_heads, int64_t total_width, int num_sms,
                                  int wave) {
   const int64_t tile = decode_launch_head_tile(num_tokens, num_heads, wave, num_sms);
-  const double wave_cost = decode_split_cost(num_tokens, num_heads, total_width, wave, num_sms);
+  const int64_t wave_cost = decode_split_cost(num_tokens, num_heads, total_width, wave, num_sms);
   int best = wave;
-  double best_cost = wave_cost;
+  int64_t best_cost = wave_cost;
   const int64_t by_width = decode_width_splits(total_width), max_ts = decode_balance_max_token_splits(num_heads);
   const int max_s = decode_balance_max_splits(num_heads);
   for (int s = 1; s <= max_s && num_tokens * s <= max_ts && s <= by_width; ++s) {
     if (decode_launch_head_tile(num_tokens, num_heads, s, num_sms) != tile) continue;
-    const double c = decode_split_cost(num_tokens, num_heads, total_width, s, num_sms);
+    const int64_t c = decode_split_cost(num_tokens, num_heads, total_width, s, num_sms);
     if (c < best_cost) best = s, best_cost = c;
   }
-  return best_cost < wave_cost * (1.0 - kBalanceMinGain) ? best : wave;
+  return best_cost * 100 < wave_cost * (100 - kBalanceMinGainPercent) ? best : wave;
 }
 
 // The most splits the automatic count can pick for (T, H) on a device with num_sms processors,
