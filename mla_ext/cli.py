@@ -406,7 +406,9 @@ def cmd_decode(args) -> int:
                           "TFLOP/s": r["TFLOPs"], "roof us": r.get("roofline_us"), "% roof": r.get("pct_roofline"),
                           "bound": r.get("bound", ""), "us/step": r["step_us"],
                           "check": f"ok ({r['verified_rows']} rows)" if r["verify_ok"] else "FAILED"})
-    _print_table(table, list(table[0]), floatfmt=".4g")
+    columns = list(table[0])
+    # 4 significant digits, but whole µs per step (".4g" put 15750 as 1.575e+04)
+    _print_table(table, columns, floatfmt=[".0f" if c == "us/step" else ".4g" for c in columns])
     for res in results:
         print(f"batch {res['batch']}: attention per decode step {res['step_sum_us']:.1f} µs (sum over "
               f"{res['step_layers']} layers of µs per call x layers); measured step {res['step_measured_us']:.1f} µs "
