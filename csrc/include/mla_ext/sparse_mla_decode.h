@@ -425,6 +425,13 @@ inline int decode_balance_max_splits(int64_t num_heads) {
 inline int64_t decode_balance_max_token_splits(int64_t num_heads) {
   return num_heads <= 16 ? kBalanceMaxTokenSplits : 2 * kBalanceMaxTokens;
 }
+// The most splits the model may pick for num_tokens >= 1 tokens and num_heads heads (both bounds
+// above); the workspace bound (decode_max_auto_splits, decode_workspace_size_for) uses it too.
+inline int decode_balance_reach(int64_t num_tokens, int64_t num_heads) {
+  const int64_t by_tokens = decode_balance_max_token_splits(num_heads) / num_tokens;
+  const int max_s = decode_balance_max_splits(num_heads);
+  return by_tokens < max_s ? int(by_tokens) : max_s;
+}
 constexpr int64_t kBalanceWideMinWidth = 2048;
 constexpr int64_t kBalanceMinGainPercent = 8;
 constexpr int64_t kBalanceMaxHeads = 4096;  // beyond every model; keeps the products small
@@ -450,19 +457,18 @@ inline int64_t decode_split_cost(int64_t num_tokens, int64_t num_heads, int64_t 
   if (S > 1) t += 128 * sms + 2 * num_tokens * num_heads * S;  // the reduce: 1 + T H S / (64 sms)
   return t;
 }
-// The count of least modelled cost among 1..decode_balance_max_splits with num_tokens x S <=
-// decode_balance_max_token_splits, at least 32 entries per split (decode_width_splits) and the head
-// tile of `wave` (the wave count), if it models more than kBalanceMinGainPercent below `wave`; else
-// `wave`. Call where decode_balance_applies.
+// The count of least modelled cost among 1..decode_balance_reach with the head tile of `wave`
+// (the wave count), if it models more than kBalanceMinGainPercent below `wave`; else `wave`. Call
+// where decode_balance_applies (its sets of more than 256 entries give every count up to 8 at
+// least 32 entries per split, as decode_width_splits asks).
 inline int decode_balance_splits(int64_t num_tokens, int64_t num_heads, int64_t total_width, int num_sms,
                                  int wave) {
   const int64_t tile = decode_launch_head_tile(num_tokens, num_heads, wave, num_sms);
   const int64_t wave_cost = decode_split_cost(num_tokens, num_heads, total_width, wave, num_sms);
   int best = wave;
   int64_t best_cost = wave_cost;
-  const int64_t by_width = decode_width_splits(total_width), max_ts = decode_balance_max_token_splits(num_heads);
-  const int max_s = decode_balance_max_splits(num_heads);
-  for (int s = 1; s <= max_s && num_tokens * s <= max_ts && s <= by_width; ++s) {
+  const int reach = decode_balance_reach(num_tokens, num_heads);
+  for (int s = 1; s <= reach; ++s) {
     if (decode_launch_head_tile(num_tokens, num_heads, s, num_sms) != tile) continue;
     const int64_t c = decode_split_cost(num_tokens, num_heads, total_width, s, num_sms);
     if (c < best_cost) best = s, best_cost = c;
@@ -473,14 +479,13 @@ inline int decode_balance_splits(int64_t num_tokens, int64_t num_heads, int64_t 
 // The most splits the automatic count can pick for (T, H) on a device with num_sms processors,
 // whatever the index widths: the wave count's bound (decode_wave_max_splits; floor = false for
 // calls that cannot take the balanced map) and, for GPU calls the balance model may reach,
-// min(decode_balance_max_splits(H), decode_balance_max_token_splits(H) / T).
+// decode_balance_reach.
 inline int decode_max_auto_splits(int64_t num_tokens, int64_t num_heads, int num_sms, bool floor = true,
                                   bool gpu = true) {
   const int s = decode_wave_max_splits(num_tokens, num_heads, num_sms, floor);
   // (kBalanceWideMinWidth: a width at which the model applies at every head count)
   if (!gpu || !decode_balance_applies(num_tokens, num_heads, kBalanceWideMinWidth, num_sms)) return s;
-  const int64_t b = decode_balance_max_token_splits(num_heads) / num_tokens;
-  const int reach = b < decode_balance_max_splits(num_heads) ? int(b) : decode_balance_max_splits(num_heads);
+  const int reach = decode_balance_reach(num_tokens, num_heads);
   return reach > s ? reach : s;
 }
 
@@ -728,21 +733,17 @@ inline size_t decode_workspace_size_for(int64_t num_tokens, int64_t num_heads, i
                                            num_heads, 2);
     if (b > best) best = b;
   }
-  // The balance model (GPU): up to min(decode_balance_max_splits(H'),
-  // decode_balance_max_token_splits(H') / T') splits where it applies. More heads only widen where it applies (up to
-  // kBalanceMaxHeads) and add cells, except across the token-split bound's step at 16 heads:
-  // check both sides of it.
+  // The balance model (GPU): up to decode_balance_reach(T', H') splits where it applies. More
+  // heads only widen where it applies (up to kBalanceMaxHeads) and add cells, except across the
+  // token-split bound's step at 16 heads: check both sides of it.
   if (gpu) {
     const int64_t h_top = num_heads < kBalanceMaxHeads ? num_heads : kBalanceMaxHeads;
     const int64_t hs[2] = {h_top < 16 ? h_top : 16, h_top};
     for (const int64_t h : hs) {
-      const int64_t max_ts = decode_balance_max_token_splits(h);
-      const int64_t t_top = num_tokens < max_ts / 2 ? num_tokens : max_ts / 2;
-      for (int64_t t = 1; t <= t_top; ++t) {
+      const int64_t t_top = decode_balance_max_token_splits(h) / 2;
+      for (int64_t t = 1; t <= num_tokens && t <= t_top; ++t) {
         if (!decode_balance_applies(t, h, kBalanceWideMinWidth, num_sms)) continue;
-        const int64_t max_s = decode_balance_max_splits(h);
-        const int64_t s = max_ts / t < max_s ? max_ts / t : max_s;
-        const size_t b = decode_workspace_size(t, h, int(s));
+        const size_t b = decode_workspace_size(t, h, decode_balance_reach(t, h));
         if (b > best) best = b;
       }
     }
