@@ -359,10 +359,35 @@ def test_balanced_split_map(device, S, H):
 
 def _balanced_map(costs, S):
     """The balanced split map of sparse_mla_decode.h in Python: (first slot, slots used) per
-    token, from F(t) = t + floor(T (S - 1) C_t / C_T) and n_t = min(256, F(t + 1) - F(t))."""
+    token, from F(t) = t + floor(T (S - 1) C_t / C_T + 1/2) and n_t = min(256, F(t + 1) - F(t))."""
     T, total = len(costs), sum(costs)
-    F = [t + T * (S - 1) * sum(costs[:t]) // total for t in range(T + 1)]
+    F = [t + (2 * T * (S - 1) * sum(costs[:t]) + total) // (2 * total) for t in range(T + 1)]
     return [(F[t], min(256, F[t + 1] - F[t])) for t in range(T)]
+
+
+@pytest.mark.parametrize("S", [2, 3])
+def test_balanced_split_map_nearly_equal_lengths(device, S):
+    """Rows of nearly equal length (4,950-5,050 entries, 40 tokens) on the balanced map: every
+    token gets exactly S slots (the shares are rounded to the nearest slot: rounded down, the
+    drift of the cumulative share around whole slots gave tokens S - 1 or S + 1 at random, and at
+    S = 2 a token with one slot walked its whole row alone). Each used workspace cell writes its
+    split's lse into the NaN-poisoned workspace; the output matches the float64 reference."""
+    g = torch.Generator().manual_seed(95 + S)
+    T, H, W, ps, fmt = 40, 8, 5120, 2, "fp8_ds_mla_v4"
+    idx, _ = make_indices(g, T, W, 3000 * ps, "none", None)
+    lengths = torch.randint(4950, 5051, (T,), generator=g, dtype=torch.int32)
+    cache = make_cache(g, fmt, 512, 3000, ps, idx, device)
+    q = torch.randn(T, H, 512, generator=g).to(torch.bfloat16)
+    spans = _balanced_map([int(n) for n in lengths], S)
+    assert [n for _, n in spans] == [S] * T, spans
+    _, _, ws = run_check(q, cache, idx, fmt=fmt, scale=512 ** -0.5, device=device, num_splits=S,
+                         lengths=lengths)
+    N = T * S
+    out_bytes = (H * N * 512 * 4 + 255) // 256 * 256
+    cell_lse = ws[out_bytes:out_bytes + H * N * 4].view(torch.float32).view(H, N).cpu()
+    assert (~torch.isnan(cell_lse)).all()
+    floor_map = [t + T * (S - 1) * int(lengths[:t].sum()) // int(lengths.sum()) for t in range(T + 1)]
+    assert any(floor_map[t + 1] - floor_map[t] != S for t in range(T))  # what rounding down gave
 
 
 @pytest.mark.parametrize("S", [2, 3, 64])
