@@ -2279,6 +2279,79 @@ def test_gpu_cuda_graph_replay_balanced_map():
         check_lse(lse, ref_l)
 
 
+def _active_map(costs, S):
+    """The active splits' slots (sparse_mla_decode.h, decode_active_slots) in Python for S' = S:
+    (first slot, count) per token, count = ceil(S' T c_t / C_T), in token order."""
+    T, total = len(costs), sum(costs)
+    n = [max(1, min(256, -(-S * T * c // total))) for c in costs]
+    return [(sum(n[:t]), n[t]) for t in range(T)]
+
+
+@requires_gpu
+def test_gpu_active_splits_follow_the_lengths():
+    """An automatic count on the balanced map with a C128-wide set (8 heads x 72 tokens x 8320
+    entries, lengths given) is a grid of 8 slots per token, of which the kernels use as many as
+    the rows' mean length asks for (decode_active_splits_table): token t takes ceil(S' T c_t / C_T)
+    slots. Full rows, rows of ~550 entries with one full straggler, and rows of 5,500-6,500 each
+    match the float64 reference in the workspace the size query gives (NaN-poisoned), and the
+    workspace cells written are exactly the slots of that map for one S' in 1..7 (full rows: the
+    whole count the model picks for them, and then bit-identical to that explicit count). The same
+    lengths replayed in a graph captured once give bit-identical results."""
+    g = torch.Generator().manual_seed(35)
+    T, H, W, ps, fmt = 72, 8, 8320, 2, "fp8_ds_mla_v4"
+    num_pages = 6000
+    idx, _ = make_indices(g, T, W, num_pages * ps, "none", None)
+    cache = make_cache(g, fmt, 512, num_pages, ps, torch.arange(num_pages * ps), "cuda")
+    q = torch.randn(T, H, 512, generator=g).to(torch.bfloat16).cuda()
+    idx_d = idx.cuda()
+    sink = torch.randn(H, generator=g).cuda()
+    short = torch.randint(450, 651, (T,), generator=g, dtype=torch.int32)
+    short[5] = W
+    cases = {"full": torch.full((T,), W, dtype=torch.int32), "short": short,
+             "long": torch.randint(5500, 6501, (T,), generator=g, dtype=torch.int32)}
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    eager = {}
+    for name, lengths in cases.items():
+        len_d = lengths.cuda()
+        out, lse, ws = poisoned_buffers(T, H, 0, "cuda")
+        kw = dict(kv_format=fmt, softmax_scale=0.05, lengths=len_d, attn_sink=sink)
+        mla_ext.sparse_mla_decode(q, cache, idx_d, output=out, workspace=ws, lse=lse, **kw)
+        ref_o, ref_l = reference.sparse_mla_decode(q, cache, idx_d, **kw)
+        assert_close_rel(out, ref_o, torch.bfloat16)
+        check_lse(lse, ref_l.cpu())
+        eager[name] = (out, lse)
+        if sms == 132:  # a grid of 8 slots per token (decode_balance_reach at 72 tokens)
+            N = T * 8
+            out_bytes = (H * N * 512 * 4 + 255) // 256 * 256
+            written = ~torch.isnan(ws[out_bytes:out_bytes + H * N * 4].view(torch.float32).view(H, N).cpu())
+            costs = [max(1, min(int(n), W)) for n in lengths]
+            maps = {}
+            for s_active in range(1, 8):
+                want = torch.zeros(N, dtype=torch.bool)
+                for f, n in _active_map(costs, s_active):
+                    want[f:f + n] = True
+                maps[s_active] = want
+            used = [s_active for s_active, want in maps.items() if (written == want).all()]
+            assert len(used) == 1, (name, written.sum(1))
+            if name == "full":  # the model's count for full rows: 7 (RESULTS.md, thirty-fifth session)
+                assert used == [7]
+                out2, lse2, ws2 = poisoned_buffers(T, H, 7, "cuda")
+                mla_ext.sparse_mla_decode(q, cache, idx_d, output=out2, workspace=ws2, lse=lse2, num_splits=7, **kw)
+                assert torch.equal(out.view(torch.int16), out2.view(torch.int16))
+                assert torch.equal(lse.view(torch.int32), lse2.view(torch.int32))
+    len_d = cases["full"].cuda()
+    out, lse, ws = poisoned_buffers(T, H, 0, "cuda")
+    graph = capture_decode_graph(q, cache, idx_d, dict(kv_format=fmt, softmax_scale=0.05, output=out, workspace=ws,
+                                                       lse=lse, lengths=len_d, attn_sink=sink))
+    for name in ("short", "full", "long", "short"):
+        len_d.copy_(cases[name])
+        poison_(out), poison_(lse), ws.fill_(0xFF)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out.view(torch.int16), eager[name][0].view(torch.int16)), name
+        assert torch.equal(lse.view(torch.int32), eager[name][1].view(torch.int32)), name
+
+
 @requires_gpu
 @pytest.mark.parametrize("batch,S", [(8, 16), (1, 64)])  # (1, 64): the reduce in column groups
 def test_gpu_deterministic_with_poisoned_workspace(batch, S):

@@ -216,7 +216,7 @@ int mla_ext_sparse_mla_decode(const mla_ext_sparse_decode_params* c, void* works
   p.num_splits = c->num_splits;
   if (p.num_splits == 0) p.num_splits = mla_ext::decode_auto_splits(p, sms);
   return int(mla_ext::launch_sparse_mla_decode(p, workspace, workspace_bytes, sms,
-                                               static_cast<mla_ext::gpuStream_t>(stream)));
+                                               static_cast<mla_ext::gpuStream_t>(stream), c->num_splits == 0));
 }
 
 size_t mla_ext_sparse_mla_decode_workspace_size(long long num_tokens, long long num_heads, int num_splits) {

@@ -22,9 +22,9 @@ int launch_merge_attn_states_n(const mla_ext::MergeNParams& p, int device, void*
 }
 
 int launch_sparse_mla_decode(const mla_ext::SparseDecodeParams& p, void* workspace,
-                             size_t workspace_bytes, int device, void* stream) {
+                             size_t workspace_bytes, int device, void* stream, bool auto_splits) {
   return int(mla_ext::launch_sparse_mla_decode(p, workspace, workspace_bytes, processor_count(device),
-                                               static_cast<mla_ext::gpuStream_t>(stream)));
+                                               static_cast<mla_ext::gpuStream_t>(stream), auto_splits));
 }
 
 __global__ void test_late_fill_kernel(float* out, int64_t n, float value, int64_t delay_ns) {

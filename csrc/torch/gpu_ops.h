@@ -23,8 +23,10 @@ int processor_count(int device);
 // Return an mla_ext::Status as int.
 int launch_merge_attn_states(const mla_ext::MergeParams& p, int device, void* stream);
 int launch_merge_attn_states_n(const mla_ext::MergeNParams& p, int device, void* stream);
+// auto_splits: p.num_splits is the automatic count (the call passed 0): the balanced map may then
+// use fewer of its slots, by the rows' lengths (mla_ext::decode_active_splits_table).
 int launch_sparse_mla_decode(const mla_ext::SparseDecodeParams& p, void* workspace,
-                             size_t workspace_bytes, int device, void* stream);
+                             size_t workspace_bytes, int device, void* stream, bool auto_splits);
 
 // Test only (torch.ops.mla_ext._test_late_fill): one block that lets the next
 // kernel on the stream launch at once (griddepcontrol.launch_dependents, sm_90+)

@@ -137,7 +137,7 @@ void sparse_mla_decode_cuda(Tensor q, Tensor kv_cache, Tensor indices, std::stri
   check_decode_gpu_alignment(p);
   const DeviceGuardIfNeeded guard(dev);
   check_launch_status(mla_ext_gpu::launch_sparse_mla_decode(p, workspace.data_ptr(), size_t(workspace.numel()),
-                                                            dev, current_stream(dev)),
+                                                            dev, current_stream(dev), num_splits == 0),
                       "sparse_mla_decode");
 }
 

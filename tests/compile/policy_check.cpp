@@ -130,7 +130,7 @@ int main() {
   // 16 heads x 180 tokens), C128 widths (straggler rows), the CPU twin, the issue's token counts
   expect("splits(V3.2, 96 heads, 40 tokens)", decode_num_splits(40, 96, 2048, 132, false), 1);
   expect("splits(C4 Pro, 16 heads, 180 tokens)", decode_num_splits(180, 16, 1152, 132, false), 1);
-  expect("splits(C128, 16 heads, 140 tokens)", decode_num_splits(140, 16, 8320, 132, true), 2);
+  expect("splits(C128, 16 heads, 140 tokens, no balanced map)", decode_num_splits(140, 16, 8320, 132, false), 1);
   expect("splits(C4 Pro, 16 heads, 140 tokens, CPU)", decode_num_splits(140, 16, 1152, 132, false, false), 1);
   // A modelled gain of exactly 8% keeps the wave count on every host (integer costs: 2,525,952 is
   // 92% of 2,745,600 for 16 heads x 396 tokens x 4095 entries, one split against two).
@@ -138,6 +138,98 @@ int main() {
   expect("cost(396, 16, 4095, 2 splits)", long(mla_ext::decode_split_cost(396, 16, 4095, 2, 132)), 2525952);
   expect("splits(exact 8% gain, 132 processors)", decode_num_splits(396, 16, 4095, 132, false), 1);
   expect("splits(exact 8% gain, 80 processors)", decode_num_splits(192, 16, 897, 80, false), 1);
+  // Active splits (decode_active_splits_table, thirty-fifth session): GPU calls on the balanced map
+  // with sets of 4096+ entries at 1-16 heads x 0.54 x processors..256 tokens get a grid of
+  // decode_balance_reach slots per token and a table of the model's counts by the rows' mean
+  // length; token t then takes ceil(S' T c_t / C_T) slots.
+  using mla_ext::decode_active_applies;
+  expect("active(71 tokens)", decode_active_applies(71, 16, 8320, 132), 0);
+  expect("active(72 tokens)", decode_active_applies(72, 16, 8320, 132), 1);
+  expect("active(256 tokens)", decode_active_applies(256, 16, 8320, 132), 1);
+  expect("active(257 tokens)", decode_active_applies(257, 16, 8320, 132), 0);
+  expect("active(17 heads)", decode_active_applies(100, 17, 8320, 132), 0);
+  expect("active(4095 entries)", decode_active_applies(100, 16, 4095, 132), 0);
+  expect("active(4096 entries)", decode_active_applies(100, 16, 4096, 132), 1);
+  expect("active(no processor count)", decode_active_applies(100, 16, 8320, 0), 0);
+  expect("splits(C128, 16 heads, 140 tokens)", decode_num_splits(140, 16, 8320, 132, true), 7);
+  expect("splits(C128, 8 heads, 72 tokens)", decode_num_splits(72, 8, 8320, 132, true), 8);
+  expect("splits(C128, 8 heads, 64 tokens: the wave count)", decode_num_splits(64, 8, 8320, 132, true), 4);
+  expect("splits(C128, 8 heads, 256 tokens)", decode_num_splits(256, 8, 8320, 132, true), 4);
+  expect("splits(C128, 16 heads, 140 tokens, CPU)", decode_num_splits(140, 16, 8320, 132, true, false), 2);
+  expect("splits(C128, 32 heads, 140 tokens)", decode_num_splits(140, 32, 8320, 132, true), 2);
+  expect("splits(C128, 16 heads, 300 tokens)", decode_num_splits(300, 16, 8320, 132, true), 1);
+  expect("splits(C128, 16 heads, 16 tokens)", decode_num_splits(16, 16, 8320, 132, true),
+         mla_ext::decode_wave_splits(16, 16, 8320, 132, true));
+  {
+    using mla_ext::decode_active_splits_table;
+    using mla_ext::kActiveBuckets;
+    const mla_ext::ActiveSplits a = decode_active_splits_table(140, 16, 8320, 132, 7);
+    expect("table(140, 16) on", a.on, 1);
+    expect("table(140, 16) full rows: the model's count", a.splits[kActiveBuckets - 1],
+           mla_ext::decode_active_pick(140, 16, 8320, 132, 6, true));
+    int top = 0;
+    for (int k = 0; k < kActiveBuckets; ++k) top = a.splits[k] > top ? a.splits[k] : top;
+    expect("table(140, 16) live slots", long(a.live_slots), 140L * (top + 1));
+    const mla_ext::ActiveSplits c = decode_active_splits_table(140, 16, 8320, 132, 3);
+    for (int k = 0; k < kActiveBuckets; ++k) expect("table(140, 16, grid 3) within 1..2", c.splits[k] >= 1 && c.splits[k] <= 2, 1);
+    const mla_ext::ActiveSplits f = decode_active_splits_table(140, 16, 8320, 132, 7, 5);
+    for (int k = 0; k < kActiveBuckets; ++k) expect("table(forced 5)", f.splits[k], 5);
+    expect("table(forced 5) live slots", long(f.live_slots), 140L * 6);
+    expect("table(forced 7 > grid - 1) = the model's", decode_active_splits_table(140, 16, 8320, 132, 7, 7).splits[0], a.splits[0]);
+    expect("table(grid 1) off", decode_active_splits_table(140, 16, 8320, 132, 1).on, 0);
+    expect("table(17 heads) off", decode_active_splits_table(140, 17, 8320, 132, 7).on, 0);
+    expect("table(2048 entries) off", decode_active_splits_table(140, 16, 2048, 132, 7).on, 0);
+    using mla_ext::decode_active_bucket;
+    expect("bucket(empty rows)", decode_active_bucket(140, 140, 8320), 0);
+    expect("bucket(full rows)", decode_active_bucket(140 * 8320, 140, 8320), kActiveBuckets - 1);
+    expect("bucket(half)", decode_active_bucket(140 * 4160, 140, 8320), kActiveBuckets / 2 - 1);
+    expect("bucket(half + 1)", decode_active_bucket(140 * 4160 + 1, 140, 8320), kActiveBuckets / 2);
+    using mla_ext::decode_active_slots;
+    expect("slots(mean row, S' 3)", long(decode_active_slots(500, 140 * 500, 140, 3)), 3);
+    expect("slots(a bit above the mean, S' 3)", long(decode_active_slots(501, 140 * 500, 140, 3)), 4);
+    expect("slots(short row)", long(decode_active_slots(1, 140 * 500, 140, 3)), 1);
+    // the margin: the straggler layer at 8 heads x 128 tokens (mean row 688: bucket 2) takes 3,
+    // not the 7 whose modelled cost is 0.1% lower
+    expect("pick(128, 8, 780)", mla_ext::decode_active_pick(128, 8, 780, 132, 7), 3);
+    expect("slots(long row, capped)", long(decode_active_slots(8320, 8320 + 500, 2, 256)), 256);
+    // Every table at 1-16 heads x 2-256 tokens x widths 4096-40000 on four processor counts:
+    // entries 1..grid - 1, live slots within the grid; and for any lengths, the slots add up to at
+    // most T (S' + 1) <= live slots, each token's rows per slot at most C_T / (T S') (checked on
+    // random costs).
+    int ok = 1;
+    unsigned rng = 12345;
+    const int sms[] = {132, 114, 78, 16};
+    for (int n : sms)
+      for (int64_t h = 1; h <= 16 && ok; h += 3)
+        for (int64_t t = 2; t <= 256 && ok; t += 7)
+          for (int64_t w = 4096; w <= 40000 && ok; w += 2997) {
+            const int grid = decode_num_splits(t, h, w, n, true);
+            const mla_ext::ActiveSplits b = decode_active_splits_table(t, h, w, n, grid);
+            if (b.on != decode_active_applies(t, h, w, n)) ok = 0;
+            if (!b.on) continue;
+            ok = ok && grid == mla_ext::decode_balance_reach(t, h) && b.live_slots <= t * grid;
+            for (int k = 0; k < kActiveBuckets; ++k) ok = ok && b.splits[k] >= 1 && b.splits[k] < grid;
+            for (int rep = 0; rep < 4 && ok; ++rep) {
+              int64_t cost[256], total = 0;
+              const int64_t top = 1 + (rep == 0 ? w : int64_t(rng % unsigned(w)));
+              for (int64_t u = 0; u < t; ++u) {
+                rng = rng * 1103515245u + 12345u;
+                cost[u] = 1 + int64_t((rng >> 8) % unsigned(top));
+                total += cost[u];
+              }
+              const int sa = mla_ext::decode_active_count(b, total, t, w);
+              int64_t slots = 0;
+              for (int64_t u = 0; u < t; ++u) {
+                const int64_t m = decode_active_slots(cost[u], total, t, sa);
+                slots += m;
+                ok = ok && m >= 1 && cost[u] * t * sa <= total * m;  // c_u / m <= C_T / (T S')
+              }
+              ok = ok && slots <= t * (sa + 1) && slots <= b.live_slots;
+            }
+            if (!ok) printf("t=%ld h=%ld w=%ld sms=%d: grid %d\n", long(t), long(h), long(w), n, grid);
+          }
+    expect("active tables and slots within their grids", ok, 1);
+  }
   {
     const int64_t widths[] = {640, 1152, 2048, 8320};
     const int64_t hs[] = {8, 16, 64, 128};
@@ -145,8 +237,9 @@ int main() {
     for (int64_t w : widths)
       for (int64_t h : hs)
         for (int64_t t : ts)
-          expect("issue grid unchanged (wave count)", decode_num_splits(t, h, w, 132, mla_ext::decode_balanced_width(t, w)),
-                 mla_ext::decode_wave_splits(t, h, w, 132, mla_ext::decode_balanced_width(t, w)));
+          if (!(mla_ext::decode_balanced_width(t, w) && decode_active_applies(t, h, w, 132)))  // (C128, 8-16 heads x 64-128)
+            expect("issue grid unchanged (wave count)", decode_num_splits(t, h, w, 132, mla_ext::decode_balanced_width(t, w)),
+                   mla_ext::decode_wave_splits(t, h, w, 132, mla_ext::decode_balanced_width(t, w)));
   }
   // Every automatic count (GPU and CPU) fits the automatic workspace, at several processor counts.
   {

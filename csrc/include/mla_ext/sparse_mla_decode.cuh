@@ -202,6 +202,7 @@ struct DecodeArgs {
   bool early_trigger;  // pdl_trigger_early (compat.h)
   bool two_token;     // the asymmetric kernel walks two tokens per block (decode_two_token_blocks)
   bool q_regs;        // the 16-head V4 kernel holds its Q fragments in registers (decode_q_regs)
+  ActiveSplits active;  // the balanced map's slots in use by the rows' lengths (decode_active_splits_table)
 };
 
 // ---- balanced split map (sparse_mla_decode.h), computed by a whole block ----
@@ -237,49 +238,67 @@ __device__ __forceinline__ int64_t shfl_i64(int64_t v, int src_lane) {
   return int64_t((uint64_t(hi2) << 32) | uint64_t(lo2));
 }
 
-// The token owning split slot q under the balanced map, its first slot and its
-// slot count; false when q is idle. A split block (NT threads, num_tokens <=
-// kBalanceMaxTokens <= NT) calls it once, every thread; red: NT / kWarpSize + 4
-// int64 of shared memory.
+// Inclusive scan of x over a block of NT threads (thread order); *total: the block's sum.
+// red: NT / kWarpSize int64 of shared memory, written once (no barrier after: the caller's
+// next use of the same words needs one).
 template <int NT>
-__device__ __forceinline__ bool balanced_slot_owner(const SparseDecodeParams& p, int64_t q, int64_t* t_out,
-                                                    int64_t* q0_out, int* n_out, int64_t* red) {
-  static_assert(NT >= kBalanceMaxTokens, "one token per thread");
+__device__ __forceinline__ int64_t block_incl_scan_i64(int64_t x, int64_t* red, int64_t* total) {
   constexpr int NW = NT / kWarpSize;
-  const int tid = threadIdx.x, lane = tid % kWarpSize, warp = tid / kWarpSize;
-  const int64_t T = p.num_tokens;
-  const int64_t c = tid < T ? decode_token_cost(p, tid) : 0;
-  int64_t x = c;  // inclusive scan of the costs over the block
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
 #pragma unroll
   for (int d = 1; d < kWarpSize; d <<= 1) {
     const int64_t y = shfl_i64(x, lane >= d ? lane - d : lane);
     if (lane >= d) x += y;
   }
   if (lane == kWarpSize - 1) red[warp] = x;
-  if (tid == 0) red[NW] = -1;
   __syncthreads();
-  int64_t before = 0, total = 0;  // the costs of the warps before this one, and of all
+  int64_t before = 0, sum = 0;  // the warps before this one, and all
 #pragma unroll
   for (int w = 0; w < NW; ++w) {
     before += w < warp ? red[w] : 0;
-    total += red[w];
+    sum += red[w];
   }
-  const int64_t incl = before + x;  // C_{t+1}
-  if (tid < T) {
-    const int64_t f = decode_balanced_first_slot(tid, incl - c, total, T, p.num_splits);
-    const int64_t f1 = decode_balanced_first_slot(tid + 1, incl, total, T, p.num_splits);
-    const int n = decode_balanced_slots(f, f1);
-    if (q >= f && q < f + n) {
-      red[NW] = tid;
-      red[NW + 1] = f;
-      red[NW + 2] = n;
-    }
+  *total = sum;
+  return before + x;
+}
+
+// The token owning split slot q under the balanced map, its first slot and its
+// slot count; false when q is idle. A split block (NT threads, num_tokens <=
+// kBalanceMaxTokens <= NT) calls it once, every thread; red: 2 NT / kWarpSize + 4
+// int64 of shared memory. act on (automatic counts, decode_active_splits_table):
+// token t takes n_t = decode_active_slots(c_t) slots, in token order.
+template <int NT>
+__device__ __forceinline__ bool balanced_slot_owner(const SparseDecodeParams& p, const ActiveSplits& act, int64_t q,
+                                                    int64_t* t_out, int64_t* q0_out, int* n_out, int64_t* red) {
+  static_assert(NT >= kBalanceMaxTokens, "one token per thread");
+  constexpr int NW = NT / kWarpSize;
+  const int tid = threadIdx.x;
+  const int64_t T = p.num_tokens;
+  int64_t* const own = red + 2 * NW;  // owner, first slot, count
+  const int64_t c = tid < T ? decode_token_cost(p, tid) : 0;
+  if (tid == 0) own[0] = -1;
+  int64_t total;
+  const int64_t incl = block_incl_scan_i64<NT>(c, red, &total);  // C_{t+1}
+  int64_t f = 0, n = 0;
+  if (act.on) {
+    const int sa = decode_active_count(act, total, T, decode_total_width(p));
+    n = tid < T ? decode_active_slots(c, total, T, sa) : 0;
+    int64_t all;
+    f = block_incl_scan_i64<NT>(n, red + NW, &all) - n;
+  } else if (tid < T) {
+    f = decode_balanced_first_slot(tid, incl - c, total, T, p.num_splits);
+    n = decode_balanced_slots(f, decode_balanced_first_slot(tid + 1, incl, total, T, p.num_splits));
+  }
+  if (tid < T && q >= f && q < f + n) {
+    own[0] = tid;
+    own[1] = f;
+    own[2] = n;
   }
   __syncthreads();
-  const int64_t owner = red[NW];
+  const int64_t owner = own[0];
   *t_out = owner;
-  *q0_out = red[NW + 1];
-  *n_out = int(red[NW + 2]);
+  *q0_out = own[1];
+  *n_out = int(own[2]);
   __syncthreads();  // red free again
   return owner >= 0;
 }
@@ -287,19 +306,32 @@ __device__ __forceinline__ bool balanced_slot_owner(const SparseDecodeParams& p,
 // The first slot and slot count of token t under the balanced map, for a block
 // of NT threads (the reduce); red: NT / kWarpSize int64 of shared memory.
 template <int NT>
-__device__ __forceinline__ void balanced_token_slots(const SparseDecodeParams& p, int64_t t, int64_t* q0_out,
-                                                     int* n_out, int64_t* red) {
+__device__ __forceinline__ void balanced_token_slots(const SparseDecodeParams& p, const ActiveSplits& act, int64_t t,
+                                                     int64_t* q0_out, int* n_out, int64_t* red) {
   constexpr int kPer = int((kBalanceMaxTokens + NT - 1) / NT);
   const int64_t T = p.num_tokens;
+  int64_t c[kPer];
   int64_t csum = 0, before = 0;  // this thread's costs: all, and of the tokens before t
 #pragma unroll
   for (int k = 0; k < kPer; ++k) {
     const int64_t u = threadIdx.x + int64_t(k) * NT;
-    const int64_t c = u < T ? decode_token_cost(p, u) : 0;
-    csum += c;
-    before += u < t ? c : 0;
+    c[k] = u < T ? decode_token_cost(p, u) : 0;
+    csum += c[k];
+    before += u < t ? c[k] : 0;
   }
   const int64_t total = block_sum_i64<NT>(csum, red);
+  if (act.on) {
+    const int sa = decode_active_count(act, total, T, decode_total_width(p));
+    int64_t nb = 0;  // this thread's slots of the tokens before t
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      const int64_t u = threadIdx.x + int64_t(k) * NT;
+      nb += u < t ? decode_active_slots(c[k], total, T, sa) : 0;
+    }
+    *q0_out = block_sum_i64<NT>(nb, red);
+    *n_out = int(decode_active_slots(decode_token_cost(p, t), total, T, sa));
+    return;
+  }
   const int64_t ct = block_sum_i64<NT>(before, red);  // C_t
   const int64_t f = decode_balanced_first_slot(t, ct, total, T, p.num_splits);
   const int64_t f1 = decode_balanced_first_slot(t + 1, ct + decode_token_cost(p, t), total, T, p.num_splits);
@@ -1123,8 +1155,10 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
   // BAL: the balanced map (a separate instantiation, so that uniform calls run
   // a kernel without its prologue; V4 formats only, decode_balanced).
   if constexpr (BAL) {
+    // Slots no bucket of the active splits uses: nothing to do, nothing to wait for.
+    if (a.active.on && t * S + s >= a.active.live_slots) return;
     int64_t owner;
-    if (!balanced_slot_owner<kThreads>(p, t * S + s, &owner, &q0, &ns,
+    if (!balanced_slot_owner<kThreads>(p, a.active, t * S + s, &owner, &q0, &ns,
                                        reinterpret_cast<int64_t*>(smem + C::sOff))) {
       return;  // idle slot: nothing to compute, no workspace cell of its own
     }
@@ -2331,6 +2365,7 @@ struct ReduceArgs {
   const float* ws_lse;
   bool out_vec4;  // 8-byte bf16x4 stores allowed
   bool balanced;  // decode_balanced(p): the balanced split map
+  ActiveSplits active;  // its slots in use (DecodeArgs::active)
 };
 
 constexpr int kReduceThreads = kDV / 4;
@@ -2382,7 +2417,7 @@ __global__ void __launch_bounds__(GROUPED ? (kReduceThreads / CH) * kReduceMaxGr
   int64_t q0 = t * S;
   if (!GROUPED && a.balanced) {  // the grouped instance never runs the balanced map
     __shared__ int64_t s_bal[kReduceWarps];
-    balanced_token_slots<kReduceThreads>(p, t, &q0, &S, s_bal);
+    balanced_token_slots<kReduceThreads>(p, a.active, t, &q0, &S, s_bal);
   }
   const float* lse = a.ws_lse + h * NQ + q0;
   const float* parts = a.ws_out + (h * NQ + q0) * kDV;  // split i's partial: parts + i * kDV
@@ -2648,6 +2683,25 @@ inline int decode_reduce_chunk_cap() {
   return cap >= 1 && cap < kReduceMaxChunks ? cap : kReduceMaxChunks;
 }
 
+// The active splits' table of a call (decode_active_splits_table), the last one computed kept
+// per host thread: an engine's eager calls repeat a shape across its layers, and a miss costs
+// up to 32 policy evaluations (~10 us). The environment variable MLA_EXT_ACTIVE_SPLITS (read
+// once; sweeps and A/B runs) set to 1..7 fills every entry with that count where the grid allows.
+inline ActiveSplits decode_active_table(int64_t T, int64_t H, int64_t W, int num_sms, int S) {
+  static const int force = int(env_int("MLA_EXT_ACTIVE_SPLITS", 0));
+  struct Key {
+    int64_t t, h, w;
+    int sms, s;
+  };
+  static thread_local Key key{-1, -1, -1, 0, 0};
+  static thread_local ActiveSplits table;
+  if (key.t != T || key.h != H || key.w != W || key.sms != num_sms || key.s != S) {
+    table = decode_active_splits_table(T, H, W, num_sms, S, force);
+    key = Key{T, H, W, num_sms, S};
+  }
+  return table;
+}
+
 // wg: the 64-head tile as warpgroup MMAs (Hopper), every format.
 template <int DQK, KvFormat F, bool MMA, bool BAL = false>
 inline Status launch_split_mt(int mt, bool wg, const DecodeArgs& a, uint32_t blocks, gpuStream_t stream) {
@@ -2723,10 +2777,13 @@ inline bool check_set(const KvSet& s, KvFormat f, int d_qk, bool required) {
 // (1..kMaxSplits); num_splits > 1 needs decode_workspace_size(T, H, S) bytes of
 // workspace (any contents). num_sms (the processor count; <= 0: 128 assumed)
 // picks the head tile and the reduce's block shape (the split count is already
-// resolved; neither changes the workspace). No
+// resolved; neither changes the workspace). auto_splits: p.num_splits is the
+// automatic count for num_sms (decode_auto_splits), so that the balanced map may use
+// fewer of its slots by the rows' lengths (decode_active_splits_table; results agree
+// up to rounding with any other split count). No
 // allocation, no host sync; launches on stream.
 inline Status launch_sparse_mla_decode(const SparseDecodeParams& p, void* workspace, size_t workspace_bytes,
-                                       int num_sms, gpuStream_t stream) {
+                                       int num_sms, gpuStream_t stream, bool auto_splits = false) {
   using namespace decode_detail;
   if (p.num_tokens < 0 || p.num_heads < 0) return Status::kInvalidArgument;
   if (p.num_splits < 1 || p.num_splits > kMaxSplits) return Status::kInvalidArgument;
@@ -2777,6 +2834,9 @@ inline Status launch_sparse_mla_decode(const SparseDecodeParams& p, void* worksp
   a.out_vec16 = (reinterpret_cast<uintptr_t>(p.output) & 15u) == 0 && (p.output_stride_token & 7) == 0 &&
                 (p.output_stride_head & 7) == 0;
   a.balanced = decode_balanced(p);
+  // Automatic counts on the balanced map: the slots in use by the rows' lengths.
+  a.active = a.balanced && auto_splits ? decode_active_table(T, H, decode_total_width(p), num_sms, S)
+                                       : ActiveSplits();
   // Two-token blocks where the asymmetric kernel runs (launch_split_mt); the uniform
   // map always with one split (decode_balanced).
   a.two_token = !a.balanced && decode_two_token_blocks(p, HG, num_sms, decode_two_token_mode(p));
@@ -2833,6 +2893,7 @@ inline Status launch_sparse_mla_decode(const SparseDecodeParams& p, void* worksp
   r.out_vec4 = (reinterpret_cast<uintptr_t>(p.output) & 7u) == 0 && (p.output_stride_token & 3) == 0 &&
                (p.output_stride_head & 3) == 0;
   r.balanced = a.balanced;
+  r.active = a.active;
   const uint32_t rows = uint32_t(T * H);
   // More than two batches of splits: column groups (H200, one token: 65 splits 18.9 -> 17.7 us
   // at 16 heads; two batches in two groups gained nothing against the barrier they add). Only

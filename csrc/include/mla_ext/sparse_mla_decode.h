@@ -476,6 +476,126 @@ inline int decode_balance_splits(int64_t num_tokens, int64_t num_heads, int64_t 
   return best_cost * 100 < wave_cost * (100 - kBalanceMinGainPercent) ? best : wave;
 }
 
+// Active splits (GPU calls on the balanced map with long index sets: V4 C128 layers). The policy
+// sees only the sets' width W (8320 for a C128 layer: sized for the longest context), while the
+// rows' real lengths decide what a split count costs. On the H200 (thirty-fifth session, rows of
+// 8320, ~5100, ~3100, ~1100 and 300-8192 entries, and the straggler layer, 8-16 heads x 48-240
+// tokens) the fastest split count followed the rows' mean length and the token count, not W; the
+// wave count with its two-split floor was 24% slower than the fastest on geometric mean. So the
+// automatic count of such a call is a grid of decode_balance_reach slots per token (8 up to 128
+// tokens, 1024 / T above), and the kernels use as many of them as the rows ask for:
+//  - a table of kActiveBuckets entries by the rows' mean effective length C_T / T (bucket k:
+//    means in (k W / K, (k + 1) W / K]), entry k the count of least modelled time for rows as
+//    long as the bucket's upper bound (decode_active_pick, decode_active_cost), at most the
+//    grid - 1;
+//  - with S' the entry of the call's bucket, token t takes n_t = ceil(S' T c_t / C_T) slots
+//    (decode_active_slots; c_t as in the balanced map below, at least one, at most kMaxSplits),
+//    in token order. Every token's rows per slot are then at most C_T / (T S'), the mean over
+//    S', whatever the lengths' spread (the balanced map's cumulative rounding gave tokens of
+//    about equal length one slot more or less than their share: at S = 2 one slot, a whole row),
+//    and the slots add up to at most T (S' + 1), within the grid;
+//  - slots from T x (the table's largest entry + 1) on are idle in every bucket: their blocks
+//    return at once; the other idle slots' blocks after the prologue's sums.
+// Shapes only on the host (grid, workspace, table); the lengths pick the bucket and the slots on
+// the device, so a captured graph replays with new lengths. Up to 16 heads (one 16-head tile; the
+// wide tiles' costs differ from the model's: decode_balance_applies), 0.54 x processors (72 on
+// the H200: at 48-66 tokens the wave count was within 0-6% of the fastest count on every layer,
+// as fast as the table on full rows and 2-6% faster on short ones: its T x S slots fill one wave
+// exactly, where the ceil map adds slots; from 72 tokens on the table gained 6-25%) to
+// kBalanceMaxTokens tokens (the balanced map's range), automatic counts only
+// (launch_sparse_mla_decode's auto_splits; an explicit count keeps the balanced map below). The CPU twin
+// does not use it (its automatic count is not the GPU's).
+constexpr int kActiveBuckets = 32;
+struct ActiveSplits {
+  bool on = false;
+  int64_t live_slots = 0;  // T x (largest entry + 1)
+  uint8_t splits[kActiveBuckets] = {};
+};
+inline bool decode_active_applies(int64_t num_tokens, int64_t num_heads, int64_t total_width, int num_sms) {
+  return num_sms > 0 && num_heads >= 1 && num_heads <= 16 && total_width >= kBalanceMinWidth &&
+         num_tokens >= 2 && num_tokens <= kBalanceMaxTokens && num_tokens * 50 >= int64_t(num_sms) * 27;
+}
+// The grid (the automatic count) where decode_active_applies: 4..8 slots per token.
+inline int decode_active_grid(int64_t num_tokens, int64_t num_heads) {
+  return decode_balance_reach(num_tokens, num_heads);
+}
+// The active splits' cost model: decode_split_cost's busiest processor for rows of `width`
+// entries at S' = active, refitted to the ceil map (thirty-fifth session's sweep: 104 shapes,
+// S' = 1..7 each; the table's pick, with the margin below, within 0.9% of the fastest S' on
+// geometric mean at 72+ tokens, worst 13%):
+//  - blocks: T S' plus T / 2 (the ceil map gives about half the tokens of a spread of lengths one
+//    slot more than S'), except for rows as long as the set (the top bucket: equal lengths, no
+//    extra slot);
+//  - pairs of co-resident 16-head blocks at 1 + 1.25 n per pair (decode_split_cost: 1 + 1.5 n), a
+//    lone block at 1.5 + n, the reduce at 1 + T H S' / (64 processors) (the balanced map always
+//    reduces, at S' = 1 too).
+// Integer, in units of 1 / (256 x processors) of a lone block's tile time.
+inline int64_t decode_active_cost(int64_t num_tokens, int64_t num_heads, int64_t width, int active, int num_sms,
+                                  bool equal_rows) {
+  const int64_t sms = num_sms, T = num_tokens;
+  const int64_t blocks = T * active + (equal_rows ? 0 : (T + 1) / 2);
+  const int64_t m = decode_ceil_div(blocks, sms);
+  const int64_t n = decode_ceil_div(decode_ceil_div(width, active), kDecodeTileRows);
+  return 64 * sms * ((m / 2) * (4 + 5 * n) + (m % 2) * (6 + 4 * n)) + 256 * sms + 4 * T * num_heads * active;
+}
+// The model's count for rows of `width` entries: the fewest of 1..max_splits whose
+// decode_active_cost is within kActiveMarginPercent of the least. The model has a pair of
+// one- or two-tile blocks too cheap: with no margin it took 7 for the straggler layer at 8 heads x
+// 128 tokens (cost within 0.1% of 3's; H200: 79.0 us against 59.3 for the old count), where
+// 3 measured 62.7 at 16 heads; on the fitting sweep the margin costs 0.4 points.
+constexpr int64_t kActiveMarginPercent = 5;
+inline int decode_active_pick(int64_t num_tokens, int64_t num_heads, int64_t width, int num_sms, int max_splits,
+                              bool equal_rows = false) {
+  int64_t least = decode_active_cost(num_tokens, num_heads, width, 1, num_sms, equal_rows);
+  for (int s = 2; s <= max_splits; ++s) {
+    const int64_t c = decode_active_cost(num_tokens, num_heads, width, s, num_sms, equal_rows);
+    if (c < least) least = c;
+  }
+  for (int s = 1; s < max_splits; ++s)
+    if (decode_active_cost(num_tokens, num_heads, width, s, num_sms, equal_rows) * 100 <=
+        least * (100 + kActiveMarginPercent))
+      return s;
+  return max_splits;
+}
+// The table for a call of num_splits grid slots per token (off where decode_active_applies does not
+// hold or num_splits < 2). force_splits 1..num_splits - 1 fills every entry with it (sweeps).
+inline ActiveSplits decode_active_splits_table(int64_t num_tokens, int64_t num_heads, int64_t total_width,
+                                               int num_sms, int num_splits, int force_splits = 0) {
+  ActiveSplits a;
+  if (total_width > kMaxPolicyWidth) total_width = kMaxPolicyWidth;
+  if (num_splits < 2 || !decode_active_applies(num_tokens, num_heads, total_width, num_sms)) return a;
+  int top = 1;
+  for (int k = 0; k < kActiveBuckets; ++k) {
+    const int64_t upper = decode_ceil_div(int64_t(k + 1) * total_width, kActiveBuckets);
+    const int s = force_splits >= 1 && force_splits < num_splits
+                      ? force_splits
+                      : decode_active_pick(num_tokens, num_heads, upper, num_sms, num_splits - 1,
+                                           k == kActiveBuckets - 1);
+    a.splits[k] = uint8_t(s);
+    if (s > top) top = s;
+  }
+  a.live_slots = num_tokens * (top + 1);
+  a.on = true;
+  return a;
+}
+// The bucket of a call's rows: total_cost = C_T (the sum of c_t = max(1, E_t) <= total_width),
+// num_tokens >= 1, total_width >= 1.
+MLA_EXT_HD int decode_active_bucket(int64_t total_cost, int64_t num_tokens, int64_t total_width) {
+  const int64_t k = (total_cost - 1) * kActiveBuckets / (num_tokens * total_width);
+  return k < 0 ? 0 : (k >= kActiveBuckets ? kActiveBuckets - 1 : int(k));
+}
+// S' of a call: the entry of its bucket.
+MLA_EXT_HD int decode_active_count(const ActiveSplits& a, int64_t total_cost, int64_t num_tokens,
+                                   int64_t total_width) {
+  return a.splits[decode_active_bucket(total_cost, num_tokens, total_width)];
+}
+// n_t: ceil(S' T c_t / C_T), 1..kMaxSplits (c_t >= 1; S' T c_t < 2^48).
+MLA_EXT_HD int64_t decode_active_slots(int64_t cost, int64_t total_cost, int64_t num_tokens, int active) {
+  const int64_t x = int64_t(active) * num_tokens * cost;
+  const int64_t n = x / total_cost + (x % total_cost != 0 ? 1 : 0);
+  return n < 1 ? 1 : (n > kMaxSplits ? kMaxSplits : n);
+}
+
 // The most splits the automatic count can pick for (T, H) on a device with num_sms processors,
 // whatever the index widths: the wave count's bound (decode_wave_max_splits; floor = false for
 // calls that cannot take the balanced map) and, for GPU calls the balance model may reach,
@@ -497,6 +617,10 @@ inline int decode_max_auto_splits(int64_t num_tokens, int64_t num_heads, int num
 //  - GPU calls of many blocks and index sets of 257..4095 entries
 //    (decode_balance_applies): the balance model's pick between the wave count and
 //    1..8 splits (decode_balance_splits). (Sets that long take no two-split floor.)
+//  - GPU calls on the balanced map with sets of 4096+ entries, up to 16 heads and
+//    0.54 x processors to 256 tokens (decode_active_applies): the grid of the active
+//    splits, 4-8 slots per token (decode_active_grid; the kernels then use as many of
+//    them as the rows' lengths ask for: decode_active_splits_table).
 // gpu = false is the CPU twin's count, whose "processors" are its threads (see
 // decode_one_split_pays). Never more than decode_max_auto_splits(T, H, n, balanced_map, gpu).
 inline int decode_num_splits(int64_t num_tokens, int64_t num_heads, int64_t total_width,
@@ -506,6 +630,8 @@ inline int decode_num_splits(int64_t num_tokens, int64_t num_heads, int64_t tota
   int s = decode_wave_splits(num_tokens, num_heads, total_width, num_sms, balanced_map);
   if (gpu && decode_balance_applies(num_tokens, num_heads, total_width, num_sms))
     s = decode_balance_splits(num_tokens, num_heads, total_width, num_sms, s);
+  else if (gpu && balanced_map && decode_active_applies(num_tokens, num_heads, total_width, num_sms))
+    s = decode_active_grid(num_tokens, num_heads);
   return s;
 }
 
