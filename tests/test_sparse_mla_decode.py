@@ -2250,17 +2250,23 @@ def test_gpu_cuda_graph_replay_with_new_indices():
         check_lse(lse, ref_l)
 
 
+def _gpu_v4_long_rows(g, T, H, W, num_pages, invalid):
+    """Random V4 FP8 rows in a GPU cache of num_pages pages of 2 slots (a C128 set's page size),
+    [T, W] indices with invalid entries as make_indices places them, and a bf16 q on the GPU:
+    (indices on the CPU, the same on the GPU, cache, q)."""
+    idx, _ = make_indices(g, T, W, num_pages * 2, invalid, None)
+    cache = make_cache(g, "fp8_ds_mla_v4", 512, num_pages, 2, torch.arange(num_pages * 2), "cuda")
+    q = torch.randn(T, H, 512, generator=g).to(torch.bfloat16).cuda()
+    return idx, idx.cuda(), cache, q
+
+
 @requires_gpu
 def test_gpu_cuda_graph_replay_balanced_map():
     """A captured call on the balanced split map (V4, W >= 4096, lengths) replays correctly after
     the lengths go from equal (the uniform map) to one straggler and back to mixed."""
     g = torch.Generator().manual_seed(29)
-    T, H, W, ps, fmt = 12, 16, 4608, 2, "fp8_ds_mla_v4"
-    num_pages = 3000
-    idx, _ = make_indices(g, T, W, num_pages * ps, "scattered", None)
-    cache = make_cache(g, fmt, 512, num_pages, ps, torch.arange(num_pages * ps), "cuda")
-    q = torch.randn(T, H, 512, generator=g).to(torch.bfloat16).cuda()
-    idx_d = idx.cuda()
+    T, H, W, fmt = 12, 16, 4608, "fp8_ds_mla_v4"
+    idx, idx_d, cache, q = _gpu_v4_long_rows(g, T, H, W, 3000, "scattered")
     len_d = torch.full((T,), W, dtype=torch.int32, device="cuda")
     out, lse, ws = poisoned_buffers(T, H, 0, "cuda")
     kw = dict(kv_format=fmt, softmax_scale=0.05, output=out, workspace=ws, lse=lse, lengths=len_d)
@@ -2298,12 +2304,8 @@ def test_gpu_active_splits_follow_the_lengths():
     whole count the model picks for them, and then bit-identical to that explicit count). The same
     lengths replayed in a graph captured once give bit-identical results."""
     g = torch.Generator().manual_seed(35)
-    T, H, W, ps, fmt = 72, 8, 8320, 2, "fp8_ds_mla_v4"
-    num_pages = 6000
-    idx, _ = make_indices(g, T, W, num_pages * ps, "none", None)
-    cache = make_cache(g, fmt, 512, num_pages, ps, torch.arange(num_pages * ps), "cuda")
-    q = torch.randn(T, H, 512, generator=g).to(torch.bfloat16).cuda()
-    idx_d = idx.cuda()
+    T, H, W, fmt = 72, 8, 8320, "fp8_ds_mla_v4"
+    _, idx_d, cache, q = _gpu_v4_long_rows(g, T, H, W, 6000, "none")
     sink = torch.randn(H, generator=g).cuda()
     short = torch.randint(450, 651, (T,), generator=g, dtype=torch.int32)
     short[5] = W
