@@ -15,7 +15,7 @@ fastest forced S' or more than 2% slower than the old automatic count, then the 
 over the shapes of 72+ tokens (below, the op keeps the wave count: decode_active_applies). The mirror's
 picks matched the header's table on 20,000 random (66-256 tokens, 1-16 heads, mean length) cases
 when it was written; re-check it after a change to either.
---grid ranks constant sets of a small grid (the shipped set came from it, without the margin,
+--grid ranks constant sets of a small grid (the shipped set came from it, without the split bound,
 which a check on other shapes added: RESULTS.md, call 4).
 """
 from __future__ import annotations
@@ -34,7 +34,7 @@ MEAN = {"v4_c128": 8320, "c128r1k_mixed": 1128, "c128r3k_mixed": 3128, "c128r5k_
 SMS, BUCKETS = 132, 32
 # (pair fixed, pair per tile, lone fixed, extra slots per token): decode_active_cost's 1, 1.25, 1.5, 1/2
 SHIPPED = (1.0, 1.25, 1.5, 0.5)
-MARGIN = 5  # kActiveMarginPercent: the fewest splits within 5% of the least modelled cost
+MIN_SPLIT_ROWS = 192  # kActiveMinSplitRows: splits of more than three tiles (one split always)
 MIN_TOKENS = 72  # decode_active_applies on 132 processors (0.54 x)
 
 
@@ -53,12 +53,12 @@ def cost(T, H, L, s, c, equal_rows):
     return (m // 2) * (pf + pt * n) + (m % 2) * (lone + n) + 1 + T * H * s / (64 * SMS)
 
 
-def pick(T, H, mean, c=SHIPPED, margin=MARGIN):
+def pick(T, H, mean, c=SHIPPED, min_rows=MIN_SPLIT_ROWS):
     k = min(BUCKETS - 1, max(0, (mean * T - 1) * BUCKETS // (T * W)))
     upper = -(-(k + 1) * W // BUCKETS)
-    costs = {s: cost(T, H, upper, s, c, k == BUCKETS - 1) for s in range(1, grid(T))}
-    least = min(costs.values())
-    return min(s for s in costs if costs[s] <= least * (1 + margin / 100))
+    costs = {s: cost(T, H, upper, s, c, k == BUCKETS - 1) for s in range(1, grid(T))
+             if s == 1 or -(-upper // s) > min_rows}
+    return min(costs, key=lambda s: (costs[s], s))
 
 
 def read(path: Path):

@@ -138,6 +138,34 @@ int main() {
   expect("cost(396, 16, 4095, 2 splits)", long(mla_ext::decode_split_cost(396, 16, 4095, 2, 132)), 2525952);
   expect("splits(exact 8% gain, 132 processors)", decode_num_splits(396, 16, 4095, 132, false), 1);
   expect("splits(exact 8% gain, 80 processors)", decode_num_splits(192, 16, 897, 80, false), 1);
+  // The balanced map rounds each token's cumulative share to the nearest slot (thirty-fifth
+  // session): 40 nearly equal rows (4,950-5,050 entries) take exactly S slots each at S = 2 and 3,
+  // where rounding down gave some tokens S - 1 and others S + 1; F(0) = 0, F(T) = T S.
+  {
+    int64_t cost[40], total = 0;
+    unsigned r = 7;
+    for (int t = 0; t < 40; ++t) {
+      r = r * 1103515245u + 12345u;
+      cost[t] = 4950 + int64_t((r >> 8) % 101u);
+      total += cost[t];
+    }
+    for (int S = 2; S <= 3; ++S) {
+      int64_t prefix = 0;
+      int equal = 1, floor_equal = 1;
+      for (int t = 0; t < 40; ++t) {
+        const int64_t f0 = mla_ext::decode_balanced_first_slot(t, prefix, total, 40, S);
+        const int64_t f1 = mla_ext::decode_balanced_first_slot(t + 1, prefix + cost[t], total, 40, S);
+        equal = equal && f1 - f0 == S;
+        const int64_t g0 = t + 40LL * (S - 1) * prefix / total, g1 = t + 1 + 40LL * (S - 1) * (prefix + cost[t]) / total;
+        floor_equal = floor_equal && g1 - g0 == S;
+        if (t == 0) expect("F(0)", long(f0), 0);
+        prefix += cost[t];
+      }
+      expect("nearly equal rows: S slots each", equal, 1);
+      expect("(rounding down gave other counts)", floor_equal, 0);
+      expect("F(T)", long(mla_ext::decode_balanced_first_slot(40, total, total, 40, S)), 40L * S);
+    }
+  }
   // Active splits (decode_active_splits_table, thirty-fifth session): GPU calls on the balanced map
   // with sets of 4096+ entries at 1-16 heads x 0.54 x processors..256 tokens get a grid of
   // decode_balance_reach slots per token and a table of the model's counts by the rows' mean
@@ -184,13 +212,15 @@ int main() {
     expect("bucket(full rows)", decode_active_bucket(140 * 8320, 140, 8320), kActiveBuckets - 1);
     expect("bucket(half)", decode_active_bucket(140 * 4160, 140, 8320), kActiveBuckets / 2 - 1);
     expect("bucket(half + 1)", decode_active_bucket(140 * 4160 + 1, 140, 8320), kActiveBuckets / 2);
+    expect("bucket(width 2^56, no overflow)", decode_active_bucket(256LL * 2147483647, 256, int64_t(1) << 56), 0);
     using mla_ext::decode_active_slots;
     expect("slots(mean row, S' 3)", long(decode_active_slots(500, 140 * 500, 140, 3)), 3);
     expect("slots(a bit above the mean, S' 3)", long(decode_active_slots(501, 140 * 500, 140, 3)), 4);
     expect("slots(short row)", long(decode_active_slots(1, 140 * 500, 140, 3)), 1);
-    // the margin: the straggler layer at 8 heads x 128 tokens (mean row 688: bucket 2) takes 3,
-    // not the 7 whose modelled cost is 0.1% lower
+    // splits of more than 192 entries: the straggler layer at 8 heads x 128 tokens (mean row 688:
+    // bucket 2, upper bound 780) takes 3, not 7 splits of 112 (modelled 0.1% cheaper)
     expect("pick(128, 8, 780)", mla_ext::decode_active_pick(128, 8, 780, 132, 7), 3);
+    expect("pick(128, 8, 192): one split", mla_ext::decode_active_pick(128, 8, 192, 132, 7), 1);
     expect("slots(long row, capped)", long(decode_active_slots(8320, 8320 + 500, 2, 256)), 256);
     // Every table at 1-16 heads x 2-256 tokens x widths 4096-40000 on four processor counts:
     // entries 1..grid - 1, live slots within the grid; and for any lengths, the slots add up to at

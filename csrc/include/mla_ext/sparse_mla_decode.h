@@ -491,9 +491,10 @@ inline int decode_balance_splits(int64_t num_tokens, int64_t num_heads, int64_t 
 //  - with S' the entry of the call's bucket, token t takes n_t = ceil(S' T c_t / C_T) slots
 //    (decode_active_slots; c_t as in the balanced map below, at least one, at most kMaxSplits),
 //    in token order. Every token's rows per slot are then at most C_T / (T S'), the mean over
-//    S', whatever the lengths' spread (the balanced map's cumulative rounding gave tokens of
-//    about equal length one slot more or less than their share: at S = 2 one slot, a whole row),
-//    and the slots add up to at most T (S' + 1), within the grid;
+//    S', whatever the lengths' spread, unless its share passes kMaxSplits (the balanced map's
+//    cumulative rounding gave tokens of about equal length one slot more or less than their
+//    share: at S = 2 one slot, a whole row), and the slots add up to at most T (S' + 1), within
+//    the grid;
 //  - slots from T x (the table's largest entry + 1) on are idle in every bucket: their blocks
 //    return at once; the other idle slots' blocks after the prologue's sums.
 // Shapes only on the host (grid, workspace, table); the lengths pick the bucket and the slots on
@@ -521,8 +522,8 @@ inline int decode_active_grid(int64_t num_tokens, int64_t num_heads) {
 }
 // The active splits' cost model: decode_split_cost's busiest processor for rows of `width`
 // entries at S' = active, refitted to the ceil map (thirty-fifth session's sweep: 104 shapes,
-// S' = 1..7 each; the table's pick, with the margin below, within 0.9% of the fastest S' on
-// geometric mean at 72+ tokens, worst 13%):
+// S' = 1..7 each; the table's pick within 0.5% of the fastest S' on geometric mean at 72+
+// tokens, worst 13%):
 //  - blocks: T S' plus T / 2 (the ceil map gives about half the tokens of a spread of lengths one
 //    slot more than S'), except for rows as long as the set (the top bucket: equal lengths, no
 //    extra slot);
@@ -538,24 +539,23 @@ inline int64_t decode_active_cost(int64_t num_tokens, int64_t num_heads, int64_t
   const int64_t n = decode_ceil_div(decode_ceil_div(width, active), kDecodeTileRows);
   return 64 * sms * ((m / 2) * (4 + 5 * n) + (m % 2) * (6 + 4 * n)) + 256 * sms + 4 * T * num_heads * active;
 }
-// The model's count for rows of `width` entries: the fewest of 1..max_splits whose
-// decode_active_cost is within kActiveMarginPercent of the least. The model has a pair of
-// one- or two-tile blocks too cheap: with no margin it took 7 for the straggler layer at 8 heads x
-// 128 tokens (cost within 0.1% of 3's; H200: 79.0 us against 59.3 for the old count), where
-// 3 measured 62.7 at 16 heads; on the fitting sweep the margin costs 0.4 points.
-constexpr int64_t kActiveMarginPercent = 5;
+// The model's count for rows of `width` entries: the least decode_active_cost over 1..max_splits
+// (the fewer splits on a tie), counting only splits of more than kActiveMinSplitRows entries
+// (one split always counts). The model has a pair of one- to three-tile blocks too cheap: it took
+// 7 splits of 112 entries for the straggler layer at 8 heads x 128 tokens (mean row 688; cost
+// within 0.1% of 3's), 79.0 us on the H200 against 59.3 for the old count, where 3 measured
+// 62.7 at 16 heads (and 5 at 16 x 120: +9.6%). On the fitting sweep and the 112 other shapes of
+// that check the bound changes only those two picks.
+constexpr int64_t kActiveMinSplitRows = 3 * kDecodeTileRows;
 inline int decode_active_pick(int64_t num_tokens, int64_t num_heads, int64_t width, int num_sms, int max_splits,
                               bool equal_rows = false) {
-  int64_t least = decode_active_cost(num_tokens, num_heads, width, 1, num_sms, equal_rows);
-  for (int s = 2; s <= max_splits; ++s) {
+  int best = 1;
+  int64_t best_cost = decode_active_cost(num_tokens, num_heads, width, 1, num_sms, equal_rows);
+  for (int s = 2; s <= max_splits && decode_ceil_div(width, s) > kActiveMinSplitRows; ++s) {
     const int64_t c = decode_active_cost(num_tokens, num_heads, width, s, num_sms, equal_rows);
-    if (c < least) least = c;
+    if (c < best_cost) best = s, best_cost = c;
   }
-  for (int s = 1; s < max_splits; ++s)
-    if (decode_active_cost(num_tokens, num_heads, width, s, num_sms, equal_rows) * 100 <=
-        least * (100 + kActiveMarginPercent))
-      return s;
-  return max_splits;
+  return best;
 }
 // The table for a call of num_splits grid slots per token (off where decode_active_applies does not
 // hold or num_splits < 2). force_splits 1..num_splits - 1 fills every entry with it (sweeps).
@@ -579,8 +579,10 @@ inline ActiveSplits decode_active_splits_table(int64_t num_tokens, int64_t num_h
   return a;
 }
 // The bucket of a call's rows: total_cost = C_T (the sum of c_t = max(1, E_t) <= total_width),
-// num_tokens >= 1, total_width >= 1.
+// 1 <= num_tokens <= kBalanceMaxTokens, total_width >= 1; the width clamped to kMaxPolicyWidth as
+// the table's (so T x W < 2^48: the sets' widths are any int64 the op accepts).
 MLA_EXT_HD int decode_active_bucket(int64_t total_cost, int64_t num_tokens, int64_t total_width) {
+  if (total_width > kMaxPolicyWidth) total_width = kMaxPolicyWidth;
   const int64_t k = (total_cost - 1) * kActiveBuckets / (num_tokens * total_width);
   return k < 0 ? 0 : (k >= kActiveBuckets ? kActiveBuckets - 1 : int(k));
 }
