@@ -481,7 +481,7 @@ inline int decode_balance_splits(int64_t num_tokens, int64_t num_heads, int64_t 
 // rows' real lengths decide what a split count costs. On the H200 (thirty-fifth session, rows of
 // 8320, ~5100, ~3100, ~1100 and 300-8192 entries, and the straggler layer, 8-16 heads x 48-240
 // tokens) the fastest split count followed the rows' mean length and the token count, not W; the
-// wave count with its two-split floor was 24% slower than the fastest on geometric mean. So the
+// wave count with its two-split floor was 23% slower than the fastest on geometric mean. So the
 // automatic count of such a call is a grid of decode_balance_reach slots per token (8 up to 128
 // tokens, 1024 / T above), and the kernels use as many of them as the rows ask for:
 //  - a table of kActiveBuckets entries by the rows' mean effective length C_T / T (bucket k:
@@ -500,9 +500,9 @@ inline int decode_balance_splits(int64_t num_tokens, int64_t num_heads, int64_t 
 // Shapes only on the host (grid, workspace, table); the lengths pick the bucket and the slots on
 // the device, so a captured graph replays with new lengths. Up to 16 heads (one 16-head tile; the
 // wide tiles' costs differ from the model's: decode_balance_applies), 0.54 x processors (72 on
-// the H200: at 48-66 tokens the wave count was within 0-6% of the fastest count on every layer,
-// as fast as the table on full rows and 2-6% faster on short ones: its T x S slots fill one wave
-// exactly, where the ceil map adds slots; from 72 tokens on the table gained 6-25%) to
+// the H200: at 48-64 tokens the wave count was as fast as the table's best S' on full rows and
+// 2-6% faster on shorter ones, its T x S slots filling one wave exactly where the ceil map adds
+// slots; at 66 the table measured -1.6..+5.9%, from 72 tokens on it gained 6-25%) to
 // kBalanceMaxTokens tokens (the balanced map's range), automatic counts only
 // (launch_sparse_mla_decode's auto_splits; an explicit count keeps the balanced map below). The CPU twin
 // does not use it (its automatic count is not the GPU's).
