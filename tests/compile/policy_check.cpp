@@ -192,7 +192,7 @@ int main() {
     using mla_ext::decode_active_splits_table;
     using mla_ext::kActiveBuckets;
     const mla_ext::ActiveSplits a = decode_active_splits_table(140, 16, 8320, 132, 7);
-    expect("table(140, 16) on", a.on, 1);
+    expect("table(140, 16) on", a.on(), 1);
     expect("table(140, 16) full rows: the model's count", a.splits[kActiveBuckets - 1],
            mla_ext::decode_active_pick(140, 16, 8320, 132, 6, true));
     int top = 0;
@@ -204,9 +204,9 @@ int main() {
     for (int k = 0; k < kActiveBuckets; ++k) expect("table(forced 5)", f.splits[k], 5);
     expect("table(forced 5) live slots", long(f.live_slots), 140L * 6);
     expect("table(forced 7 > grid - 1) = the model's", decode_active_splits_table(140, 16, 8320, 132, 7, 7).splits[0], a.splits[0]);
-    expect("table(grid 1) off", decode_active_splits_table(140, 16, 8320, 132, 1).on, 0);
-    expect("table(17 heads) off", decode_active_splits_table(140, 17, 8320, 132, 7).on, 0);
-    expect("table(2048 entries) off", decode_active_splits_table(140, 16, 2048, 132, 7).on, 0);
+    expect("table(grid 1) off", decode_active_splits_table(140, 16, 8320, 132, 1).on(), 0);
+    expect("table(17 heads) off", decode_active_splits_table(140, 17, 8320, 132, 7).on(), 0);
+    expect("table(2048 entries) off", decode_active_splits_table(140, 16, 2048, 132, 7).on(), 0);
     using mla_ext::decode_active_bucket;
     expect("bucket(empty rows)", decode_active_bucket(140, 140, 8320), 0);
     expect("bucket(full rows)", decode_active_bucket(140 * 8320, 140, 8320), kActiveBuckets - 1);
@@ -235,8 +235,8 @@ int main() {
           for (int64_t w = 4096; w <= 40000 && ok; w += 2997) {
             const int grid = decode_num_splits(t, h, w, n, true);
             const mla_ext::ActiveSplits b = decode_active_splits_table(t, h, w, n, grid);
-            if (b.on != decode_active_applies(t, h, w, n)) ok = 0;
-            if (!b.on) continue;
+            if (b.on() != decode_active_applies(t, h, w, n)) ok = 0;
+            if (!b.on()) continue;
             ok = ok && grid == mla_ext::decode_balance_reach(t, h) && b.live_slots <= t * grid;
             for (int k = 0; k < kActiveBuckets; ++k) ok = ok && b.splits[k] >= 1 && b.splits[k] < grid;
             for (int rep = 0; rep < 4 && ok; ++rep) {

@@ -280,7 +280,7 @@ __device__ __forceinline__ bool balanced_slot_owner(const SparseDecodeParams& p,
   int64_t total;
   const int64_t incl = block_incl_scan_i64<NT>(c, red, &total);  // C_{t+1}
   int64_t f = 0, n = 0;
-  if (act.on) {
+  if (act.on()) {
     const int sa = decode_active_count(act, total, T, decode_total_width(p));
     n = tid < T ? decode_active_slots(c, total, T, sa) : 0;
     int64_t all;
@@ -320,7 +320,7 @@ __device__ __forceinline__ void balanced_token_slots(const SparseDecodeParams& p
     before += u < t ? c[k] : 0;
   }
   const int64_t total = block_sum_i64<NT>(csum, red);
-  if (act.on) {
+  if (act.on()) {
     const int sa = decode_active_count(act, total, T, decode_total_width(p));
     int64_t nb = 0;  // this thread's slots of the tokens before t
 #pragma unroll
@@ -1156,7 +1156,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
   // a kernel without its prologue; V4 formats only, decode_balanced).
   if constexpr (BAL) {
     // Slots no bucket of the active splits uses: nothing to do, nothing to wait for.
-    if (a.active.on && t * S + s >= a.active.live_slots) return;
+    if (a.active.on() && t * S + s >= a.active.live_slots) return;
     int64_t owner;
     if (!balanced_slot_owner<kThreads>(p, a.active, t * S + s, &owner, &q0, &ns,
                                        reinterpret_cast<int64_t*>(smem + C::sOff))) {

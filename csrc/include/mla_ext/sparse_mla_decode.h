@@ -144,6 +144,11 @@ inline int decode_base_splits(int64_t num_tokens, int64_t num_heads, int num_sms
 // two-split floor for rows this long (decode_num_splits).
 constexpr int64_t kBalanceMaxTokens = 256;  // one token per thread of a split block
 constexpr int64_t kBalanceMinWidth = 4096;  // W_main + W_extra: long compressed rows (V4 C128)
+// The token count and widths of a call that can take the balanced map (decode_balanced: a V4 FP8
+// call with lengths; the C API's split-count query assumes one).
+MLA_EXT_HD bool decode_balanced_width(int64_t num_tokens, int64_t total_width) {
+  return num_tokens >= 2 && num_tokens <= kBalanceMaxTokens && total_width >= kBalanceMinWidth;
+}
 
 // Two-split floor: calls of 2..kBalanceMaxTokens tokens whose index sets are
 // long (total width >= kBalanceMinWidth: V4 C128 layers) get at least two
@@ -445,6 +450,13 @@ inline bool decode_balance_applies(int64_t num_tokens, int64_t num_heads, int64_
 // In units of 1 / (128 x processors) of a lone block's tile time, as an integer, so that the
 // comparisons below come out the same on every host compiler (no rounding: below 2^53 for the
 // arguments decode_balance_applies lets through).
+// The busiest processor's blocks in 16-head tiles (two co-resident per processor): m blocks of n
+// tiles, floor(m / 2) pairs at pair_fixed + pair_tile n and a lone one at lone_fixed + lone_tile n
+// when m is odd (decode_split_cost, decode_active_cost; their units).
+inline int64_t decode_paired_blocks_cost(int64_t m, int64_t n, int64_t pair_fixed, int64_t pair_tile,
+                                         int64_t lone_fixed, int64_t lone_tile) {
+  return (m / 2) * (pair_fixed + pair_tile * n) + (m % 2) * (lone_fixed + lone_tile * n);
+}
 inline int64_t decode_split_cost(int64_t num_tokens, int64_t num_heads, int64_t total_width, int num_splits,
                                  int num_sms) {
   const int64_t S = num_splits, sms = num_sms;
@@ -453,7 +465,7 @@ inline int64_t decode_split_cost(int64_t num_tokens, int64_t num_heads, int64_t 
   const int64_t m = decode_ceil_div(blocks, sms);
   const int64_t n = decode_ceil_div(decode_ceil_div(total_width, S), kDecodeTileRows);
   // 16-head tiles: pairs at 1 + 1.5 n, a lone block at 1.5 + n; wider: m x (2 + n); x 128 sms
-  int64_t t = ht <= 16 ? 64 * sms * ((m / 2) * (2 + 3 * n) + (m % 2) * (3 + 2 * n)) : 128 * sms * m * (2 + n);
+  int64_t t = ht <= 16 ? 64 * sms * decode_paired_blocks_cost(m, n, 2, 3, 3, 2) : 128 * sms * m * (2 + n);
   if (S > 1) t += 128 * sms + 2 * num_tokens * num_heads * S;  // the reduce: 1 + T H S / (64 sms)
   return t;
 }
@@ -508,13 +520,13 @@ inline int decode_balance_splits(int64_t num_tokens, int64_t num_heads, int64_t 
 // does not use it (its automatic count is not the GPU's).
 constexpr int kActiveBuckets = 32;
 struct ActiveSplits {
-  bool on = false;
-  int64_t live_slots = 0;  // T x (largest entry + 1)
+  int64_t live_slots = 0;  // T x (largest entry + 1); 0: off (every slot of the grid in use)
   uint8_t splits[kActiveBuckets] = {};
+  MLA_EXT_HD bool on() const { return live_slots > 0; }
 };
 inline bool decode_active_applies(int64_t num_tokens, int64_t num_heads, int64_t total_width, int num_sms) {
-  return num_sms > 0 && num_heads >= 1 && num_heads <= 16 && total_width >= kBalanceMinWidth &&
-         num_tokens >= 2 && num_tokens <= kBalanceMaxTokens && num_tokens * 50 >= int64_t(num_sms) * 27;
+  return num_sms > 0 && num_heads >= 1 && num_heads <= 16 && decode_balanced_width(num_tokens, total_width) &&
+         num_tokens * 50 >= int64_t(num_sms) * 27;
 }
 // The grid (the automatic count) where decode_active_applies: 4..8 slots per token.
 inline int decode_active_grid(int64_t num_tokens, int64_t num_heads) {
@@ -537,7 +549,7 @@ inline int64_t decode_active_cost(int64_t num_tokens, int64_t num_heads, int64_t
   const int64_t blocks = T * active + (equal_rows ? 0 : (T + 1) / 2);
   const int64_t m = decode_ceil_div(blocks, sms);
   const int64_t n = decode_ceil_div(decode_ceil_div(width, active), kDecodeTileRows);
-  return 64 * sms * ((m / 2) * (4 + 5 * n) + (m % 2) * (6 + 4 * n)) + 256 * sms + 4 * T * num_heads * active;
+  return 64 * sms * decode_paired_blocks_cost(m, n, 4, 5, 6, 4) + 256 * sms + 4 * T * num_heads * active;
 }
 // The model's count for rows of `width` entries: the least decode_active_cost over 1..max_splits
 // (the fewer splits on a tie), counting only splits of more than kActiveMinSplitRows entries
@@ -575,7 +587,6 @@ inline ActiveSplits decode_active_splits_table(int64_t num_tokens, int64_t num_h
     if (s > top) top = s;
   }
   a.live_slots = num_tokens * (top + 1);
-  a.on = true;
   return a;
 }
 // The bucket of a call's rows: total_cost = C_T (the sum of c_t = max(1, E_t) <= total_width),
@@ -697,11 +708,8 @@ MLA_EXT_HD int64_t decode_total_width(const SparseDecodeParams& p) {
 // long compressed rows; the other kernels keep their registers for the tile
 // loop), S > 1, 2..kBalanceMaxTokens tokens, a lengths array on some set, and
 // index widths summing to >= kBalanceMinWidth.
-// decode_balanced_shape: all of these but the split count; decode_balanced_width: the token
-// count and widths only (a V4 FP8 call with lengths: the C API's split-count query).
-MLA_EXT_HD bool decode_balanced_width(int64_t num_tokens, int64_t total_width) {
-  return num_tokens >= 2 && num_tokens <= kBalanceMaxTokens && total_width >= kBalanceMinWidth;
-}
+// decode_balanced_shape: all of these but the split count; decode_balanced_width (with the
+// constants above): the token count and widths only.
 
 MLA_EXT_HD bool decode_balanced_shape(const SparseDecodeParams& p) {
   if (kv_layout(p.kv_format) != KvFormat::kFP8DsMlaV4) return false;
