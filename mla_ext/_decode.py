@@ -168,7 +168,7 @@ def sparse_mla_decode(
             256 bytes).
             The call's num_tokens x num_splits splits go num_splits to each token, except for
             V4 FP8 caches with ``W + W2 >= 4096`` (long compressed rows), lengths given and
-            2..256 tokens: there each token gets splits in proportion to its effective length
+            2..512 tokens: there each token gets splits in proportion to its effective length
             (at least 1, at most 256; with an explicit num_splits the shares add up to
             num_tokens x num_splits), read on the device at run time, so one long row among
             short ones does not set the call's time. There, with num_splits=0 on a GPU at 1-16

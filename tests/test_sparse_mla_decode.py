@@ -420,6 +420,39 @@ def test_balanced_split_map_slots(device, S):
         assert not want.all() and spans[0][1] == 256
 
 
+@pytest.mark.parametrize("T,S", [(300, 2), (512, 3)])
+def test_balanced_split_map_past_256_tokens(device, T, S):
+    """257-512 tokens take the balanced map too (until the thirty-sixth session they took the
+    uniform map: the split blocks' prologue held one token per thread, now two): the workspace
+    cells written are exactly the map's slots (NaN-poisoned workspace), the 4608-entry rows get
+    the most, and the output matches the float64 reference."""
+    g = torch.Generator().manual_seed(96 + T + S)
+    H, W, ps, fmt = 2, 4608, 2, "fp8_ds_mla_v4"
+    idx, _ = make_indices(g, T, W, 3000 * ps, "none", None)
+    lengths = torch.tensor((STRAGGLER_LENGTHS * T)[:T], dtype=torch.int32)
+    cache = make_cache(g, fmt, 512, 3000, ps, idx, device)
+    q = torch.randn(T, H, 512, generator=g).to(torch.bfloat16)
+    _, _, ws = run_check(q, cache, idx, fmt=fmt, scale=512 ** -0.5, device=device, num_splits=S,
+                         lengths=lengths, sink=make_sink(g, H, "finite"))
+    N = T * S
+    out_bytes = (H * N * 512 * 4 + 255) // 256 * 256
+    written = ~torch.isnan(ws[out_bytes:out_bytes + H * N * 4].view(torch.float32).view(H, N).cpu())
+    lse_cells = ws[out_bytes:out_bytes + H * N * 4].view(torch.float32).view(H, N).cpu()
+    # Which cells hold an empty split's -inf: a token of E entries over n slots leaves slot j
+    # empty when floor(E (j + 1) / n) == floor(E j / n). (The uniform map would give every
+    # empty token S of them: 4 of the 9 lengths repeated are 0 or < S.)
+    want_written, want_empty = torch.zeros(N, dtype=torch.bool), torch.zeros(N, dtype=torch.bool)
+    effective = [max(0, min(int(n), W)) for n in lengths]
+    spans = _balanced_map([max(1, e) for e in effective], S)
+    for (f, n), e in zip(spans, effective):
+        want_written[f:f + n] = True
+        for j in range(n):
+            want_empty[f + j] = e * (j + 1) // n == e * j // n
+    assert (written == want_written).all(), written.sum(1)
+    assert (torch.isneginf(lse_cells) == want_empty).all()
+    assert spans[0][1] > 2 * S and spans[1][1] == 1  # the 4608-entry rows get the most slots
+
+
 def test_two_split_floor_in_the_automatic_workspace(device):
     """200 tokens with one 4608-entry row among short ones: the automatic policy keeps two splits
     for rows this long up to 256 tokens (the balanced map then spreads the long row), at any head

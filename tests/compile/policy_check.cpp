@@ -98,6 +98,8 @@ int main() {
   expect("balanced width(200 tokens, 640)", mla_ext::decode_balanced_width(200, 640), 0);
   expect("balanced width(200 tokens, 8320)", mla_ext::decode_balanced_width(200, 8320), 1);
   expect("balanced width(1 token, 8320)", mla_ext::decode_balanced_width(1, 8320), 0);
+  expect("balanced width(512 tokens, 8320)", mla_ext::decode_balanced_width(512, 8320), 1);
+  expect("balanced width(513 tokens, 8320)", mla_ext::decode_balanced_width(513, 8320), 0);
   expect("splits(C4 Flash, 16 heads, 200 tokens, as the query)",
          decode_num_splits(200, 16, 640, 132, mla_ext::decode_balanced_width(200, 640)),
          decode_num_splits(200, 16, 640, 132, false));

@@ -264,35 +264,66 @@ __device__ __forceinline__ int64_t block_incl_scan_i64(int64_t x, int64_t* red, 
 
 // The token owning split slot q under the balanced map, its first slot and its
 // slot count; false when q is idle. A split block (NT threads, num_tokens <=
-// kBalanceMaxTokens <= NT) calls it once, every thread; red: 2 NT / kWarpSize + 4
-// int64 of shared memory. act on (automatic counts, decode_active_splits_table):
-// token t takes n_t = decode_active_slots(c_t) slots, in token order.
-template <int NT>
-__device__ __forceinline__ bool balanced_slot_owner(const SparseDecodeParams& p, const ActiveSplits& act, int64_t q,
+// KP NT) calls it once, every thread; thread i holds tokens i KP .. i KP + KP - 1
+// (consecutive, so one scan over the threads' sums keeps token order); red:
+// 2 NT / kWarpSize + 4 int64 of shared memory. act on (automatic counts,
+// decode_active_splits_table): token t takes n_t = decode_active_slots(c_t)
+// slots, in token order.
+template <int NT, int KP>
+__device__ __forceinline__ bool balanced_slot_owner_kp(const SparseDecodeParams& p, const ActiveSplits& act, int64_t q,
                                                     int64_t* t_out, int64_t* q0_out, int* n_out, int64_t* red) {
-  static_assert(NT >= kBalanceMaxTokens, "one token per thread");
   constexpr int NW = NT / kWarpSize;
-  const int tid = threadIdx.x;
+  constexpr int kPer = KP;
   const int64_t T = p.num_tokens;
+  const int64_t t0 = int64_t(threadIdx.x) * kPer;  // this thread's first token
   int64_t* const own = red + 2 * NW;  // owner, first slot, count
-  const int64_t c = tid < T ? decode_token_cost(p, tid) : 0;
-  if (tid == 0) own[0] = -1;
+  int64_t c[kPer];
+  int64_t csum = 0;
+#pragma unroll
+  for (int k = 0; k < kPer; ++k) {
+    c[k] = t0 + k < T ? decode_token_cost(p, t0 + k) : 0;
+    csum += c[k];
+  }
+  if (threadIdx.x == 0) own[0] = -1;
   int64_t total;
-  const int64_t incl = block_incl_scan_i64<NT>(c, red, &total);  // C_{t+1}
-  int64_t f = 0, n = 0;
+  const int64_t incl = block_incl_scan_i64<NT>(csum, red, &total);  // C_{t0 + kPer}
   if (act.on()) {
     const int sa = decode_active_count(act, total, T, decode_total_width(p));
-    n = tid < T ? decode_active_slots(c, total, T, sa) : 0;
+    int64_t n[kPer];
+    int64_t nsum = 0;
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      n[k] = t0 + k < T ? decode_active_slots(c[k], total, T, sa) : 0;
+      nsum += n[k];
+    }
     int64_t all;
-    f = block_incl_scan_i64<NT>(n, red + NW, &all) - n;
-  } else if (tid < T) {
-    f = decode_balanced_first_slot(tid, incl - c, total, T, p.num_splits);
-    n = decode_balanced_slots(f, decode_balanced_first_slot(tid + 1, incl, total, T, p.num_splits));
-  }
-  if (tid < T && q >= f && q < f + n) {
-    own[0] = tid;
-    own[1] = f;
-    own[2] = n;
+    int64_t f = block_incl_scan_i64<NT>(nsum, red + NW, &all) - nsum;
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      if (q >= f && q < f + n[k]) {  // (n = 0 past T)
+        own[0] = t0 + k;
+        own[1] = f;
+        own[2] = n[k];
+      }
+      f += n[k];
+    }
+  } else if (t0 < T) {
+    int64_t ct = incl - csum;  // C_{t0}
+    int64_t f = decode_balanced_first_slot(t0, ct, total, T, p.num_splits);
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      if (t0 + k < T) {
+        ct += c[k];
+        const int64_t f1 = decode_balanced_first_slot(t0 + k + 1, ct, total, T, p.num_splits);
+        const int n = decode_balanced_slots(f, f1);
+        if (q >= f && q < f + n) {
+          own[0] = t0 + k;
+          own[1] = f;
+          own[2] = n;
+        }
+        f = f1;
+      }
+    }
   }
   __syncthreads();
   const int64_t owner = own[0];
@@ -303,12 +334,25 @@ __device__ __forceinline__ bool balanced_slot_owner(const SparseDecodeParams& p,
   return owner >= 0;
 }
 
-// The first slot and slot count of token t under the balanced map, for a block
-// of NT threads (the reduce); red: NT / kWarpSize int64 of shared memory.
+// balanced_slot_owner_kp for up to kBalanceMapMaxTokens tokens: one token per thread up to NT
+// tokens, more above (two per thread at every count measured 0-8% slower at 72-256 tokens on
+// the H200, thirty-sixth session; each thread's 64-bit divisions of decode_active_slots run one
+// after the other, the likely cause).
 template <int NT>
-__device__ __forceinline__ void balanced_token_slots(const SparseDecodeParams& p, const ActiveSplits& act, int64_t t,
+__device__ __forceinline__ bool balanced_slot_owner(const SparseDecodeParams& p, const ActiveSplits& act, int64_t q,
+                                                    int64_t* t_out, int64_t* q0_out, int* n_out, int64_t* red) {
+  constexpr int kPer = int((kBalanceMapMaxTokens + NT - 1) / NT);
+  if (kPer == 1 || p.num_tokens <= NT) return balanced_slot_owner_kp<NT, 1>(p, act, q, t_out, q0_out, n_out, red);
+  return balanced_slot_owner_kp<NT, kPer>(p, act, q, t_out, q0_out, n_out, red);
+}
+
+// The first slot and slot count of token t under the balanced map, for a block
+// of NT threads (the reduce) and num_tokens <= KP NT (thread i: tokens i, i + NT, ...);
+// red: NT / kWarpSize int64 of shared memory.
+template <int NT, int KP>
+__device__ __forceinline__ void balanced_token_slots_kp(const SparseDecodeParams& p, const ActiveSplits& act, int64_t t,
                                                      int64_t* q0_out, int* n_out, int64_t* red) {
-  constexpr int kPer = int((kBalanceMaxTokens + NT - 1) / NT);
+  constexpr int kPer = KP;
   const int64_t T = p.num_tokens;
   int64_t c[kPer];
   int64_t csum = 0, before = 0;  // this thread's costs: all, and of the tokens before t
@@ -337,6 +381,16 @@ __device__ __forceinline__ void balanced_token_slots(const SparseDecodeParams& p
   const int64_t f1 = decode_balanced_first_slot(t + 1, ct + decode_token_cost(p, t), total, T, p.num_splits);
   *q0_out = f;
   *n_out = decode_balanced_slots(f, f1);
+}
+
+// balanced_token_slots_kp for up to kBalanceMapMaxTokens tokens, with no more tokens per thread
+// than kBalanceMaxTokens tokens needed before (the count up to the thirty-fifth session).
+template <int NT>
+__device__ __forceinline__ void balanced_token_slots(const SparseDecodeParams& p, const ActiveSplits& act, int64_t t,
+                                                     int64_t* q0_out, int* n_out, int64_t* red) {
+  constexpr int kLow = int((kBalanceMaxTokens + NT - 1) / NT), kHigh = int((kBalanceMapMaxTokens + NT - 1) / NT);
+  if (kLow == kHigh || p.num_tokens <= kLow * NT) return balanced_token_slots_kp<NT, kLow>(p, act, t, q0_out, n_out, red);
+  balanced_token_slots_kp<NT, kHigh>(p, act, t, q0_out, n_out, red);
 }
 
 // ---- small numeric helpers (pack_bf16x2: numerics.h) ----

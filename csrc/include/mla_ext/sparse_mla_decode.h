@@ -140,14 +140,17 @@ inline int decode_base_splits(int64_t num_tokens, int64_t num_heads, int num_sms
   return int(s);
 }
 
-// The balanced split map's range (decode_balanced, below), and the policy's
-// two-split floor for rows this long (decode_num_splits).
-constexpr int64_t kBalanceMaxTokens = 256;  // one token per thread of a split block
+// The balanced split map's range (decode_balanced, below: up to kBalanceMapMaxTokens tokens,
+// two per thread of a split block), and the policy's two-split floor for rows this long
+// (decode_num_splits: up to kBalanceMaxTokens tokens).
+constexpr int64_t kBalanceMaxTokens = 256;
+constexpr int64_t kBalanceMapMaxTokens = 512;
 constexpr int64_t kBalanceMinWidth = 4096;  // W_main + W_extra: long compressed rows (V4 C128)
 // The token count and widths of a call that can take the balanced map (decode_balanced: a V4 FP8
-// call with lengths; the C API's split-count query assumes one).
+// call with lengths; the C API's split-count query assumes one). Until the thirty-sixth session
+// the map stopped at 256 tokens (one token per thread) and 257-512 took the uniform map.
 MLA_EXT_HD bool decode_balanced_width(int64_t num_tokens, int64_t total_width) {
-  return num_tokens >= 2 && num_tokens <= kBalanceMaxTokens && total_width >= kBalanceMinWidth;
+  return num_tokens >= 2 && num_tokens <= kBalanceMapMaxTokens && total_width >= kBalanceMinWidth;
 }
 
 // Two-split floor: calls of 2..kBalanceMaxTokens tokens whose index sets are
@@ -526,7 +529,7 @@ struct ActiveSplits {
 };
 inline bool decode_active_applies(int64_t num_tokens, int64_t num_heads, int64_t total_width, int num_sms) {
   return num_sms > 0 && num_heads >= 1 && num_heads <= 16 && decode_balanced_width(num_tokens, total_width) &&
-         num_tokens * 50 >= int64_t(num_sms) * 27;
+         num_tokens <= kBalanceMaxTokens && num_tokens * 50 >= int64_t(num_sms) * 27;
 }
 // The grid (the automatic count) where decode_active_applies: 4..8 slots per token.
 inline int decode_active_grid(int64_t num_tokens, int64_t num_heads) {
@@ -590,7 +593,7 @@ inline ActiveSplits decode_active_splits_table(int64_t num_tokens, int64_t num_h
   return a;
 }
 // The bucket of a call's rows: total_cost = C_T (the sum of c_t = max(1, E_t) <= total_width),
-// 1 <= num_tokens <= kBalanceMaxTokens, total_width >= 1; the width clamped to kMaxPolicyWidth as
+// 1 <= num_tokens <= kBalanceMapMaxTokens, total_width >= 1; the width clamped to kMaxPolicyWidth as
 // the table's (so T x W < 2^48: the sets' widths are any int64 the op accepts).
 MLA_EXT_HD int decode_active_bucket(int64_t total_cost, int64_t num_tokens, int64_t total_width) {
   if (total_width > kMaxPolicyWidth) total_width = kMaxPolicyWidth;
@@ -696,7 +699,7 @@ MLA_EXT_HD void effective_lens(const KvSet& m, const KvSet& x, int64_t t, int64_
 // uniform map exactly. (Until the twelfth session each token got
 // 1 + floor(X * c_t / C_T) slots; the floors left up to T slots idle, e.g. 244
 // of 512 at 256 tokens with one 8320-entry row among ~610-entry ones.)
-// (kBalanceMaxTokens and kBalanceMinWidth are defined with the split policy.)
+// (kBalanceMapMaxTokens and kBalanceMinWidth are defined with the split policy.)
 // ---------------------------------------------------------------------------
 
 // W_main + W_extra of the sets present.
@@ -706,7 +709,7 @@ MLA_EXT_HD int64_t decode_total_width(const SparseDecodeParams& p) {
 
 // Whether a call uses the balanced map: a V4 FP8 cache format (the C128 layers'
 // long compressed rows; the other kernels keep their registers for the tile
-// loop), S > 1, 2..kBalanceMaxTokens tokens, a lengths array on some set, and
+// loop), S > 1, 2..kBalanceMapMaxTokens tokens, a lengths array on some set, and
 // index widths summing to >= kBalanceMinWidth.
 // decode_balanced_shape: all of these but the split count; decode_balanced_width (with the
 // constants above): the token count and widths only.
@@ -756,8 +759,8 @@ inline int decode_auto_splits(const SparseDecodeParams& p, int num_sms, bool gpu
   return decode_num_splits(p.num_tokens, p.num_heads, decode_total_width(p), num_sms, decode_balanced_shape(p), gpu);
 }
 
-// c_t of the balanced map: 1..2^31 - 1, so that X * C_t stays below 2^55
-// (X < 2^16, C_t < 2^39 for T <= kBalanceMaxTokens).
+// c_t of the balanced map: 1..2^31 - 1, so that X * C_t stays below 2^57
+// (X < 2^17, C_t < 2^40 for T <= kBalanceMapMaxTokens).
 MLA_EXT_HD int64_t decode_token_cost(const SparseDecodeParams& p, int64_t t) {
   int64_t em, ee;
   effective_lens(p.main, p.extra, t, &em, &ee);
@@ -768,7 +771,7 @@ MLA_EXT_HD int64_t decode_token_cost(const SparseDecodeParams& p, int64_t t) {
 
 // F(t) of the balanced map: token t's first slot, given C_t = prefix_cost (the
 // costs of tokens 0..t-1) and C_T = total_cost (> 0). F(0) = 0, F(num_tokens) = T * S
-// (X + 1/2 rounds to X). 2 X C_t + C_T < 2^57 (decode_token_cost).
+// (X + 1/2 rounds to X). 2 X C_t + C_T < 2^59 (decode_token_cost).
 MLA_EXT_HD int64_t decode_balanced_first_slot(int64_t t, int64_t prefix_cost, int64_t total_cost,
                                               int64_t num_tokens, int num_splits) {
   return t + (2 * num_tokens * int64_t(num_splits - 1) * prefix_cost + total_cost) / (2 * total_cost);
