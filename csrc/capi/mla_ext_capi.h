@@ -269,8 +269,10 @@ MLA_EXT_CAPI_EXPORT size_t mla_ext_sparse_mla_decode_workspace_size_for(long lon
  * busiest processor's time (mla_ext::decode_balance_splits; above 16 heads: at most
  * 256 tokens, sets of 2048+ entries, 1..4 splits). Calls of 1-16 heads x 0.54 x num_sms to
  * 256 tokens with sets of 4096+ entries (V4 C128 layers) get a grid of
- * min(8, 1024 / num_tokens) slots per token, of which the decode (num_splits == 0 only)
- * uses as many as the rows' lengths ask for (mla_ext::decode_active_splits_table).
+ * min(8, 1024 / num_tokens) slots per token, and at 257-512 tokens where num_tokens mod
+ * (2 x num_sms) is 1..num_sms a grid of min(8, 1536 / num_tokens), of which the decode
+ * (num_splits == 0 only) uses as many as the rows' lengths ask for
+ * (mla_ext::decode_active_splits_table).
  * num_sms <= 0 queries the current device. 0 for negative arguments or no device to query. */
 MLA_EXT_CAPI_EXPORT int mla_ext_sparse_mla_decode_num_splits(long long num_tokens, long long num_heads,
                                                              long long total_width, int num_sms);

@@ -169,14 +169,26 @@ int main() {
     }
   }
   // Active splits (decode_active_splits_table, thirty-fifth session): GPU calls on the balanced map
-  // with sets of 4096+ entries at 1-16 heads x 0.54 x processors..256 tokens get a grid of
+  // with sets of 4096+ entries at 1-16 heads x 0.54 x processors..512 tokens (256 until the
+  // thirty-sixth session) get a grid of
   // decode_balance_reach slots per token and a table of the model's counts by the rows' mean
   // length; token t then takes ceil(S' T c_t / C_T) slots.
   using mla_ext::decode_active_applies;
   expect("active(71 tokens)", decode_active_applies(71, 16, 8320, 132), 0);
   expect("active(72 tokens)", decode_active_applies(72, 16, 8320, 132), 1);
   expect("active(256 tokens)", decode_active_applies(256, 16, 8320, 132), 1);
+  // above 256 tokens only where one split per token leaves its last wave at most half full:
+  // 265-396 tokens on 132 processors (2 x 132 = 264 blocks a wave)
   expect("active(257 tokens)", decode_active_applies(257, 16, 8320, 132), 0);
+  expect("active(264 tokens)", decode_active_applies(264, 16, 8320, 132), 0);
+  expect("active(265 tokens)", decode_active_applies(265, 16, 8320, 132), 1);
+  expect("active(396 tokens)", decode_active_applies(396, 16, 8320, 132), 1);
+  expect("active(397 tokens)", decode_active_applies(397, 16, 8320, 132), 0);
+  expect("active(512 tokens)", decode_active_applies(512, 16, 8320, 132), 0);
+  expect("active(300 tokens, 114 processors)", decode_active_applies(300, 16, 8320, 114), 1);
+  expect("active(400 tokens, 114 processors)", decode_active_applies(400, 16, 8320, 114), 0);
+  expect("active(500 tokens, 114 processors)", decode_active_applies(500, 16, 8320, 114), 1);
+  expect("active(513 tokens, 114 processors)", decode_active_applies(513, 16, 8320, 114), 0);
   expect("active(17 heads)", decode_active_applies(100, 17, 8320, 132), 0);
   expect("active(4095 entries)", decode_active_applies(100, 16, 4095, 132), 0);
   expect("active(4096 entries)", decode_active_applies(100, 16, 4096, 132), 1);
@@ -187,7 +199,14 @@ int main() {
   expect("splits(C128, 8 heads, 256 tokens)", decode_num_splits(256, 8, 8320, 132, true), 4);
   expect("splits(C128, 16 heads, 140 tokens, CPU)", decode_num_splits(140, 16, 8320, 132, true, false), 2);
   expect("splits(C128, 32 heads, 140 tokens)", decode_num_splits(140, 32, 8320, 132, true), 2);
-  expect("splits(C128, 16 heads, 300 tokens)", decode_num_splits(300, 16, 8320, 132, true), 1);
+  // grids above 256 tokens: min(8, 1536 / T) slots per token
+  expect("splits(C128, 16 heads, 300 tokens)", decode_num_splits(300, 16, 8320, 132, true), 5);
+  expect("splits(C128, 16 heads, 384 tokens)", decode_num_splits(384, 16, 8320, 132, true), 4);
+  expect("splits(C128, 16 heads, 396 tokens)", decode_num_splits(396, 16, 8320, 132, true), 3);
+  expect("splits(C128, 16 heads, 264 tokens)", decode_num_splits(264, 16, 8320, 132, true), 1);
+  expect("splits(C128, 16 heads, 512 tokens)", decode_num_splits(512, 16, 8320, 132, true), 1);
+  expect("splits(C128, 32 heads, 300 tokens)", decode_num_splits(300, 32, 8320, 132, true), 1);
+  expect("splits(C128, 16 heads, 300 tokens, no lengths)", decode_num_splits(300, 16, 8320, 132, false), 1);
   expect("splits(C128, 16 heads, 16 tokens)", decode_num_splits(16, 16, 8320, 132, true),
          mla_ext::decode_wave_splits(16, 16, 8320, 132, true));
   {
@@ -223,26 +242,38 @@ int main() {
     // bucket 2, upper bound 780) takes 3, not 7 splits of 112 (modelled 0.1% cheaper)
     expect("pick(128, 8, 780)", mla_ext::decode_active_pick(128, 8, 780, 132, 7), 3);
     expect("pick(128, 8, 192): one split", mla_ext::decode_active_pick(128, 8, 192, 132, 7), 1);
+    // above 256 tokens a token takes another slot only past 5/4 of the mean row per slot, and the
+    // table models no extra slots (rows as if of equal length): 384 tokens, grid 4, S' = 2 for
+    // every bucket (the forced sweep's fastest for rows of ~1,100-4,300 entries)
+    expect("slots(1.2 x mean, S' 1, 300 tokens)", long(decode_active_slots(600, 300 * 500, 300, 1)), 1);
+    expect("slots(1.3 x mean, S' 1, 300 tokens)", long(decode_active_slots(650, 300 * 500, 300, 1)), 2);
+    expect("slots(1.3 x mean, S' 1, 200 tokens)", long(decode_active_slots(650, 200 * 500, 200, 1)), 2);
+    expect("slots(1.1 x mean, S' 1, 200 tokens)", long(decode_active_slots(550, 200 * 500, 200, 1)), 2);
+    {
+      const mla_ext::ActiveSplits t384 = decode_active_splits_table(384, 16, 8320, 132, 4);
+      for (int k = 1; k < kActiveBuckets; ++k) expect("table(384, 16) = 2", t384.splits[k], 2);
+      expect("table(384, 16) live slots", long(t384.live_slots), 384L * 3);
+    }
     expect("slots(long row, capped)", long(decode_active_slots(8320, 8320 + 500, 2, 256)), 256);
-    // Every table at 1-16 heads x 2-256 tokens x widths 4096-40000 on four processor counts:
+    // Every table at 1-16 heads x 2-512 tokens x widths 4096-40000 on four processor counts:
     // entries 1..grid - 1, live slots within the grid; and for any lengths, the slots add up to at
-    // most T (S' + 1) <= live slots, each token's rows per slot at most C_T / (T S') (checked on
-    // random costs).
+    // most T (S' + 1) <= live slots, each token's rows per slot at most C_T / (T S') (5/4 of it
+    // above 256 tokens; checked on random costs).
     int ok = 1;
     unsigned rng = 12345;
     const int sms[] = {132, 114, 78, 16};
     for (int n : sms)
       for (int64_t h = 1; h <= 16 && ok; h += 3)
-        for (int64_t t = 2; t <= 256 && ok; t += 7)
+        for (int64_t t = 2; t <= 512 && ok; t += 7)
           for (int64_t w = 4096; w <= 40000 && ok; w += 2997) {
             const int grid = decode_num_splits(t, h, w, n, true);
             const mla_ext::ActiveSplits b = decode_active_splits_table(t, h, w, n, grid);
             if (b.on() != decode_active_applies(t, h, w, n)) ok = 0;
             if (!b.on()) continue;
-            ok = ok && grid == mla_ext::decode_balance_reach(t, h) && b.live_slots <= t * grid;
+            ok = ok && grid == mla_ext::decode_active_grid(t, h) && b.live_slots <= t * grid;
             for (int k = 0; k < kActiveBuckets; ++k) ok = ok && b.splits[k] >= 1 && b.splits[k] < grid;
             for (int rep = 0; rep < 4 && ok; ++rep) {
-              int64_t cost[256], total = 0;
+              int64_t cost[512], total = 0;
               const int64_t top = 1 + (rep == 0 ? w : int64_t(rng % unsigned(w)));
               for (int64_t u = 0; u < t; ++u) {
                 rng = rng * 1103515245u + 12345u;
@@ -254,7 +285,8 @@ int main() {
               for (int64_t u = 0; u < t; ++u) {
                 const int64_t m = decode_active_slots(cost[u], total, t, sa);
                 slots += m;
-                ok = ok && m >= 1 && cost[u] * t * sa <= total * m;  // c_u / m <= C_T / (T S')
+                // c_u / m <= C_T / (T S'), 5/4 of it above 256 tokens
+                ok = ok && m >= 1 && cost[u] * t * sa * (t > 256 ? 4 : 1) <= total * m * (t > 256 ? 5 : 1);
               }
               ok = ok && slots <= t * (sa + 1) && slots <= b.live_slots;
             }

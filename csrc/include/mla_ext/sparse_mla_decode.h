@@ -497,8 +497,9 @@ inline int decode_balance_splits(int64_t num_tokens, int64_t num_heads, int64_t 
 // 8320, ~5100, ~3100, ~1100 and 300-8192 entries, and the straggler layer, 8-16 heads x 48-240
 // tokens) the fastest split count followed the rows' mean length and the token count, not W; the
 // wave count with its two-split floor was 23% slower than the fastest on geometric mean. So the
-// automatic count of such a call is a grid of decode_balance_reach slots per token (8 up to 128
-// tokens, 1024 / T above), and the kernels use as many of them as the rows ask for:
+// automatic count of such a call is a grid of decode_active_grid slots per token (8 up to 128
+// tokens, 1024 / T to 256, min(8, 1536 / T) above), and the kernels use as many of them as the
+// rows ask for:
 //  - a table of kActiveBuckets entries by the rows' mean effective length C_T / T (bucket k:
 //    means in (k W / K, (k + 1) W / K]), entry k the count of least modelled time for rows as
 //    long as the bucket's upper bound (decode_active_pick, decode_active_cost), at most the
@@ -509,7 +510,10 @@ inline int decode_balance_splits(int64_t num_tokens, int64_t num_heads, int64_t 
 //    S', whatever the lengths' spread, unless its share passes kMaxSplits (the balanced map's
 //    cumulative rounding gave tokens of about equal length one slot more or less than their
 //    share: at S = 2 one slot, a whole row), and the slots add up to at most T (S' + 1), within
-//    the grid;
+//    the grid. Above kBalanceMaxTokens, n_t = ceil(4 S' T c_t / (5 C_T)) (kActiveSlackDen): rows
+//    per slot at most 5/4 of that mean, and rows within 5/4 of the mean row take no extra slot
+//    (the ceil map gave half the tokens of rows of about equal length one more slot, T / 2 more
+//    blocks: at 264-512 tokens rows of ~1,100 entries ran 35-46% slower than one split);
 //  - slots from T x (the table's largest entry + 1) on are idle in every bucket: their blocks
 //    return at once; the other idle slots' blocks after the prologue's sums.
 // Shapes only on the host (grid, workspace, table); the lengths pick the bucket and the slots on
@@ -518,9 +522,11 @@ inline int decode_balance_splits(int64_t num_tokens, int64_t num_heads, int64_t 
 // the H200: at 48-64 tokens the wave count was as fast as the table's best S' on full rows and
 // 2-6% faster on shorter ones, its T x S slots filling one wave exactly where the ceil map adds
 // slots; at 66 the table measured -1.6..+5.9%, from 72 tokens on it gained 6-25%) to
-// kBalanceMaxTokens tokens (the balanced map's range), automatic counts only
-// (launch_sparse_mla_decode's auto_splits; an explicit count keeps the balanced map below). The CPU twin
-// does not use it (its automatic count is not the GPU's).
+// kBalanceMaxTokens tokens, and above that, up to kBalanceMapMaxTokens, where one split per
+// token would leave its last wave of blocks at most half full (265-396 tokens on the H200; see
+// kActiveMaxTokenSplits); automatic counts only (launch_sparse_mla_decode's auto_splits; an
+// explicit count keeps the balanced map below). The CPU twin does not use it (its automatic
+// count is not the GPU's).
 constexpr int kActiveBuckets = 32;
 struct ActiveSplits {
   int64_t live_slots = 0;  // T x (largest entry + 1); 0: off (every slot of the grid in use)
@@ -528,20 +534,49 @@ struct ActiveSplits {
   MLA_EXT_HD bool on() const { return live_slots > 0; }
 };
 inline bool decode_active_applies(int64_t num_tokens, int64_t num_heads, int64_t total_width, int num_sms) {
-  return num_sms > 0 && num_heads >= 1 && num_heads <= 16 && decode_balanced_width(num_tokens, total_width) &&
-         num_tokens <= kBalanceMaxTokens && num_tokens * 50 >= int64_t(num_sms) * 27;
+  if (!(num_sms > 0 && num_heads >= 1 && num_heads <= 16 && decode_balanced_width(num_tokens, total_width) &&
+        num_tokens * 50 >= int64_t(num_sms) * 27))
+    return false;
+  // Above kBalanceMaxTokens only where one split per token (T blocks, two per processor) leaves its
+  // last wave at most half full (265-396 tokens on the H200): elsewhere the active path's fixed
+  // costs outweighed what it saves on rows of about equal length (see kActiveMaxTokenSplits).
+  const int64_t last = num_tokens % (2 * int64_t(num_sms));
+  return num_tokens <= kBalanceMaxTokens || (last != 0 && last <= num_sms);
 }
-// The grid (the automatic count) where decode_active_applies: 4..8 slots per token.
+// The grid (the automatic count) where decode_active_applies: decode_balance_reach up to
+// kBalanceMaxTokens tokens (4..8 slots per token), min(8, kActiveMaxTokenSplits / T) above
+// (3..5). H200, thirty-sixth session (RESULTS.md), C128 layers at 8-16 heads x 264-512 tokens
+// whose one split per token (the count before) leaves idle processors or a straggler's row:
+//  - 1024 / T (2-3 slots: S' = 1 only from 342 tokens) against 1536 / T (3-5): full rows at
+//    300-384 tokens 943-1329 -> 851-1005 us; the straggler layer at 448-512 tokens lost 5-9%
+//    with the larger grid (the table's S' = 2 there);
+//  - against one split: full rows -21..-33% at 300-384 tokens, the straggler layer -49..-65% at
+//    264-512, rows of 300-8,192 entries -17..-34%; but rows of about equal length (~1,100 or
+//    ~3,100 entries, +-10%) +4..+37% at 264 and 448-512 tokens, where one split's T blocks fill
+//    their last wave: the active path's fixed costs (the prologue's sums in every block,
+//    including idle slots', and the reduce) came to 25-50 us at 512 tokens. Hence
+//    decode_active_applies' wave rule above kBalanceMaxTokens.
+// The automatic workspace at 1-16 heads grows accordingly (16 heads: 33.6 -> 50.4 MB for
+// max_num_tokens >= 300 on the H200).
+constexpr int64_t kActiveMaxTokenSplits = 1536;
 inline int decode_active_grid(int64_t num_tokens, int64_t num_heads) {
-  return decode_balance_reach(num_tokens, num_heads);
+  if (num_tokens <= kBalanceMaxTokens) return decode_balance_reach(num_tokens, num_heads);
+  const int64_t g = kActiveMaxTokenSplits / num_tokens;
+  return g < kBalanceMaxSplits ? int(g) : kBalanceMaxSplits;
 }
+// Above kBalanceMaxTokens a token takes another slot only once its row passes 5/4 of the mean
+// row per slot (decode_active_slots), and the table's model counts no extra slots (as for rows of
+// equal length: decode_active_cost's equal_rows). With the ceil map's T / 2 extra blocks the
+// model picked S' = 3 at 384 tokens where 2 measured 8-9% faster on rows of ~1,100 and ~3,100
+// entries, and 1 at 320 tokens on the straggler layer (2: -14%).
+constexpr int64_t kActiveSlackDen = 5;
 // The active splits' cost model: decode_split_cost's busiest processor for rows of `width`
 // entries at S' = active, refitted to the ceil map (thirty-fifth session's sweep: 104 shapes,
 // S' = 1..7 each; the table's pick within 0.5% of the fastest S' on geometric mean at 72+
 // tokens, worst 13%):
 //  - blocks: T S' plus T / 2 (the ceil map gives about half the tokens of a spread of lengths one
 //    slot more than S'), except for rows as long as the set (the top bucket: equal lengths, no
-//    extra slot);
+//    extra slot) and above kBalanceMaxTokens (kActiveSlackDen);
 //  - pairs of co-resident 16-head blocks at 1 + 1.25 n per pair (decode_split_cost: 1 + 1.5 n), a
 //    lone block at 1.5 + n, the reduce at 1 + T H S' / (64 processors) (the balanced map always
 //    reduces, at S' = 1 too).
@@ -585,7 +620,7 @@ inline ActiveSplits decode_active_splits_table(int64_t num_tokens, int64_t num_h
     const int s = force_splits >= 1 && force_splits < num_splits
                       ? force_splits
                       : decode_active_pick(num_tokens, num_heads, upper, num_sms, num_splits - 1,
-                                           k == kActiveBuckets - 1);
+                                           k == kActiveBuckets - 1 || num_tokens > kBalanceMaxTokens);
     a.splits[k] = uint8_t(s);
     if (s > top) top = s;
   }
@@ -605,10 +640,13 @@ MLA_EXT_HD int decode_active_count(const ActiveSplits& a, int64_t total_cost, in
                                    int64_t total_width) {
   return a.splits[decode_active_bucket(total_cost, num_tokens, total_width)];
 }
-// n_t: ceil(S' T c_t / C_T), 1..kMaxSplits (c_t >= 1; S' T c_t < 2^48).
+// n_t: ceil(S' T c_t / C_T) up to kBalanceMaxTokens tokens, ceil(4 S' T c_t / (5 C_T)) above
+// (kActiveSlackDen), 1..kMaxSplits (c_t >= 1; 4 S' T c_t < 2^48).
 MLA_EXT_HD int64_t decode_active_slots(int64_t cost, int64_t total_cost, int64_t num_tokens, int active) {
-  const int64_t x = int64_t(active) * num_tokens * cost;
-  const int64_t n = x / total_cost + (x % total_cost != 0 ? 1 : 0);
+  const bool slack = num_tokens > kBalanceMaxTokens;
+  const int64_t x = int64_t(active) * num_tokens * cost * (slack ? kActiveSlackDen - 1 : 1);
+  const int64_t d = total_cost * (slack ? kActiveSlackDen : 1);
+  const int64_t n = x / d + (x % d != 0 ? 1 : 0);
   return n < 1 ? 1 : (n > kMaxSplits ? kMaxSplits : n);
 }
 
@@ -620,9 +658,14 @@ inline int decode_max_auto_splits(int64_t num_tokens, int64_t num_heads, int num
                                   bool gpu = true) {
   const int s = decode_wave_max_splits(num_tokens, num_heads, num_sms, floor);
   // (kBalanceWideMinWidth: a width at which the model applies at every head count)
-  if (!gpu || !decode_balance_applies(num_tokens, num_heads, kBalanceWideMinWidth, num_sms)) return s;
+  int top = s;
+  if (gpu && floor && decode_active_applies(num_tokens, num_heads, kBalanceMinWidth, num_sms)) {
+    const int g = decode_active_grid(num_tokens, num_heads);
+    top = g > top ? g : top;
+  }
+  if (!gpu || !decode_balance_applies(num_tokens, num_heads, kBalanceWideMinWidth, num_sms)) return top;
   const int reach = decode_balance_reach(num_tokens, num_heads);
-  return reach > s ? reach : s;
+  return reach > top ? reach : top;
 }
 
 // The automatic split count for a call whose index sets have total width
@@ -634,9 +677,10 @@ inline int decode_max_auto_splits(int64_t num_tokens, int64_t num_heads, int num
 //    (decode_balance_applies): the balance model's pick between the wave count and
 //    1..8 splits (decode_balance_splits). (Sets that long take no two-split floor.)
 //  - GPU calls on the balanced map with sets of 4096+ entries, up to 16 heads and
-//    0.54 x processors to 256 tokens (decode_active_applies): the grid of the active
-//    splits, 4-8 slots per token (decode_active_grid; the kernels then use as many of
-//    them as the rows' lengths ask for: decode_active_splits_table).
+//    0.54 x processors to 256 tokens, or 257-512 tokens where one split would leave its last
+//    wave at most half full (decode_active_applies): the grid of the active splits, 3-8 slots
+//    per token (decode_active_grid; the kernels then use as many of them as the rows'
+//    lengths ask for: decode_active_splits_table).
 // gpu = false is the CPU twin's count, whose "processors" are its threads (see
 // decode_one_split_pays). Never more than decode_max_auto_splits(T, H, n, balanced_map, gpu).
 inline int decode_num_splits(int64_t num_tokens, int64_t num_heads, int64_t total_width,
@@ -892,6 +936,13 @@ inline size_t decode_workspace_size_for(int64_t num_tokens, int64_t num_heads, i
         const size_t b = decode_workspace_size(t, h, decode_balance_reach(t, h));
         if (b > best) best = b;
       }
+    }
+    // The active splits' grid (decode_active_grid) above kBalanceMaxTokens, at 1-16 heads.
+    const int64_t ha = num_heads < 16 ? num_heads : 16;
+    for (int64_t t = kBalanceMaxTokens + 1; t <= num_tokens && t <= kBalanceMapMaxTokens; ++t) {
+      if (!decode_active_applies(t, ha, kBalanceMinWidth, num_sms)) continue;
+      const size_t b = decode_workspace_size(t, ha, decode_active_grid(t, ha));
+      if (b > best) best = b;
     }
   }
   return best;
