@@ -2334,12 +2334,12 @@ def test_gpu_active_splits_follow_the_lengths(T, grid, full_pick):
     """An automatic count on the balanced map with a C128-wide set (8 heads x 72 / 300 / 384 tokens
     x 8320 entries, lengths given) is a grid of 8 / 5 / 4 slots per token (on an H200), of which the
     kernels use as many as the rows' mean length asks for (decode_active_splits_table): token t
-    takes ceil(S' T c_t / C_T) slots (ceil(4 S' T c_t / (5 C_T)) above 256 tokens). Full rows, rows of ~550 entries with one full straggler, and
-    rows of 5,500-6,500 each match the float64 reference in the workspace the size query gives
-    (NaN-poisoned), and the workspace cells written are exactly the slots of that map for one S' in
-    1..grid - 1 (full rows: the count the model picks for them, and then bit-identical to that
-    explicit count, where that is more than one). The same lengths replayed in a graph captured
-    once give bit-identical results."""
+    takes ceil(S' T c_t / C_T) slots (ceil(4 S' T c_t / (5 C_T)) above 256 tokens). Full rows, rows
+    of ~550 entries with one full straggler, and rows of 5,500-6,500 each match the float64
+    reference in the workspace the size query gives (NaN-poisoned), and the workspace cells
+    written are exactly the slots of that map for one S' in 1..grid - 1 (full rows: the count the
+    model picks for them, and then bit-identical to that explicit count, where that is more than
+    one). The same lengths replayed in a graph captured once give bit-identical results."""
     g = torch.Generator().manual_seed(35 + T)
     H, W, fmt = 8, 8320, "fp8_ds_mla_v4"
     _, idx_d, cache, q = _gpu_v4_long_rows(g, T, H, W, 6000, "none")
@@ -2359,7 +2359,7 @@ def test_gpu_active_splits_follow_the_lengths(T, grid, full_pick):
         assert_close_rel(out, ref_o, torch.bfloat16)
         check_lse(lse, ref_l.cpu())
         eager[name] = (out, lse)
-        if sms == 132:  # decode_active_grid: min(8, 1024 / T) slots per token to 256 tokens, min(8, 1536 / T) above
+        if sms == 132:  # decode_active_grid: min(8, 1024 / T) slots per token to 256 tokens, 1536 / T above
             N = T * grid
             out_bytes = (H * N * 512 * 4 + 255) // 256 * 256
             written = ~torch.isnan(ws[out_bytes:out_bytes + H * N * 4].view(torch.float32).view(H, N).cpu())
