@@ -14,7 +14,8 @@ below), the table's pick for it, and prints the shapes where the pick is more th
 fastest forced S' or more than 2% slower than the old automatic count, then the geometric means
 over the shapes of 72+ tokens (below, the op keeps the wave count: decode_active_applies). The mirror's
 picks matched the header's table on 20,000 random (66-256 tokens, 1-16 heads, mean length) cases
-when it was written; re-check it after a change to either.
+when it was written; re-check it after a change to either. (Up to 256 tokens: above, the header's
+grid, slot map and model differ, thirty-sixth session, and this mirror does not follow them.)
 --grid ranks constant sets of a small grid (the shipped set came from it, without the split bound,
 which a check on other shapes added: RESULTS.md, call 4).
 """
