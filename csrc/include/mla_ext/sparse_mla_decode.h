@@ -550,7 +550,7 @@ inline bool decode_active_applies(int64_t num_tokens, int64_t num_heads, int64_t
 //  - 1024 / T (2-3 slots: S' = 1 only from 342 tokens) against 1536 / T (3-5): full rows at
 //    300-384 tokens 943-1329 -> 851-1005 us; the straggler layer at 448-512 tokens lost 5-9%
 //    with the larger grid (the table's S' = 2 there);
-//  - against one split: full rows -21..-33% at 300-384 tokens, the straggler layer -49..-65% at
+//  - against one split: full rows -21..-33% at 300-384 tokens, the straggler layer -40..-65% at
 //    264-512, rows of 300-8,192 entries -17..-34%; but rows of about equal length (~1,100 or
 //    ~3,100 entries, +-10%) +4..+37% at 264 and 448-512 tokens, where one split's T blocks fill
 //    their last wave: the active path's fixed costs (the prologue's sums in every block,
