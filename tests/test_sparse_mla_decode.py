@@ -420,7 +420,7 @@ def test_balanced_split_map_slots(device, S):
         assert not want.all() and spans[0][1] == 256
 
 
-@pytest.mark.parametrize("T,S", [(300, 2), (512, 3)])
+@pytest.mark.parametrize("T,S", [(257, 2), (300, 2), (511, 2), (512, 3)])
 def test_balanced_split_map_past_256_tokens(device, T, S):
     """257-512 tokens take the balanced map too (until the thirty-sixth session they took the
     uniform map: the split blocks' prologue held one token per thread, now two): the workspace
@@ -436,11 +436,11 @@ def test_balanced_split_map_past_256_tokens(device, T, S):
                          lengths=lengths, sink=make_sink(g, H, "finite"))
     N = T * S
     out_bytes = (H * N * 512 * 4 + 255) // 256 * 256
-    written = ~torch.isnan(ws[out_bytes:out_bytes + H * N * 4].view(torch.float32).view(H, N).cpu())
     lse_cells = ws[out_bytes:out_bytes + H * N * 4].view(torch.float32).view(H, N).cpu()
+    written = ~torch.isnan(lse_cells)
     # Which cells hold an empty split's -inf: a token of E entries over n slots leaves slot j
-    # empty when floor(E (j + 1) / n) == floor(E j / n). (The uniform map would give every
-    # empty token S of them: 4 of the 9 lengths repeated are 0 or < S.)
+    # empty when floor(E (j + 1) / n) == floor(E j / n). (Every slot is written on either map;
+    # the uniform map would give the tokens of 0 and 1 entries S - 1 or S empty slots each.)
     want_written, want_empty = torch.zeros(N, dtype=torch.bool), torch.zeros(N, dtype=torch.bool)
     effective = [max(0, min(int(n), W)) for n in lengths]
     spans = _balanced_map([max(1, e) for e in effective], S)
@@ -2146,7 +2146,7 @@ def test_gpu_asym_switch_both_kernels(tmp_path):
     once. Where the profiler names kernels and this GPU and build run the warpgroup kernel, the
     kernel's ASYM argument shows which one ran."""
     # The V4 64-head tile (forced) on both split maps: window and C4 layers (uniform map) at 64-128
-    # heads, C128 layers with rows of up to ~7800 entries (balanced map: 2-256 tokens this wide);
+    # heads, C128 layers with rows of up to ~7800 entries (balanced map: 2-512 tokens this wide);
     # 1-40 tokens, sinks, lse; splits of 1-2 key tiles (window rows of 128; C4 rows of 640 over 8
     # splits) and of many. (kind, heads, batch, context_len, num_splits, seed)
     cases = [(kind, heads, batch, (300, ctx), splits, heads + batch)
@@ -2335,9 +2335,10 @@ def test_gpu_active_splits_follow_the_lengths(T, grid, full_pick):
     x 8320 entries, lengths given) is a grid of 8 / 5 / 4 slots per token (on an H200), of which the
     kernels use as many as the rows' mean length asks for (decode_active_splits_table): token t
     takes ceil(S' T c_t / C_T) slots (ceil(4 S' T c_t / (5 C_T)) above 256 tokens). Full rows, rows
-    of ~550 entries with one full straggler, and rows of 5,500-6,500 each match the float64
-    reference in the workspace the size query gives (NaN-poisoned), and the workspace cells
-    written are exactly the slots of that map for one S' in 1..grid - 1 (full rows: the count the
+    of ~550 entries with one full straggler and rows of 0-2, and rows of 5,500-6,500 each match the
+    float64 reference in the workspace the size query gives (NaN-poisoned), and the workspace cells
+    written, and those holding an empty split's -inf, are exactly those of that map for one S' in
+    1..grid - 1 (full rows: the count the
     model picks for them, and then bit-identical to that explicit count, where that is more than
     one). The same lengths replayed in a graph captured once give bit-identical results."""
     g = torch.Generator().manual_seed(35 + T)
@@ -2346,6 +2347,7 @@ def test_gpu_active_splits_follow_the_lengths(T, grid, full_pick):
     sink = torch.randn(H, generator=g).cuda()
     short = torch.randint(450, 651, (T,), generator=g, dtype=torch.int32)
     short[5] = W
+    short[7], short[9], short[11] = 0, 1, 2  # empty slots (-inf partial lse) where a row is short
     cases = {"full": torch.full((T,), W, dtype=torch.int32), "short": short,
              "long": torch.randint(5500, 6501, (T,), generator=g, dtype=torch.int32)}
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -2362,7 +2364,8 @@ def test_gpu_active_splits_follow_the_lengths(T, grid, full_pick):
         if sms == 132:  # decode_active_grid: min(8, 1024 / T) slots per token to 256 tokens, 1536 / T above
             N = T * grid
             out_bytes = (H * N * 512 * 4 + 255) // 256 * 256
-            written = ~torch.isnan(ws[out_bytes:out_bytes + H * N * 4].view(torch.float32).view(H, N).cpu())
+            cells = ws[out_bytes:out_bytes + H * N * 4].view(torch.float32).view(H, N).cpu()
+            written = ~torch.isnan(cells)
             costs = [max(1, min(int(n), W)) for n in lengths]
             maps = {}
             for s_active in range(1, grid):
@@ -2372,6 +2375,13 @@ def test_gpu_active_splits_follow_the_lengths(T, grid, full_pick):
                 maps[s_active] = want
             used = [s_active for s_active, want in maps.items() if (written == want).all()]
             assert len(used) == 1, (name, written.sum(1))
+            # Each token's own slots (idle slots write nothing, so `written` is a prefix): slot j of
+            # a token's n holds an empty split's -inf exactly when floor(E (j + 1) / n) == floor(E j / n).
+            empty = torch.zeros(N, dtype=torch.bool)
+            for (f, n), e in zip(_active_map(costs, used[0]), (max(0, min(int(x), W)) for x in lengths)):
+                for j in range(n):
+                    empty[f + j] = e * (j + 1) // n == e * j // n
+            assert (torch.isneginf(cells) == empty).all(), name
             if name == "full":  # the model's count for full rows (at 72 tokens: RESULTS.md, thirty-fifth session)
                 assert used == [full_pick]
             if name == "full" and full_pick > 1:  # (one explicit split takes no reduce: not bitwise the same)

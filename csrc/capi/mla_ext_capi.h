@@ -209,8 +209,9 @@ typedef struct mla_ext_sparse_decode_params {
 
   int32_t num_splits;     /* 1..256, or 0 = automatic (mla_ext_sparse_mla_decode_num_splits; on the
                              balanced map with 4096+ entries at 1-16 heads x 0.54 x num_sms to 256
-                             tokens a grid of slots, of which the kernels use as many as the rows'
-                             lengths ask for: mla_ext::decode_active_splits_table) */
+                             tokens, or 2-3 x num_sms tokens up to 512, a grid of slots, of which the
+                             kernels use as many as the rows' lengths ask for:
+                             mla_ext::decode_active_splits_table) */
   uint8_t force_portable; /* nonzero: the portable (no tensor-core) GPU path */
   int32_t head_tile;      /* GPU heads per block: 0 = automatic (use this), 1..64 forces one */
   int64_t smem_limit;     /* GPU shared memory one block may use, bytes: 0 = the device's limit (use
@@ -269,8 +270,8 @@ MLA_EXT_CAPI_EXPORT size_t mla_ext_sparse_mla_decode_workspace_size_for(long lon
  * busiest processor's time (mla_ext::decode_balance_splits; above 16 heads: at most
  * 256 tokens, sets of 2048+ entries, 1..4 splits). Calls of 1-16 heads x 0.54 x num_sms to
  * 256 tokens with sets of 4096+ entries (V4 C128 layers) get a grid of
- * min(8, 1024 / num_tokens) slots per token, and at 257-512 tokens where num_tokens mod
- * (2 x num_sms) is 1..num_sms a grid of min(8, 1536 / num_tokens), of which the decode
+ * min(8, 1024 / num_tokens) slots per token, and at 257-512 tokens with
+ * 2 x num_sms < num_tokens <= 3 x num_sms a grid of min(8, 1536 / num_tokens), of which the decode
  * (num_splits == 0 only) uses as many as the rows' lengths ask for
  * (mla_ext::decode_active_splits_table).
  * num_sms <= 0 queries the current device. 0 for negative arguments or no device to query. */

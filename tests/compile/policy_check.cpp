@@ -169,16 +169,16 @@ int main() {
     }
   }
   // Active splits (decode_active_splits_table, thirty-fifth session): GPU calls on the balanced map
-  // with sets of 4096+ entries at 1-16 heads x 0.54 x processors..512 tokens (256 until the
-  // thirty-sixth session) get a grid of
-  // decode_balance_reach slots per token and a table of the model's counts by the rows' mean
-  // length; token t then takes ceil(S' T c_t / C_T) slots.
+  // with sets of 4096+ entries at 1-16 heads x 0.54 x processors..256 tokens (and 2-3 x
+  // processors tokens up to 512 since the thirty-sixth session) get a grid of decode_active_grid
+  // slots per token and a table of the model's counts by the rows' mean length; token t then
+  // takes ceil(S' T c_t / C_T) slots (ceil(4 S' T c_t / (5 C_T)) above 256 tokens).
   using mla_ext::decode_active_applies;
   expect("active(71 tokens)", decode_active_applies(71, 16, 8320, 132), 0);
   expect("active(72 tokens)", decode_active_applies(72, 16, 8320, 132), 1);
   expect("active(256 tokens)", decode_active_applies(256, 16, 8320, 132), 1);
-  // above 256 tokens only where one split per token leaves its last wave at most half full:
-  // 265-396 tokens on 132 processors (2 x 132 = 264 blocks a wave)
+  // above 256 tokens only at 2-3 x processors tokens, where one split per token runs one full
+  // wave (two blocks per processor) and a second at most half full: 265-396 on 132 processors
   expect("active(257 tokens)", decode_active_applies(257, 16, 8320, 132), 0);
   expect("active(264 tokens)", decode_active_applies(264, 16, 8320, 132), 0);
   expect("active(265 tokens)", decode_active_applies(265, 16, 8320, 132), 1);
@@ -187,7 +187,10 @@ int main() {
   expect("active(512 tokens)", decode_active_applies(512, 16, 8320, 132), 0);
   expect("active(300 tokens, 114 processors)", decode_active_applies(300, 16, 8320, 114), 1);
   expect("active(400 tokens, 114 processors)", decode_active_applies(400, 16, 8320, 114), 0);
-  expect("active(500 tokens, 114 processors)", decode_active_applies(500, 16, 8320, 114), 1);
+  expect("active(342 tokens, 114 processors)", decode_active_applies(342, 16, 8320, 114), 1);
+  expect("active(343 tokens, 114 processors)", decode_active_applies(343, 16, 8320, 114), 0);
+  expect("active(500 tokens, 114 processors)", decode_active_applies(500, 16, 8320, 114), 0);
+  expect("active(300 tokens, 78 processors)", decode_active_applies(300, 16, 8320, 78), 0);
   expect("active(513 tokens, 114 processors)", decode_active_applies(513, 16, 8320, 114), 0);
   expect("active(17 heads)", decode_active_applies(100, 17, 8320, 132), 0);
   expect("active(4095 entries)", decode_active_applies(100, 16, 4095, 132), 0);
@@ -244,7 +247,7 @@ int main() {
     expect("pick(128, 8, 192): one split", mla_ext::decode_active_pick(128, 8, 192, 132, 7), 1);
     // above 256 tokens a token takes another slot only past 5/4 of the mean row per slot, and the
     // table models no extra slots (rows as if of equal length): 384 tokens, grid 4, S' = 2 for
-    // every bucket (the forced sweep's fastest for rows of ~1,100-4,300 entries)
+    // every bucket but the first (1; the forced sweep's fastest for rows of ~1,100-4,300 entries)
     expect("slots(1.2 x mean, S' 1, 300 tokens)", long(decode_active_slots(600, 300 * 500, 300, 1)), 1);
     expect("slots(1.3 x mean, S' 1, 300 tokens)", long(decode_active_slots(650, 300 * 500, 300, 1)), 2);
     expect("slots(1.3 x mean, S' 1, 200 tokens)", long(decode_active_slots(650, 200 * 500, 200, 1)), 2);

@@ -522,9 +522,9 @@ inline int decode_balance_splits(int64_t num_tokens, int64_t num_heads, int64_t 
 // the H200: at 48-64 tokens the wave count was as fast as the table's best S' on full rows and
 // 2-6% faster on shorter ones, its T x S slots filling one wave exactly where the ceil map adds
 // slots; at 66 the table measured -1.6..+5.9%, from 72 tokens on it gained 6-25%) to
-// kBalanceMaxTokens tokens, and above that, up to kBalanceMapMaxTokens, where one split per
-// token would leave its last wave of blocks at most half full (265-396 tokens on the H200; see
-// kActiveMaxTokenSplits); automatic counts only (launch_sparse_mla_decode's auto_splits; an
+// kBalanceMaxTokens tokens, and above that, up to kBalanceMapMaxTokens, at 2-3 x processors
+// tokens (265-396 on the H200: one split per token there runs one full wave of blocks and a
+// second at most half full; see kActiveMaxTokenSplits); automatic counts only (launch_sparse_mla_decode's auto_splits; an
 // explicit count keeps the balanced map below). The CPU twin does not use it (its automatic
 // count is not the GPU's).
 constexpr int kActiveBuckets = 32;
@@ -537,11 +537,13 @@ inline bool decode_active_applies(int64_t num_tokens, int64_t num_heads, int64_t
   if (!(num_sms > 0 && num_heads >= 1 && num_heads <= 16 && decode_balanced_width(num_tokens, total_width) &&
         num_tokens * 50 >= int64_t(num_sms) * 27))
     return false;
-  // Above kBalanceMaxTokens only where one split per token (T blocks, two per processor) leaves its
-  // last wave at most half full (265-396 tokens on the H200): elsewhere the active path's fixed
-  // costs outweighed what it saves on rows of about equal length (see kActiveMaxTokenSplits).
-  const int64_t last = num_tokens % (2 * int64_t(num_sms));
-  return num_tokens <= kBalanceMaxTokens || (last != 0 && last <= num_sms);
+  // Above kBalanceMaxTokens only where one split per token (T blocks, two per processor) runs one
+  // full wave and a second at most half full: 2 x processors < T <= 3 x processors (265-396
+  // tokens on the H200, the range measured). Where one split fills its last wave the active
+  // path's fixed costs outweighed what it saves on rows of about equal length (see
+  // kActiveMaxTokenSplits); counts of more waves were not measured.
+  const int64_t sms = num_sms;
+  return num_tokens <= kBalanceMaxTokens || (num_tokens > 2 * sms && num_tokens <= 3 * sms);
 }
 // The grid (the automatic count) where decode_active_applies: decode_balance_reach up to
 // kBalanceMaxTokens tokens (4..8 slots per token), min(8, kActiveMaxTokenSplits / T) above
@@ -556,8 +558,9 @@ inline bool decode_active_applies(int64_t num_tokens, int64_t num_heads, int64_t
 //    their last wave: the active path's fixed costs (the prologue's sums in every block,
 //    including idle slots', and the reduce) came to 25-50 us at 512 tokens. Hence
 //    decode_active_applies' wave rule above kBalanceMaxTokens.
-// The automatic workspace at 1-16 heads grows accordingly (16 heads: 33.6 -> 50.4 MB for
-// max_num_tokens >= 300 on the H200).
+// The automatic workspace grows accordingly at 1-47 heads (from 16 heads on it covers 16-head
+// calls): on the H200 16-47 heads 33.6-49.4 -> 43.5-50.2 MB for max_num_tokens 265-306, 50.4 MB
+// from 307.
 constexpr int64_t kActiveMaxTokenSplits = 1536;
 inline int decode_active_grid(int64_t num_tokens, int64_t num_heads) {
   if (num_tokens <= kBalanceMaxTokens) return decode_balance_reach(num_tokens, num_heads);
@@ -629,7 +632,7 @@ inline ActiveSplits decode_active_splits_table(int64_t num_tokens, int64_t num_h
 }
 // The bucket of a call's rows: total_cost = C_T (the sum of c_t = max(1, E_t) <= total_width),
 // 1 <= num_tokens <= kBalanceMapMaxTokens, total_width >= 1; the width clamped to kMaxPolicyWidth as
-// the table's (so T x W < 2^48: the sets' widths are any int64 the op accepts).
+// the table's (so T x W < 2^49: the sets' widths are any int64 the op accepts).
 MLA_EXT_HD int decode_active_bucket(int64_t total_cost, int64_t num_tokens, int64_t total_width) {
   if (total_width > kMaxPolicyWidth) total_width = kMaxPolicyWidth;
   const int64_t k = (total_cost - 1) * kActiveBuckets / (num_tokens * total_width);
@@ -653,7 +656,8 @@ MLA_EXT_HD int64_t decode_active_slots(int64_t cost, int64_t total_cost, int64_t
 // The most splits the automatic count can pick for (T, H) on a device with num_sms processors,
 // whatever the index widths: the wave count's bound (decode_wave_max_splits; floor = false for
 // calls that cannot take the balanced map) and, for GPU calls the balance model may reach,
-// decode_balance_reach.
+// decode_balance_reach, and for GPU calls on the balanced map where the active splits may apply,
+// decode_active_grid.
 inline int decode_max_auto_splits(int64_t num_tokens, int64_t num_heads, int num_sms, bool floor = true,
                                   bool gpu = true) {
   const int s = decode_wave_max_splits(num_tokens, num_heads, num_sms, floor);
@@ -677,8 +681,8 @@ inline int decode_max_auto_splits(int64_t num_tokens, int64_t num_heads, int num
 //    (decode_balance_applies): the balance model's pick between the wave count and
 //    1..8 splits (decode_balance_splits). (Sets that long take no two-split floor.)
 //  - GPU calls on the balanced map with sets of 4096+ entries, up to 16 heads and
-//    0.54 x processors to 256 tokens, or 257-512 tokens where one split would leave its last
-//    wave at most half full (decode_active_applies): the grid of the active splits, 3-8 slots
+//    0.54 x processors to 256 tokens, or 2-3 x processors tokens up to 512
+//    (decode_active_applies): the grid of the active splits, 3-8 slots
 //    per token (decode_active_grid; the kernels then use as many of them as the rows'
 //    lengths ask for: decode_active_splits_table).
 // gpu = false is the CPU twin's count, whose "processors" are its threads (see
@@ -897,7 +901,8 @@ inline size_t decode_workspace_size(int64_t num_tokens, int64_t num_heads, int n
 // For the automatic setting this is the maximum over every smaller (T', H') too,
 // since fewer tokens can mean more splits. Only head counts at the top of a
 // head-group count matter, and only T' below the split target can split beyond
-// the two-split floor and the balance model's token-split bound.
+// the two-split floor, the balance model's token-split bound and (257..512 tokens)
+// the active splits' grid.
 inline size_t decode_workspace_size_for(int64_t num_tokens, int64_t num_heads, int num_splits,
                                         int num_sms, bool gpu = true) {
   if (num_tokens <= 0 || num_heads <= 0) return 0;
