@@ -70,8 +70,9 @@ def _base_splits(T, H, sms):
 
 
 def wave_splits(T, H, W, sms):
-    """decode_wave_splits for a V4 FP8 call with lengths (the balanced map from 4096 entries at
-    2..256 tokens, decode_balanced_width), as the op and the C API's query decide it."""
+    """decode_wave_splits for a V4 FP8 call with lengths (its two-split floor from 4096 entries at
+    2..256 tokens; the balanced map itself reaches 512 since the thirty-sixth session), as the op
+    and the C API's query decide it."""
     bal = 2 <= T <= 256 and W >= 4096
     base = _base_splits(T, H, sms)
     cap = max(base, min(base + base // 8, sms // T // _head_groups(H)))
