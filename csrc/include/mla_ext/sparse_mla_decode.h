@@ -513,7 +513,7 @@ inline int decode_balance_splits(int64_t num_tokens, int64_t num_heads, int64_t 
 //    the grid. Above kBalanceMaxTokens, n_t = ceil(4 S' T c_t / (5 C_T)) (kActiveSlackDen): rows
 //    per slot at most 5/4 of that mean, and rows within 5/4 of the mean row take no extra slot
 //    (the ceil map gave half the tokens of rows of about equal length one more slot, T / 2 more
-//    blocks: at 264-512 tokens rows of ~1,100 entries ran 35-46% slower than one split);
+//    blocks: rows of ~1,100 entries ran 13-54% slower than one split at 264 and 384-512 tokens);
 //  - slots from T x (the table's largest entry + 1) on are idle in every bucket: their blocks
 //    return at once; the other idle slots' blocks after the prologue's sums.
 // Shapes only on the host (grid, workspace, table); the lengths pick the bucket and the slots on
@@ -524,9 +524,9 @@ inline int decode_balance_splits(int64_t num_tokens, int64_t num_heads, int64_t 
 // slots; at 66 the table measured -1.6..+5.9%, from 72 tokens on it gained 6-25%) to
 // kBalanceMaxTokens tokens, and above that, up to kBalanceMapMaxTokens, at 2-3 x processors
 // tokens (265-396 on the H200: one split per token there runs one full wave of blocks and a
-// second at most half full; see kActiveMaxTokenSplits); automatic counts only (launch_sparse_mla_decode's auto_splits; an
-// explicit count keeps the balanced map below). The CPU twin does not use it (its automatic
-// count is not the GPU's).
+// second at most half full; see kActiveMaxTokenSplits); automatic counts only
+// (launch_sparse_mla_decode's auto_splits; an explicit count keeps the balanced map below). The
+// CPU twin does not use it (its automatic count is not the GPU's).
 constexpr int kActiveBuckets = 32;
 struct ActiveSplits {
   int64_t live_slots = 0;  // T x (largest entry + 1); 0: off (every slot of the grid in use)
