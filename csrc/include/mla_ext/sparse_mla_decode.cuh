@@ -273,33 +273,32 @@ template <int NT, int KP>
 __device__ __forceinline__ bool balanced_slot_owner_kp(const SparseDecodeParams& p, const ActiveSplits& act, int64_t q,
                                                     int64_t* t_out, int64_t* q0_out, int* n_out, int64_t* red) {
   constexpr int NW = NT / kWarpSize;
-  constexpr int kPer = KP;
   const int64_t T = p.num_tokens;
-  const int64_t t0 = int64_t(threadIdx.x) * kPer;  // this thread's first token
+  const int64_t t0 = int64_t(threadIdx.x) * KP;  // this thread's first token
   int64_t* const own = red + 2 * NW;  // owner, first slot, count
-  int64_t c[kPer];
+  int64_t c[KP];
   int64_t csum = 0;
 #pragma unroll
-  for (int k = 0; k < kPer; ++k) {
+  for (int k = 0; k < KP; ++k) {
     c[k] = t0 + k < T ? decode_token_cost(p, t0 + k) : 0;
     csum += c[k];
   }
   if (threadIdx.x == 0) own[0] = -1;
   int64_t total;
-  const int64_t incl = block_incl_scan_i64<NT>(csum, red, &total);  // C_{t0 + kPer}
+  const int64_t incl = block_incl_scan_i64<NT>(csum, red, &total);  // C_{t0 + KP}
   if (act.on()) {
     const int sa = decode_active_count(act, total, T, decode_total_width(p));
-    int64_t n[kPer];
+    int64_t n[KP];
     int64_t nsum = 0;
 #pragma unroll
-    for (int k = 0; k < kPer; ++k) {
+    for (int k = 0; k < KP; ++k) {
       n[k] = t0 + k < T ? decode_active_slots(c[k], total, T, sa) : 0;
       nsum += n[k];
     }
     int64_t all;
     int64_t f = block_incl_scan_i64<NT>(nsum, red + NW, &all) - nsum;
 #pragma unroll
-    for (int k = 0; k < kPer; ++k) {
+    for (int k = 0; k < KP; ++k) {
       if (q >= f && q < f + n[k]) {  // (n = 0 past T)
         own[0] = t0 + k;
         own[1] = f;
@@ -311,7 +310,7 @@ __device__ __forceinline__ bool balanced_slot_owner_kp(const SparseDecodeParams&
     int64_t ct = incl - csum;  // C_{t0}
     int64_t f = decode_balanced_first_slot(t0, ct, total, T, p.num_splits);
 #pragma unroll
-    for (int k = 0; k < kPer; ++k) {
+    for (int k = 0; k < KP; ++k) {
       if (t0 + k < T) {
         ct += c[k];
         const int64_t f1 = decode_balanced_first_slot(t0 + k + 1, ct, total, T, p.num_splits);
@@ -352,12 +351,11 @@ __device__ __forceinline__ bool balanced_slot_owner(const SparseDecodeParams& p,
 template <int NT, int KP>
 __device__ __forceinline__ void balanced_token_slots_kp(const SparseDecodeParams& p, const ActiveSplits& act, int64_t t,
                                                      int64_t* q0_out, int* n_out, int64_t* red) {
-  constexpr int kPer = KP;
   const int64_t T = p.num_tokens;
-  int64_t c[kPer];
+  int64_t c[KP];
   int64_t csum = 0, before = 0;  // this thread's costs: all, and of the tokens before t
 #pragma unroll
-  for (int k = 0; k < kPer; ++k) {
+  for (int k = 0; k < KP; ++k) {
     const int64_t u = threadIdx.x + int64_t(k) * NT;
     c[k] = u < T ? decode_token_cost(p, u) : 0;
     csum += c[k];
@@ -368,7 +366,7 @@ __device__ __forceinline__ void balanced_token_slots_kp(const SparseDecodeParams
     const int sa = decode_active_count(act, total, T, decode_total_width(p));
     int64_t nb = 0;  // this thread's slots of the tokens before t
 #pragma unroll
-    for (int k = 0; k < kPer; ++k) {
+    for (int k = 0; k < KP; ++k) {
       const int64_t u = threadIdx.x + int64_t(k) * NT;
       nb += u < t ? decode_active_slots(c[k], total, T, sa) : 0;
     }

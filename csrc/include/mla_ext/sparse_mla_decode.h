@@ -568,18 +568,19 @@ inline int decode_active_grid(int64_t num_tokens, int64_t num_heads) {
   return g < kBalanceMaxSplits ? int(g) : kBalanceMaxSplits;
 }
 // Above kBalanceMaxTokens a token takes another slot only once its row passes 5/4 of the mean
-// row per slot (decode_active_slots), and the table's model counts no extra slots (as for rows of
-// equal length: decode_active_cost's equal_rows). With the ceil map's T / 2 extra blocks the
-// model picked S' = 3 at 384 tokens where 2 measured 8-9% faster on rows of ~1,100 and ~3,100
-// entries, and 1 at 320 tokens on the straggler layer (2: -14%).
+// row per slot (decode_active_slots), and the table's model counts no extra slots for it
+// (decode_active_cost). With the ceil map's T / 2 extra blocks the model picked S' = 3 at 384
+// tokens where 2 measured 8-9% faster on rows of ~1,100 and ~3,100 entries, and 1 at 320 tokens
+// on the straggler layer (2: -14%). decode_active_slack: whether a call's map is this one.
 constexpr int64_t kActiveSlackDen = 5;
+MLA_EXT_HD bool decode_active_slack(int64_t num_tokens) { return num_tokens > kBalanceMaxTokens; }
 // The active splits' cost model: decode_split_cost's busiest processor for rows of `width`
 // entries at S' = active, refitted to the ceil map (thirty-fifth session's sweep: 104 shapes,
 // S' = 1..7 each; the table's pick within 0.5% of the fastest S' on geometric mean at 72+
 // tokens, worst 13%):
 //  - blocks: T S' plus T / 2 (the ceil map gives about half the tokens of a spread of lengths one
 //    slot more than S'), except for rows as long as the set (the top bucket: equal lengths, no
-//    extra slot) and above kBalanceMaxTokens (kActiveSlackDen);
+//    extra slot) and on the slack map (decode_active_slack);
 //  - pairs of co-resident 16-head blocks at 1 + 1.25 n per pair (decode_split_cost: 1 + 1.5 n), a
 //    lone block at 1.5 + n, the reduce at 1 + T H S' / (64 processors) (the balanced map always
 //    reduces, at S' = 1 too).
@@ -587,7 +588,7 @@ constexpr int64_t kActiveSlackDen = 5;
 inline int64_t decode_active_cost(int64_t num_tokens, int64_t num_heads, int64_t width, int active, int num_sms,
                                   bool equal_rows) {
   const int64_t sms = num_sms, T = num_tokens;
-  const int64_t blocks = T * active + (equal_rows ? 0 : (T + 1) / 2);
+  const int64_t blocks = T * active + (equal_rows || decode_active_slack(T) ? 0 : (T + 1) / 2);
   const int64_t m = decode_ceil_div(blocks, sms);
   const int64_t n = decode_ceil_div(decode_ceil_div(width, active), kDecodeTileRows);
   return 64 * sms * decode_paired_blocks_cost(m, n, 4, 5, 6, 4) + 256 * sms + 4 * T * num_heads * active;
@@ -623,7 +624,7 @@ inline ActiveSplits decode_active_splits_table(int64_t num_tokens, int64_t num_h
     const int s = force_splits >= 1 && force_splits < num_splits
                       ? force_splits
                       : decode_active_pick(num_tokens, num_heads, upper, num_sms, num_splits - 1,
-                                           k == kActiveBuckets - 1 || num_tokens > kBalanceMaxTokens);
+                                           k == kActiveBuckets - 1);
     a.splits[k] = uint8_t(s);
     if (s > top) top = s;
   }
@@ -646,6 +647,8 @@ MLA_EXT_HD int decode_active_count(const ActiveSplits& a, int64_t total_cost, in
 // n_t: ceil(S' T c_t / C_T) up to kBalanceMaxTokens tokens, ceil(4 S' T c_t / (5 C_T)) above
 // (kActiveSlackDen), 1..kMaxSplits (c_t >= 1; 4 S' T c_t < 2^48).
 MLA_EXT_HD int64_t decode_active_slots(int64_t cost, int64_t total_cost, int64_t num_tokens, int active) {
+  // decode_active_slack's test, written out: calling the helper here changed the reduce kernels'
+  // register allocation (nvcc 13, sm_90a), and that code was not run on the GPU.
   const bool slack = num_tokens > kBalanceMaxTokens;
   const int64_t x = int64_t(active) * num_tokens * cost * (slack ? kActiveSlackDen - 1 : 1);
   const int64_t d = total_cost * (slack ? kActiveSlackDen : 1);
