@@ -357,6 +357,17 @@ def test_balanced_split_map(device, S, H):
               sink=make_sink(g, H, "finite"))
 
 
+def _empty_slots(spans, effective, num_slots):
+    """Which of num_slots workspace cells hold an empty split's -inf lse: token t's slots
+    spans[t] = (first, count) over its effective[t] entries; slot j of n is empty when
+    floor(E (j + 1) / n) == floor(E j / n) (decode_split_range)."""
+    empty = torch.zeros(num_slots, dtype=torch.bool)
+    for (f, n), e in zip(spans, effective):
+        for j in range(n):
+            empty[f + j] = e * (j + 1) // n == e * j // n
+    return empty
+
+
 def _balanced_map(costs, S):
     """The balanced split map of sparse_mla_decode.h in Python: (first slot, slots used) per
     token, from F(t) = t + floor(T (S - 1) C_t / C_T + 1/2) and n_t = min(256, F(t + 1) - F(t))."""
@@ -441,13 +452,12 @@ def test_balanced_split_map_past_256_tokens(device, T, S):
     # Which cells hold an empty split's -inf: a token of E entries over n slots leaves slot j
     # empty when floor(E (j + 1) / n) == floor(E j / n). (Every slot is written on either map;
     # the uniform map would give the tokens of 0 and 1 entries S - 1 or S empty slots each.)
-    want_written, want_empty = torch.zeros(N, dtype=torch.bool), torch.zeros(N, dtype=torch.bool)
+    want_written = torch.zeros(N, dtype=torch.bool)
     effective = [max(0, min(int(n), W)) for n in lengths]
     spans = _balanced_map([max(1, e) for e in effective], S)
-    for (f, n), e in zip(spans, effective):
+    for f, n in spans:
         want_written[f:f + n] = True
-        for j in range(n):
-            want_empty[f + j] = e * (j + 1) // n == e * j // n
+    want_empty = _empty_slots(spans, effective, N)
     assert (written == want_written).all(), written.sum(1)
     assert (torch.isneginf(lse_cells) == want_empty).all()
     assert spans[0][1] > 2 * S and spans[1][1] == 1  # the 4608-entry rows get the most slots
@@ -2375,12 +2385,8 @@ def test_gpu_active_splits_follow_the_lengths(T, grid, full_pick):
                 maps[s_active] = want
             used = [s_active for s_active, want in maps.items() if (written == want).all()]
             assert len(used) == 1, (name, written.sum(1))
-            # Each token's own slots (idle slots write nothing, so `written` is a prefix): slot j of
-            # a token's n holds an empty split's -inf exactly when floor(E (j + 1) / n) == floor(E j / n).
-            empty = torch.zeros(N, dtype=torch.bool)
-            for (f, n), e in zip(_active_map(costs, used[0]), (max(0, min(int(x), W)) for x in lengths)):
-                for j in range(n):
-                    empty[f + j] = e * (j + 1) // n == e * j // n
+            # Each token's own slots (idle slots write nothing, so `written` is a prefix).
+            empty = _empty_slots(_active_map(costs, used[0]), [max(0, min(int(x), W)) for x in lengths], N)
             assert (torch.isneginf(cells) == empty).all(), name
             if name == "full":  # the model's count for full rows (at 72 tokens: RESULTS.md, thirty-fifth session)
                 assert used == [full_pick]
