@@ -25,8 +25,6 @@ import mla_ext.bench as bench
 BANDS = {"c128r1k_mixed": (900, 1100), "c128r2k_mixed": (1800, 2200), "c128r3k_mixed": (2700, 3300),
          "c128r4k_mixed": (3600, 4400), "c128r5k_mixed": (4500, 5500), "c128r6k_mixed": (5400, 6600),
          "c128r7k_mixed": (7200, 8192), "c128rnd_mixed": (300, 8192)}
-for name in BANDS:
-    bench.DECODE_LAYERS[name] = ("v4_c128", None, (1 << 20, 1 << 20))
 _build, _mixed = bench.build_layer_sets, bench.make_mixed
 _band = {}
 
@@ -46,7 +44,15 @@ def build_layer_sets(layer, **kw):
     return _build(layer, **kw)
 
 
-bench.make_mixed = make_mixed
-bench.build_layer_sets = build_layer_sets
-sys.argv = ["splits_sweep.py"] + sys.argv[1:]
-runpy.run_path("tests/gpu_dev/splits_sweep.py", run_name="__main__")
+def install() -> None:
+    """Add the band layers to mla_ext.bench (benchmarks/dev/kernel_times.py imports this too)."""
+    for name in BANDS:
+        bench.DECODE_LAYERS[name] = ("v4_c128", None, (1 << 20, 1 << 20))
+    bench.make_mixed = make_mixed
+    bench.build_layer_sets = build_layer_sets
+
+
+if __name__ == "__main__":
+    install()
+    sys.argv = ["splits_sweep.py"] + sys.argv[1:]
+    runpy.run_path("tests/gpu_dev/splits_sweep.py", run_name="__main__")
