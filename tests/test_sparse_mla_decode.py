@@ -1560,9 +1560,10 @@ def test_gpu_q_fragments_in_registers_bit_identical(tmp_path):
         out0, lse0, _, _, names0, _ = runs["0"][key]
         assert not out.isnan().any() and not lse.isnan().any(), key
         assert torch.equal(out, out0) and torch.equal(lse, lse0), key
-        if names and names0:  # e.g. "void ...decode_split_mma_kernel<1, 512, (...)2, false, ..., true>(...)"
-            assert not any(re.search(r"decode_split_mma_kernel<.*, true>\(", n) for n in names0), (key, names0)
-            assert any(re.search(r"decode_split_mma_kernel<1, 512, .*, true>\(", n) for n in names), (key, names)
+        if names and names0:  # e.g. "void ...decode_split_mma_kernel<1, 512, (...)2, false, ..., true, false>(...)"
+            # (template arguments ..., QREG, ANCH)
+            assert not any(re.search(r"decode_split_mma_kernel<.*, true, false>\(", n) for n in names0), (key, names0)
+            assert any(re.search(r"decode_split_mma_kernel<1, 512, .*, true, false>\(", n) for n in names), (key, names)
 
 
 @requires_gpu
@@ -1649,9 +1650,9 @@ def _check_64_head_kernel_kind(fn, mma_sync, asym=None):
         return
     names = _split_kernel_names(fn)
     if names:
-        # template arguments MT, DQK, F, BAL, WG, ASYM, TWO, QREG
+        # template arguments MT, DQK, F, BAL, WG, ASYM, TWO, QREG, ANCH
         pat = (r"decode_split_mma_kernel<4, [^,]+, [^,]+, (?:true|false), true, (true|false), (?:true|false), "
-               r"(?:true|false)>")
+               r"(?:true|false), false>")
         wg = [re.search(pat, n) for n in names if re.search(pat, n)]
         assert bool(wg) == (not mma_sync), names
         if wg and asym is not None:
@@ -1792,7 +1793,7 @@ def test_gpu_two_token_blocks(fmt):
                     extra_indices=e_idx.cuda(), extra_lengths=e_len.cuda(), attn_sink=sink.cuda()))
             if _wgmma_kernel_expected() and _asym_on() and names:
                 two = "true" if mode == 2 else "false"
-                assert all(re.search(rf"decode_split_mma_kernel<4, 512, [^>]*, true, true, {two}, false>", n)
+                assert all(re.search(rf"decode_split_mma_kernel<4, 512, [^>]*, true, true, {two}, false, false>", n)
                            for n in names), names
         assert torch.equal(got[2][0], got[1][0]) and torch.equal(got[2][1], got[1][1])
 
@@ -2171,8 +2172,8 @@ def test_gpu_asym_switch_both_kernels(tmp_path):
             check_lse(l_, ref_l, kv_format="fp8_ds_mla_v4")
             if _wgmma_kernel_expected() and nm:
                 flag = "true" if _asym_on(asym) else "false"
-                assert any(re.search(rf"decode_split_mma_kernel<4, 512, [^>]*, true, {flag}, (?:true|false), false>", n)
-                           for n in nm), nm
+                pat = rf"decode_split_mma_kernel<4, 512, [^>]*, true, {flag}, (?:true|false), false, false>"
+                assert any(re.search(pat, n) for n in nm), nm
         o0, l0 = results["0"][key][0].double(), results["0"][key][1].double()
         assert ((out.double() - o0).abs().max() / o0.abs().max()).item() < 1e-2, key
         assert (lse.double() - l0).abs().max().item() < 1e-3, key
@@ -2344,7 +2345,8 @@ def test_gpu_active_splits_follow_the_lengths(T, grid, full_pick):
     """An automatic count on the balanced map with a C128-wide set (8 heads x 72 / 300 / 384 tokens
     x 8320 entries, lengths given) is a grid of 8 / 5 / 4 slots per token (on an H200), of which the
     kernels use as many as the rows' mean length asks for (decode_active_splits_table): token t
-    takes ceil(S' T c_t / C_T) slots (ceil(4 S' T c_t / (5 C_T)) above 256 tokens). Full rows, rows
+    takes ceil(S' T c_t / C_T) slots (ceil(4 S' T c_t / (5 C_T)) above 256 tokens, where a token of
+    one slot is finished by its split block and writes no cell: the anchored map). Full rows, rows
     of ~550 entries with one full straggler and rows of 0-2, and rows of 5,500-6,500 each match the
     float64 reference in the workspace the size query gives (NaN-poisoned), and the workspace cells
     written, and those holding an empty split's -inf, are exactly those of that map for one S' in
@@ -2381,13 +2383,17 @@ def test_gpu_active_splits_follow_the_lengths(T, grid, full_pick):
             for s_active in range(1, grid):
                 want = torch.zeros(N, dtype=torch.bool)
                 for f, n in _active_map(costs, s_active):
-                    want[f:f + n] = True
+                    # above 256 tokens (the anchored map) a token of one slot is finished by
+                    # its split block: no cell written
+                    want[f:f + n] = T <= 256 or n > 1
                 maps[s_active] = want
             used = [s_active for s_active, want in maps.items() if (written == want).all()]
             assert len(used) == 1, (name, written.sum(1))
             # Each token's own slots (idle slots write nothing, so `written` is a prefix).
             empty = _empty_slots(_active_map(costs, used[0]), [max(0, min(int(x), W)) for x in lengths], N)
-            assert (torch.isneginf(cells) == empty).all(), name
+            assert (torch.isneginf(cells) == (empty & maps[used[0]])).all(), name
+            if T > 256 and name == "short":  # tokens of one slot (rows of 0-2), finished without the reduce
+                assert any(n == 1 for _, n in _active_map(costs, used[0]))
             if name == "full":  # the model's count for full rows (at 72 tokens: RESULTS.md, thirty-fifth session)
                 assert used == [full_pick]
             if name == "full" and full_pick > 1:  # (one explicit split takes no reduce: not bitwise the same)

@@ -255,13 +255,14 @@ int main() {
     {
       const mla_ext::ActiveSplits t384 = decode_active_splits_table(384, 16, 8320, 132, 4);
       for (int k = 1; k < kActiveBuckets; ++k) expect("table(384, 16) = 2", t384.splits[k], 2);
-      expect("table(384, 16) live slots", long(t384.live_slots), 384L * 3);
+      // the slack map's slots: T + floor(4 S' T / 5) at the table's largest S'
+      expect("table(384, 16) live slots", long(t384.live_slots), 384L + 4 * 2 * 384 / 5);
     }
     expect("slots(long row, capped)", long(decode_active_slots(8320, 8320 + 500, 2, 256)), 256);
     // Every table at 1-16 heads x 2-512 tokens x widths 4096-40000 on four processor counts:
     // entries 1..grid - 1, live slots within the grid; and for any lengths, the slots add up to at
-    // most T (S' + 1) <= live slots, each token's rows per slot at most C_T / (T S') (5/4 of it
-    // above 256 tokens; checked on random costs).
+    // most T (S' + 1) <= live slots (T + floor(4 S' T / 5) above 256 tokens), each token's rows per
+    // slot at most C_T / (T S') (5/4 of it above 256 tokens; checked on random costs).
     int ok = 1;
     unsigned rng = 12345;
     const int sms[] = {132, 114, 78, 16};
@@ -292,6 +293,7 @@ int main() {
                 ok = ok && m >= 1 && cost[u] * t * sa * (t > 256 ? 4 : 1) <= total * m * (t > 256 ? 5 : 1);
               }
               ok = ok && slots <= t * (sa + 1) && slots <= b.live_slots;
+              ok = ok && (t <= 256 || slots <= t + 4 * sa * t / 5);  // the slack map's bound
             }
             if (!ok) printf("t=%ld h=%ld w=%ld sms=%d: grid %d\n", long(t), long(h), long(w), n, grid);
           }

@@ -203,6 +203,7 @@ struct DecodeArgs {
   bool two_token;     // the asymmetric kernel walks two tokens per block (decode_two_token_blocks)
   bool q_regs;        // the 16-head V4 kernel holds its Q fragments in registers (decode_q_regs)
   ActiveSplits active;  // the balanced map's slots in use by the rows' lengths (decode_active_splits_table)
+  bool anchored;        // active on the anchored map (decode_active_slack): 16-head tile only
 };
 
 // ---- balanced split map (sparse_mla_decode.h), computed by a whole block ----
@@ -269,9 +270,14 @@ __device__ __forceinline__ int64_t block_incl_scan_i64(int64_t x, int64_t* red, 
 // 2 NT / kWarpSize + 4 int64 of shared memory. act on (automatic counts,
 // decode_active_splits_table): token t takes n_t = decode_active_slots(c_t)
 // slots, in token order.
-template <int NT, int KP>
+// ANCH (the anchored map, decode_active_slack; act on): the owner of the block of slot q, where
+// block q < T runs token q's first split and blocks T + P_t .. T + P_t + n_t - 2 its others
+// (P_t = sum_{u<t} (n_u - 1)); *q0_out: the token's first workspace cell (cells stay in token
+// order, as above), *s_out: the split's index (written for ANCH only).
+template <int NT, int KP, bool ANCH = false>
 __device__ __forceinline__ bool balanced_slot_owner_kp(const SparseDecodeParams& p, const ActiveSplits& act, int64_t q,
-                                                    int64_t* t_out, int64_t* q0_out, int* n_out, int64_t* red) {
+                                                    int64_t* t_out, int64_t* q0_out, int* n_out, int64_t* red,
+                                                    int* s_out = nullptr) {
   constexpr int NW = NT / kWarpSize;
   const int64_t T = p.num_tokens;
   const int64_t t0 = int64_t(threadIdx.x) * KP;  // this thread's first token
@@ -299,7 +305,15 @@ __device__ __forceinline__ bool balanced_slot_owner_kp(const SparseDecodeParams&
     int64_t f = block_incl_scan_i64<NT>(nsum, red + NW, &all) - nsum;
 #pragma unroll
     for (int k = 0; k < KP; ++k) {
-      if (q >= f && q < f + n[k]) {  // (n = 0 past T)
+      if constexpr (ANCH) {
+        const int64_t u = t0 + k, x = T + f - u;  // token u's first extra block: T + P_u
+        if (n[k] > 0 && (q < T ? q == u : (q >= x && q < x + n[k] - 1))) {
+          own[0] = u;
+          own[1] = f;
+          own[2] = n[k];
+          own[3] = q < T ? 0 : q - x + 1;
+        }
+      } else if (q >= f && q < f + n[k]) {  // (n = 0 past T)
         own[0] = t0 + k;
         own[1] = f;
         own[2] = n[k];
@@ -329,6 +343,7 @@ __device__ __forceinline__ bool balanced_slot_owner_kp(const SparseDecodeParams&
   *t_out = owner;
   *q0_out = own[1];
   *n_out = int(own[2]);
+  if constexpr (ANCH) *s_out = int(own[3]);
   __syncthreads();  // red free again
   return owner >= 0;
 }
@@ -337,12 +352,17 @@ __device__ __forceinline__ bool balanced_slot_owner_kp(const SparseDecodeParams&
 // tokens, more above (two per thread at every count measured 0-8% slower at 72-256 tokens on
 // the H200, thirty-sixth session; each thread's 64-bit divisions of decode_active_slots run one
 // after the other, the likely cause).
-template <int NT>
+template <int NT, bool ANCH = false>
 __device__ __forceinline__ bool balanced_slot_owner(const SparseDecodeParams& p, const ActiveSplits& act, int64_t q,
-                                                    int64_t* t_out, int64_t* q0_out, int* n_out, int64_t* red) {
+                                                    int64_t* t_out, int64_t* q0_out, int* n_out, int64_t* red,
+                                                    int* s_out = nullptr) {
   constexpr int kPer = int((kBalanceMapMaxTokens + NT - 1) / NT);
-  if (kPer == 1 || p.num_tokens <= NT) return balanced_slot_owner_kp<NT, 1>(p, act, q, t_out, q0_out, n_out, red);
-  return balanced_slot_owner_kp<NT, kPer>(p, act, q, t_out, q0_out, n_out, red);
+  if constexpr (ANCH) {  // (only above kBalanceMaxTokens tokens)
+    return balanced_slot_owner_kp<NT, kPer, true>(p, act, q, t_out, q0_out, n_out, red, s_out);
+  } else {
+    if (kPer == 1 || p.num_tokens <= NT) return balanced_slot_owner_kp<NT, 1>(p, act, q, t_out, q0_out, n_out, red);
+    return balanced_slot_owner_kp<NT, kPer>(p, act, q, t_out, q0_out, n_out, red);
+  }
 }
 
 // The first slot and slot count of token t under the balanced map, for a block
@@ -1140,9 +1160,10 @@ __device__ __forceinline__ void row_address(const SparseDecodeParams& p, int64_t
 // sub (the one-token bodies only; a compile-time -1 everywhere but below): >= 0 makes the block
 // serve token 2 b + sub of a two-token grid (decode_split_mma_kernel's TWO fallback).
 template <int MT, int DQK, KvFormat F, bool MMA, bool BAL, bool WG = false, bool ASYM = false, bool TWO = false,
-          bool QREG = false>
+          bool QREG = false, bool ANCH = false>
 __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
   constexpr bool SC = kv_layout(F) == KvFormat::kFP8DsMla;  // scales applied after the products
+  static_assert(!ANCH || (BAL && MT == 1 && !WG && !TWO && !QREG), "anchored map: the balanced 16-head kernel");
   static_assert(!ASYM || (WG && !SC && DQK == 512), "asymmetric warpgroups: the V4 64-head tile");
   static_assert(!TWO || (ASYM && !BAL), "two-token blocks: the asymmetric kernel, uniform map");
   using C = Cfg<MT, DQK, MMA, SC, WG, decode_two_stages(F, DQK, WG, BAL) || ASYM, ASYM>;
@@ -1204,9 +1225,28 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
   }
   int ns = S;            // splits of the token
   int64_t q0 = t * S;    // its first slot
+  // ANCH (the anchored map, decode_active_slack; a separate instantiation): block q < T runs
+  // token q's first split and learns its split count after its first loads are out
+  // (first_split below); the others find their owner first, as under the balanced map.
+  bool first_split = false;
   // BAL: the balanced map (a separate instantiation, so that uniform calls run
   // a kernel without its prologue; V4 formats only, decode_balanced).
-  if constexpr (BAL) {
+  if constexpr (ANCH) {
+    const int64_t q = t * S + s;
+    if (q >= a.active.live_slots) return;  // no bucket uses it
+    if (q < p.num_tokens) {
+      t = q;
+      s = 0;
+      ns = 1;  // (for the index guess below: split 0 starts at position 0 whatever the count)
+      first_split = true;
+    } else {
+      int64_t owner;
+      if (!balanced_slot_owner<kThreads, true>(p, a.active, q, &owner, &q0, &ns,
+                                               reinterpret_cast<int64_t*>(smem + C::sOff), &s))
+        return;  // idle
+      t = owner;
+    }
+  } else if constexpr (BAL) {
     // Slots no bucket of the active splits uses: nothing to do, nothing to wait for.
     if (a.active.on() && t * S + s >= a.active.live_slots) return;
     int64_t owner;
@@ -1261,6 +1301,20 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
   if (two) effective_lens(p.main, p.extra, t + 1, &em1, &ee1);
   const int64_t E1 = em1 + ee1;
   const int64_t E = em + ee;
+  if constexpr (ANCH) {
+    // A token's first split: its first index tile (the guess above) and lengths are in flight
+    // while the block works out the token's split count and first cell (its Q goes out after,
+    // asynchronously, as in every block: off the index -> address -> gather chain).
+    if (first_split) {
+      int64_t owner;
+      int s0;
+      balanced_slot_owner<kThreads, true>(p, a.active, t, &owner, &q0, &ns,
+                                          reinterpret_cast<int64_t*>(smem + C::sOff), &s0);
+      if (tid == 0 && hg == 0)  // the reduce's token map (decode_anchored_map_offset)
+        reinterpret_cast<uint2*>(a.ws_out + decode_anchored_map_offset(p.num_tokens, p.num_heads, S))[t] =
+            make_uint2(uint32_t(q0), uint32_t(ns));
+    }
+  }
   int64_t p_lo, p_hi;
   decode_split_range(E, s, ns, &p_lo, &p_hi);
   const int ntiles = int((p_hi - p_lo + BN - 1) / BN);
@@ -2179,7 +2233,8 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
   }  // !ASYM
 
   // ---- end of split: per-row scale (1/D or 1/l) and lse ----
-  const bool final_out = S == 1;
+  // ANCH: a token of one split is finished here (the reduce passes it by).
+  const bool final_out = S == 1 || (ANCH && ns == 1);
   // The tensor-core kernels stage their output through shared memory (below), but not the
   // bf16-cache ones, whose spills grew with it (warpgroup 24 -> 100 and 72 -> 88 bytes,
   // mma.sync 64 heads 0 -> 60 and 48 -> 56).
@@ -2195,7 +2250,8 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
   // (read through block_index_x(): with plain blockIdx.x nvcc kept the prologue's
   // quotient and spilled it in the balanced MT=1 kernel).
   const int64_t NQ = p.num_tokens * S;
-  const int64_t slot = int64_t(block_index_x() / uint32_t(HG));
+  // (ANCH: the cells stay in token order, not in block order: decode_active_slack.)
+  const int64_t slot = ANCH ? q0 + s : int64_t(block_index_x() / uint32_t(HG));
   if (ssub == 0) {
     float inv = 0.f, lse = neg_inf();
     if (row_l > 0.f || is_nan(row_l)) {  // NaN scores: NaN output and lse (the CPU twin's rule)
@@ -2370,14 +2426,14 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
 // TWO: a two-token grid (half the blocks) on such code (a Hopper build without sm_90a, e.g.
 // TORCH_CUDA_ARCH_LIST=9.0: the launcher cannot tell) runs it for each of the block's two
 // tokens in turn.
-template <int MT, int DQK, KvFormat F, bool MMA, bool BAL, bool TWO, bool QREG = false>
+template <int MT, int DQK, KvFormat F, bool MMA, bool BAL, bool TWO, bool QREG = false, bool ANCH = false>
 __device__ __forceinline__ void decode_body_per_token(const DecodeArgs& a) {
   if constexpr (TWO) {
     decode_body<MT, DQK, F, MMA, BAL>(a, 0);
     __syncthreads();  // the first token's shared-memory reads are done
     decode_body<MT, DQK, F, MMA, BAL>(a, 1);
   } else {
-    decode_body<MT, DQK, F, MMA, BAL, false, false, false, QREG>(a);
+    decode_body<MT, DQK, F, MMA, BAL, false, false, false, QREG, ANCH>(a);
   }
 }
 
@@ -2386,28 +2442,28 @@ __device__ __forceinline__ void decode_body_per_token(const DecodeArgs& a) {
 // QREG: one block per processor (the Q fragments' 64 registers; launched only where the
 // grid is one wave, decode_q_regs).
 template <int MT, int DQK, KvFormat F, bool BAL, bool WG = false, bool ASYM = false, bool TWO = false,
-          bool QREG = false>
+          bool QREG = false, bool ANCH = false>
 __global__ void __launch_bounds__(kThreads,
                                   (MT == 1 && F != KvFormat::kBF16 && !QREG) ? MLA_EXT_DECODE_MT1_MIN_BLOCKS : 1)
     decode_split_mma_kernel(const DecodeArgs a) {
   wait_for_prior_grids();
   if (a.early_trigger) launch_dependent_grids();
 #if defined(MLA_EXT_DECODE_WGMMA)
-  decode_body<MT, DQK, F, true, BAL, WG, ASYM, TWO, QREG>(a);
+  decode_body<MT, DQK, F, true, BAL, WG, ASYM, TWO, QREG, ANCH>(a);
 #elif defined(MLA_EXT_DECODE_MMA)
-  decode_body_per_token<MT, DQK, F, true, BAL, TWO, QREG>(a);
+  decode_body_per_token<MT, DQK, F, true, BAL, TWO, QREG, ANCH>(a);
 #else
   // NVIDIA below sm_80 (or a host/HIP pass): the portable body fits in this
   // kernel's (larger) shared-memory allocation.
-  decode_body_per_token<MT, DQK, F, false, BAL, TWO>(a);
+  decode_body_per_token<MT, DQK, F, false, BAL, TWO, false, ANCH>(a);
 #endif
 }
 
-template <int MT, int DQK, KvFormat F, bool BAL>
+template <int MT, int DQK, KvFormat F, bool BAL, bool ANCH = false>
 __global__ void __launch_bounds__(kThreads) decode_split_portable_kernel(const DecodeArgs a) {
   wait_for_prior_grids();
   if (a.early_trigger) launch_dependent_grids();
-  decode_body<MT, DQK, F, false, BAL>(a);
+  decode_body<MT, DQK, F, false, BAL, false, false, false, false, ANCH>(a);
 }
 
 // ---- split reduction: one block per (token, head) row (or per row and column chunk), 4 dims per thread ----
@@ -2418,6 +2474,7 @@ struct ReduceArgs {
   bool out_vec4;  // 8-byte bf16x4 stores allowed
   bool balanced;  // decode_balanced(p): the balanced split map
   ActiveSplits active;  // its slots in use (DecodeArgs::active)
+  bool anchored;  // DecodeArgs::anchored: the split kernel wrote the token map (decode_anchored_map_offset)
 };
 
 constexpr int kReduceThreads = kDV / 4;
@@ -2467,7 +2524,14 @@ __global__ void __launch_bounds__(GROUPED ? (kReduceThreads / CH) * kReduceMaxGr
   const int64_t NQ = p.num_tokens * p.num_splits;
   int S = p.num_splits;
   int64_t q0 = t * S;
-  if (!GROUPED && a.balanced) {  // the grouped instance never runs the balanced map
+  if (!GROUPED && a.anchored) {
+    // The anchored map: the token's first cell and slot count from the split kernel; a token
+    // of one slot was finished there.
+    const uint2 m = reinterpret_cast<const uint2*>(a.ws_out + decode_anchored_map_offset(p.num_tokens, H, S))[t];
+    if (m.y == 1u) return;
+    q0 = int64_t(m.x);
+    S = int(m.y);
+  } else if (!GROUPED && a.balanced) {  // the grouped instance never runs the balanced map
     __shared__ int64_t s_bal[kReduceWarps];
     balanced_token_slots<kReduceThreads>(p, a.active, t, &q0, &S, s_bal);
   }
@@ -2668,7 +2732,7 @@ inline Status launch_reduce(const ReduceArgs& r, uint32_t rows, gpuStream_t stre
 }
 
 template <int MT, int DQK, KvFormat F, bool MMA, bool BAL, bool WG = false, bool ASYM = false, bool TWO = false,
-          bool QREG = false>
+          bool QREG = false, bool ANCH = false>
 inline Status launch_split(const DecodeArgs& a, uint32_t blocks, gpuStream_t stream) {
   constexpr bool kSc = kv_layout(F) == KvFormat::kFP8DsMla;
   // WG: room for either body of the kernel (decode_split_mma_kernel).
@@ -2683,9 +2747,9 @@ inline Status launch_split(const DecodeArgs& a, uint32_t blocks, gpuStream_t str
   static PerDevice<signed char> pdl_cache;
   void (*kernel)(DecodeArgs);
   if constexpr (MMA)
-    kernel = decode_split_mma_kernel<MT, DQK, F, BAL, WG, ASYM, TWO, QREG>;
+    kernel = decode_split_mma_kernel<MT, DQK, F, BAL, WG, ASYM, TWO, QREG, ANCH>;
   else
-    kernel = decode_split_portable_kernel<MT, DQK, F, BAL>;
+    kernel = decode_split_portable_kernel<MT, DQK, F, BAL, ANCH>;
   if (!ensure_smem(done, reinterpret_cast<const void*>(kernel), kBytes)) return Status::kLaunchFailed;
   const bool pdl = use_pdl(kPdlDecodeSplit, pdl_cache, kernel);
   return launch_kernel(pdl, kernel, dim3(blocks), dim3(kThreads), kBytes, stream, a);
@@ -2762,6 +2826,9 @@ inline Status launch_split_mt(int mt, bool wg, const DecodeArgs& a, uint32_t blo
     case 1:
       if constexpr (MMA && kv_layout(F) == KvFormat::kFP8DsMlaV4 && !BAL) {
         if (a.q_regs) return launch_split<1, DQK, F, MMA, BAL, false, false, false, true>(a, blocks, stream);
+      }
+      if constexpr (BAL) {
+        if (a.anchored) return launch_split<1, DQK, F, MMA, BAL, false, false, false, false, true>(a, blocks, stream);
       }
       return launch_split<1, DQK, F, MMA, BAL>(a, blocks, stream);
     case 2: return launch_split<2, DQK, F, MMA, BAL>(a, blocks, stream);
@@ -2890,6 +2957,10 @@ inline Status launch_sparse_mla_decode(const SparseDecodeParams& p, void* worksp
   // Automatic counts on the balanced map: the slots in use by the rows' lengths.
   a.active = a.balanced && auto_splits ? decode_active_table(T, H, decode_total_width(p), num_sms, S)
                                        : ActiveSplits();
+  // (the active splits run at up to 16 heads: one 16-head tile, mt == 1, never halved; the
+  // token map's cells past every slot in use: decode_anchored_map_offset)
+  a.anchored = a.active.on() && decode_active_slack(T) && mt == 1 &&
+               a.active.live_slots + kAnchoredMapCells <= T * S;
   // Two-token blocks where the asymmetric kernel runs (launch_split_mt); the uniform
   // map always with one split (decode_balanced).
   a.two_token = !a.balanced && decode_two_token_blocks(p, HG, num_sms, decode_two_token_mode(p));
@@ -2947,6 +3018,7 @@ inline Status launch_sparse_mla_decode(const SparseDecodeParams& p, void* worksp
                (p.output_stride_head & 3) == 0;
   r.balanced = a.balanced;
   r.active = a.active;
+  r.anchored = a.anchored;
   const uint32_t rows = uint32_t(T * H);
   // More than two batches of splits: column groups (H200, one token: 65 splits 18.9 -> 17.7 us
   // at 16 heads; two batches in two groups gained nothing against the barrier they add). Only

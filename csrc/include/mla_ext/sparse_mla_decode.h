@@ -529,7 +529,7 @@ inline int decode_balance_splits(int64_t num_tokens, int64_t num_heads, int64_t 
 // CPU twin does not use it (its automatic count is not the GPU's).
 constexpr int kActiveBuckets = 32;
 struct ActiveSplits {
-  int64_t live_slots = 0;  // T x (largest entry + 1); 0: off (every slot of the grid in use)
+  int64_t live_slots = 0;  // slots any bucket may use (decode_active_splits_table); 0: off (the whole grid)
   uint8_t splits[kActiveBuckets] = {};
   MLA_EXT_HD bool on() const { return live_slots > 0; }
 };
@@ -572,6 +572,18 @@ inline int decode_active_grid(int64_t num_tokens, int64_t num_heads) {
 // (decode_active_cost). With the ceil map's T / 2 extra blocks the model picked S' = 3 at 384
 // tokens where 2 measured 8-9% faster on rows of ~1,100 and ~3,100 entries, and 1 at 320 tokens
 // on the straggler layer (2: -14%). decode_active_slack: whether a call's map is this one.
+// Its blocks are anchored (the 16-head kernels; thirty-seventh session): block q < T runs token
+// q's first split, blocks T + P_t .. T + P_t + n_t - 2 (P_t = sum_{u<t} (n_u - 1)) its others, and
+// the rest are idle; the workspace cells stay in token order (token t's split j: cell
+// F_t + j, F_t = sum_{u<t} n_u). A first-split block knows its token before the map's sums, so
+// its first index tile and lengths are in flight while it works out n_t and F_t; it leaves both
+// in a token map for the reduce (decode_anchored_map_offset), and a token of n_t = 1 is finished
+// there (bf16 output, lse, sink) with no cell written: the reduce's block of such a token reads
+// its map entry and returns. With one slot per token a call then costs one split's blocks plus
+// the map's sums and an empty reduce, where the contiguous map summed the lengths before every
+// block's first load, wrote a partial per token and folded each one back in a reduce whose T x H
+// blocks each summed the lengths again (H200, 8 heads x 512 tokens of ~1,100 entries: reduce 16.3
+// -> 4.5 us, the call 217 -> 207 us against 199 for one split; RESULTS.md, thirty-seventh session).
 constexpr int64_t kActiveSlackDen = 5;
 MLA_EXT_HD bool decode_active_slack(int64_t num_tokens) { return num_tokens > kBalanceMaxTokens; }
 // The active splits' cost model: decode_split_cost's busiest processor for rows of `width`
@@ -628,7 +640,10 @@ inline ActiveSplits decode_active_splits_table(int64_t num_tokens, int64_t num_h
     a.splits[k] = uint8_t(s);
     if (s > top) top = s;
   }
-  a.live_slots = num_tokens * (top + 1);
+  // Slots in use: at most T (S' + 1) on the ceil map; on the slack map T + floor(4 S' T / 5),
+  // since each n_t - 1 < 4 S' T c_t / (5 C_T) (decode_active_slots) and the c_t add up to C_T.
+  const int64_t T = num_tokens;
+  a.live_slots = decode_active_slack(T) ? T + (kActiveSlackDen - 1) * top * T / kActiveSlackDen : T * (top + 1);
   return a;
 }
 // The bucket of a call's rows: total_cost = C_T (the sum of c_t = max(1, E_t) <= total_width),
@@ -886,7 +901,20 @@ MLA_EXT_HD float split_merge_finish(float L, float max_lse, const float* sink, f
 //   partial_out [num_heads, num_tokens * num_splits, 512]  (normalised per split)
 //   partial_lse [num_heads, num_tokens * num_splits]       (m + log(l); -inf = empty split)
 // With one split no workspace is used (the partial kernel writes the final result).
+// The anchored map (GPU active splits above kBalanceMaxTokens tokens, decode_active_slack)
+// also keeps a token map in the last kAnchoredMapCells cells of partial_out (head H - 1):
+// uint2 {first cell F_t, slot count n_t} per token, written by each token's first-split block
+// and read by the reduce instead of working the map out again in each of its T x H blocks.
+// Its cells never reach there: they add up to at most T + 4 (S - 1) T / 5 of each head's
+// T S (decode_active_splits_table's live slots, S >= 3 above kBalanceMaxTokens; the launcher
+// checks it), and 2 cells of 2 KB hold kBalanceMapMaxTokens entries.
 // ---------------------------------------------------------------------------
+constexpr int64_t kAnchoredMapCells = 2;
+static_assert(kAnchoredMapCells * kDV * 4 >= kBalanceMapMaxTokens * 8, "room for the anchored token map");
+// The token map's offset in floats from partial_out's start.
+MLA_EXT_HD int64_t decode_anchored_map_offset(int64_t T, int64_t H, int64_t S) {
+  return (H * T * S - kAnchoredMapCells) * kDV;
+}
 inline size_t align256(size_t n) { return (n + 255) & ~size_t(255); }
 
 inline size_t decode_partial_out_bytes(int64_t T, int64_t H, int64_t S) {
