@@ -172,14 +172,13 @@ def sparse_mla_decode(
             (at least 1, at most 256; with an explicit num_splits the shares add up to
             num_tokens x num_splits), read on the device at run time, so one long row among
             short ones does not set the call's time. There, with num_splits=0 on a GPU at 1-16
-            heads and 0.54 x the processor count to 256 tokens (or 257-512 tokens between 2x
-            and 3x the processor count: 265-396 on an H200), the automatic count is a grid of
-            min(8, 1024 // num_tokens) slots per token (min(8, 1536 // num_tokens) above 256
-            tokens; what the workspace holds), and the kernels use as many as the rows' mean
-            length asks for: token t takes ceil(S' x num_tokens x E_t / sum(E)) slots (4/5 of
-            that product above 256 tokens; at most 256), S' read from a table the launcher
-            computes for the shape (C128 sets are sized for the longest context, and most rows
-            are far shorter).
+            heads and 0.54 x the processor count to 512 tokens (72-512 on an H200), the
+            automatic count is a grid of min(8, 1024 // num_tokens) slots per token (min(8,
+            1536 // num_tokens) above 256 tokens; what the workspace holds), and the kernels
+            use as many as the rows' mean length asks for: token t takes ceil(S' x num_tokens x
+            E_t / sum(E)) slots (4/5 of that product above 256 tokens; at most 256), S' read
+            from a table the launcher computes for the shape (C128 sets are sized for the
+            longest context, and most rows are far shorter).
 
     Runs on the tensors' device (CPU with OpenMP, or CUDA/ROCm on the current stream); no
     allocation, no host synchronisation, CUDA-graph capturable. Offsets are 64-bit.

@@ -2340,19 +2340,19 @@ def _active_map(costs, S):
 
 
 @requires_gpu
-@pytest.mark.parametrize("T,grid,full_pick", [(72, 8, 7), (300, 5, 4), (384, 4, 2)])
+@pytest.mark.parametrize("T,grid,full_pick", [(72, 8, 7), (300, 5, 4), (384, 4, 2), (512, 3, 1)])
 def test_gpu_active_splits_follow_the_lengths(T, grid, full_pick):
-    """An automatic count on the balanced map with a C128-wide set (8 heads x 72 / 300 / 384 tokens
-    x 8320 entries, lengths given) is a grid of 8 / 5 / 4 slots per token (on an H200), of which the
-    kernels use as many as the rows' mean length asks for (decode_active_splits_table): token t
-    takes ceil(S' T c_t / C_T) slots (ceil(4 S' T c_t / (5 C_T)) above 256 tokens, where a token of
-    one slot is finished by its split block and writes no cell: the anchored map). Full rows, rows
-    of ~550 entries with one full straggler and rows of 0-2, and rows of 5,500-6,500 each match the
-    float64 reference in the workspace the size query gives (NaN-poisoned), and the workspace cells
-    written, and those holding an empty split's -inf, are exactly those of that map for one S' in
-    1..grid - 1 (full rows: the count the
-    model picks for them, and then bit-identical to that explicit count, where that is more than
-    one). The same lengths replayed in a graph captured once give bit-identical results."""
+    """An automatic count on the balanced map with a C128-wide set (8 heads x 72 / 300 / 384 / 512
+    tokens x 8320 entries, lengths given) is a grid of 8 / 5 / 4 / 3 slots per token (on an H200),
+    of which the kernels use as many as the rows' mean length asks for
+    (decode_active_splits_table): token t takes ceil(S' T c_t / C_T) slots (ceil(4 S' T c_t /
+    (5 C_T)) above 256 tokens, where a token of one slot is finished by its split block and writes
+    no cell: the anchored map). Full rows, rows of ~550 entries with one full straggler and rows of
+    0-2, and rows of 5,500-6,500 each match the float64 reference in the workspace the size query
+    gives (NaN-poisoned), and the workspace cells written, and those holding an empty split's -inf,
+    are exactly those of that map for one S' in 1..grid - 1 (full rows: the count the model picks
+    for them, and then bit-identical to that explicit count, where that is more than one). The
+    same lengths replayed in a graph captured once give bit-identical results."""
     g = torch.Generator().manual_seed(35 + T)
     H, W, fmt = 8, 8320, "fp8_ds_mla_v4"
     _, idx_d, cache, q = _gpu_v4_long_rows(g, T, H, W, 6000, "none")

@@ -208,8 +208,8 @@ typedef struct mla_ext_sparse_decode_params {
   int64_t lse_stride_token, lse_stride_head;
 
   int32_t num_splits;     /* 1..256, or 0 = automatic (mla_ext_sparse_mla_decode_num_splits; on the
-                             balanced map with 4096+ entries at 1-16 heads x 0.54 x num_sms to 256
-                             tokens, or 2-3 x num_sms tokens up to 512, a grid of slots, of which the
+                             balanced map with 4096+ entries at 1-16 heads x 0.54 x num_sms to 512
+                             tokens, a grid of slots, of which the
                              kernels use as many as the rows' lengths ask for:
                              mla_ext::decode_active_splits_table) */
   uint8_t force_portable; /* nonzero: the portable (no tensor-core) GPU path */

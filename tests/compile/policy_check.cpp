@@ -169,28 +169,25 @@ int main() {
     }
   }
   // Active splits (decode_active_splits_table, thirty-fifth session): GPU calls on the balanced map
-  // with sets of 4096+ entries at 1-16 heads x 0.54 x processors..256 tokens (and 2-3 x
-  // processors tokens up to 512 since the thirty-sixth session) get a grid of decode_active_grid
-  // slots per token and a table of the model's counts by the rows' mean length; token t then
-  // takes ceil(S' T c_t / C_T) slots (ceil(4 S' T c_t / (5 C_T)) above 256 tokens).
+  // with sets of 4096+ entries at 1-16 heads x 0.54 x processors..256 tokens (and to 512 since
+  // the thirty-sixth session: 2-3 x processors tokens, every count since the thirty-seventh) get
+  // a grid of decode_active_grid slots per token and a table of the model's counts by the rows'
+  // mean length; token t then takes ceil(S' T c_t / C_T) slots (ceil(4 S' T c_t / (5 C_T)) above
+  // 256 tokens).
   using mla_ext::decode_active_applies;
   expect("active(71 tokens)", decode_active_applies(71, 16, 8320, 132), 0);
   expect("active(72 tokens)", decode_active_applies(72, 16, 8320, 132), 1);
   expect("active(256 tokens)", decode_active_applies(256, 16, 8320, 132), 1);
-  // above 256 tokens only at 2-3 x processors tokens, where one split per token runs one full
-  // wave (two blocks per processor) and a second at most half full: 265-396 on 132 processors
-  expect("active(257 tokens)", decode_active_applies(257, 16, 8320, 132), 0);
-  expect("active(264 tokens)", decode_active_applies(264, 16, 8320, 132), 0);
-  expect("active(265 tokens)", decode_active_applies(265, 16, 8320, 132), 1);
-  expect("active(396 tokens)", decode_active_applies(396, 16, 8320, 132), 1);
-  expect("active(397 tokens)", decode_active_applies(397, 16, 8320, 132), 0);
-  expect("active(512 tokens)", decode_active_applies(512, 16, 8320, 132), 0);
-  expect("active(300 tokens, 114 processors)", decode_active_applies(300, 16, 8320, 114), 1);
-  expect("active(400 tokens, 114 processors)", decode_active_applies(400, 16, 8320, 114), 0);
-  expect("active(342 tokens, 114 processors)", decode_active_applies(342, 16, 8320, 114), 1);
-  expect("active(343 tokens, 114 processors)", decode_active_applies(343, 16, 8320, 114), 0);
-  expect("active(500 tokens, 114 processors)", decode_active_applies(500, 16, 8320, 114), 0);
-  expect("active(300 tokens, 78 processors)", decode_active_applies(300, 16, 8320, 78), 0);
+  // above 256 tokens at every count to 512 (the anchored map; until the thirty-seventh session
+  // only at 2-3 x processors tokens), on any processor count
+  expect("active(257 tokens)", decode_active_applies(257, 16, 8320, 132), 1);
+  expect("active(264 tokens)", decode_active_applies(264, 16, 8320, 132), 1);
+  expect("active(397 tokens)", decode_active_applies(397, 16, 8320, 132), 1);
+  expect("active(512 tokens)", decode_active_applies(512, 16, 8320, 132), 1);
+  expect("active(513 tokens)", decode_active_applies(513, 16, 8320, 132), 0);
+  expect("active(500 tokens, 114 processors)", decode_active_applies(500, 16, 8320, 114), 1);
+  expect("active(300 tokens, 78 processors)", decode_active_applies(300, 16, 8320, 78), 1);
+  expect("active(512 tokens, 16 processors)", decode_active_applies(512, 16, 8320, 16), 1);
   expect("active(513 tokens, 114 processors)", decode_active_applies(513, 16, 8320, 114), 0);
   expect("active(17 heads)", decode_active_applies(100, 17, 8320, 132), 0);
   expect("active(4095 entries)", decode_active_applies(100, 16, 4095, 132), 0);
@@ -206,8 +203,9 @@ int main() {
   expect("splits(C128, 16 heads, 300 tokens)", decode_num_splits(300, 16, 8320, 132, true), 5);
   expect("splits(C128, 16 heads, 384 tokens)", decode_num_splits(384, 16, 8320, 132, true), 4);
   expect("splits(C128, 16 heads, 396 tokens)", decode_num_splits(396, 16, 8320, 132, true), 3);
-  expect("splits(C128, 16 heads, 264 tokens)", decode_num_splits(264, 16, 8320, 132, true), 1);
-  expect("splits(C128, 16 heads, 512 tokens)", decode_num_splits(512, 16, 8320, 132, true), 1);
+  expect("splits(C128, 16 heads, 257 tokens)", decode_num_splits(257, 16, 8320, 132, true), 5);
+  expect("splits(C128, 16 heads, 264 tokens)", decode_num_splits(264, 16, 8320, 132, true), 5);
+  expect("splits(C128, 16 heads, 512 tokens)", decode_num_splits(512, 16, 8320, 132, true), 3);
   expect("splits(C128, 32 heads, 300 tokens)", decode_num_splits(300, 32, 8320, 132, true), 1);
   expect("splits(C128, 16 heads, 300 tokens, no lengths)", decode_num_splits(300, 16, 8320, 132, false), 1);
   expect("splits(C128, 16 heads, 16 tokens)", decode_num_splits(16, 16, 8320, 132, true),

@@ -522,9 +522,8 @@ inline int decode_balance_splits(int64_t num_tokens, int64_t num_heads, int64_t 
 // the H200: at 48-64 tokens the wave count was as fast as the table's best S' on full rows and
 // 2-6% faster on shorter ones, its T x S slots filling one wave exactly where the ceil map adds
 // slots; at 66 the table measured -1.6..+5.9%, from 72 tokens on it gained 6-25%) to
-// kBalanceMaxTokens tokens, and above that, up to kBalanceMapMaxTokens, at 2-3 x processors
-// tokens (265-396 on the H200: one split per token there runs one full wave of blocks and a
-// second at most half full; see kActiveMaxTokenSplits); automatic counts only
+// kBalanceMapMaxTokens tokens (above kBalanceMaxTokens on the anchored map: see
+// kActiveMaxTokenSplits and decode_active_slack); automatic counts only
 // (launch_sparse_mla_decode's auto_splits; an explicit count keeps the balanced map below). The
 // CPU twin does not use it (its automatic count is not the GPU's).
 constexpr int kActiveBuckets = 32;
@@ -534,16 +533,10 @@ struct ActiveSplits {
   MLA_EXT_HD bool on() const { return live_slots > 0; }
 };
 inline bool decode_active_applies(int64_t num_tokens, int64_t num_heads, int64_t total_width, int num_sms) {
-  if (!(num_sms > 0 && num_heads >= 1 && num_heads <= 16 && decode_balanced_width(num_tokens, total_width) &&
-        num_tokens * 50 >= int64_t(num_sms) * 27))
-    return false;
-  // Above kBalanceMaxTokens only where one split per token (T blocks, two per processor) runs one
-  // full wave and a second at most half full: 2 x processors < T <= 3 x processors (265-396
-  // tokens on the H200, the range measured). Where one split fills its last wave the active
-  // path's fixed costs outweighed what it saves on rows of about equal length (see
-  // kActiveMaxTokenSplits); counts of more waves were not measured.
-  const int64_t sms = num_sms;
-  return num_tokens <= kBalanceMaxTokens || (num_tokens > 2 * sms && num_tokens <= 3 * sms);
+  // (to kBalanceMapMaxTokens tokens: decode_balanced_width; above kBalanceMaxTokens at every
+  // count since the anchored map, see kActiveMaxTokenSplits)
+  return num_sms > 0 && num_heads >= 1 && num_heads <= 16 && decode_balanced_width(num_tokens, total_width) &&
+         num_tokens * 50 >= int64_t(num_sms) * 27;
 }
 // The grid (the automatic count) where decode_active_applies: decode_balance_reach up to
 // kBalanceMaxTokens tokens (4..8 slots per token), min(8, kActiveMaxTokenSplits / T) above
@@ -556,11 +549,15 @@ inline bool decode_active_applies(int64_t num_tokens, int64_t num_heads, int64_t
 //    264-512, rows of 300-8,192 entries -17..-34%; but rows of about equal length (~1,100 or
 //    ~3,100 entries, +-10%) +4..+37% at 264 and 448-512 tokens, where one split's T blocks fill
 //    their last wave: the active path's fixed costs (the prologue's sums in every block,
-//    including idle slots', and the reduce) came to 25-50 us at 512 tokens. Hence
-//    decode_active_applies' wave rule above kBalanceMaxTokens.
+//    including idle slots', and the reduce) came to 25-50 us at 512 tokens. Hence a wave rule
+//    (2 x processors < T <= 3 x processors) until the anchored map (decode_active_slack) cut
+//    those costs: thirty-seventh session, 8-16 heads x 264 / 448 / 512 tokens against one
+//    split, the straggler layer -56..-67%, rows of 300-8,192 entries -15..-20%, full rows
+//    +0.3..+2.4%, rows of ~3,100 entries +1.4..+4.3%, of ~1,100 +4.9..+6.8%; at 300-384 tokens
+//    -0.7..-10% against the contiguous map. So every count to kBalanceMapMaxTokens applies.
 // The automatic workspace grows accordingly at 1-47 heads (from 16 heads on it covers 16-head
-// calls): on the H200 16-47 heads 33.6-49.4 -> 43.5-50.2 MB for max_num_tokens 265-306, 50.4 MB
-// from 307.
+// calls): on the H200 16-47 heads 33.6-49.4 -> 42.2-50.2 MB for max_num_tokens 257-306, 50.4 MB
+// from 307 (the thirty-sixth session's wave rule: from 265).
 constexpr int64_t kActiveMaxTokenSplits = 1536;
 inline int decode_active_grid(int64_t num_tokens, int64_t num_heads) {
   if (num_tokens <= kBalanceMaxTokens) return decode_balance_reach(num_tokens, num_heads);
@@ -582,8 +579,8 @@ inline int decode_active_grid(int64_t num_tokens, int64_t num_heads) {
 // its map entry and returns. With one slot per token a call then costs one split's blocks plus
 // the map's sums and an empty reduce, where the contiguous map summed the lengths before every
 // block's first load, wrote a partial per token and folded each one back in a reduce whose T x H
-// blocks each summed the lengths again (H200, 8 heads x 512 tokens of ~1,100 entries: reduce 16.3
-// -> 4.5 us, the call 217 -> 207 us against 199 for one split; RESULTS.md, thirty-seventh session).
+// blocks each summed the lengths again (H200, 8 heads x 512 tokens of ~1,100 entries: the reduce
+// 16.3 -> 4.5 us, the call +11.4% -> +5.5% against one split; RESULTS.md, thirty-seventh session).
 constexpr int64_t kActiveSlackDen = 5;
 MLA_EXT_HD bool decode_active_slack(int64_t num_tokens) { return num_tokens > kBalanceMaxTokens; }
 // The active splits' cost model: decode_split_cost's busiest processor for rows of `width`
@@ -699,7 +696,7 @@ inline int decode_max_auto_splits(int64_t num_tokens, int64_t num_heads, int num
 //    (decode_balance_applies): the balance model's pick between the wave count and
 //    1..8 splits (decode_balance_splits). (Sets that long take no two-split floor.)
 //  - GPU calls on the balanced map with sets of 4096+ entries, up to 16 heads and
-//    0.54 x processors to 256 tokens, or 2-3 x processors tokens up to 512
+//    0.54 x processors to 512 tokens
 //    (decode_active_applies): the grid of the active splits, 3-8 slots
 //    per token (decode_active_grid; the kernels then use as many of them as the rows'
 //    lengths ask for: decode_active_splits_table).
