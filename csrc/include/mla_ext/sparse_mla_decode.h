@@ -514,8 +514,10 @@ inline int decode_balance_splits(int64_t num_tokens, int64_t num_heads, int64_t 
 //    per slot at most 5/4 of that mean, and rows within 5/4 of the mean row take no extra slot
 //    (the ceil map gave half the tokens of rows of about equal length one more slot, T / 2 more
 //    blocks: rows of ~1,100 entries ran 13-54% slower than one split at 264 and 384-512 tokens);
-//  - slots from T x (the table's largest entry + 1) on are idle in every bucket: their blocks
-//    return at once; the other idle slots' blocks after the prologue's sums.
+//  - slots from T x (the table's largest entry + 1) on (T + floor(4 x that entry x T / 5) above
+//    kBalanceMaxTokens) are idle in every bucket: their blocks return at once; the other idle
+//    slots' blocks after the prologue's sums (on the anchored map, decode_active_slack, the
+//    blocks of the first T slots are never idle).
 // Shapes only on the host (grid, workspace, table); the lengths pick the bucket and the slots on
 // the device, so a captured graph replays with new lengths. Up to 16 heads (one 16-head tile; the
 // wide tiles' costs differ from the model's: decode_balance_applies), 0.54 x processors (72 on
@@ -592,7 +594,8 @@ MLA_EXT_HD bool decode_active_slack(int64_t num_tokens) { return num_tokens > kB
 //    extra slot) and on the slack map (decode_active_slack);
 //  - pairs of co-resident 16-head blocks at 1 + 1.25 n per pair (decode_split_cost: 1 + 1.5 n), a
 //    lone block at 1.5 + n, the reduce at 1 + T H S' / (64 processors) (the balanced map always
-//    reduces, at S' = 1 too).
+//    reduces, at S' = 1 too; on the anchored map a token of one slot skips the fold, which the
+//    model, fitted before it, does not know).
 // Integer, in units of 1 / (256 x processors) of a lone block's tile time.
 inline int64_t decode_active_cost(int64_t num_tokens, int64_t num_heads, int64_t width, int active, int num_sms,
                                   bool equal_rows) {
@@ -903,8 +906,9 @@ MLA_EXT_HD float split_merge_finish(float L, float max_lse, const float* sink, f
 // uint2 {first cell F_t, slot count n_t} per token, written by each token's first-split block
 // and read by the reduce instead of working the map out again in each of its T x H blocks.
 // Its cells never reach there: they add up to at most T + 4 (S - 1) T / 5 of each head's
-// T S (decode_active_splits_table's live slots, S >= 3 above kBalanceMaxTokens; the launcher
-// checks it), and 2 cells of 2 KB hold kBalanceMapMaxTokens entries.
+// T S (decode_active_splits_table's live slots), at least (S - 1) T / 5 >= 51 cells short of
+// the end for any S >= 2 and T > kBalanceMaxTokens (the launcher checks it, policy_check too),
+// and 2 cells of 2 KB hold kBalanceMapMaxTokens entries.
 // ---------------------------------------------------------------------------
 constexpr int64_t kAnchoredMapCells = 2;
 static_assert(kAnchoredMapCells * kDV * 4 >= kBalanceMapMaxTokens * 8, "room for the anchored token map");
