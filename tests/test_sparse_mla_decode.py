@@ -528,6 +528,31 @@ def test_gpu_balanced_split_map_head_tiles(fmt):
                               lengths=lengths, sink=sink)
 
 
+@requires_gpu
+@pytest.mark.parametrize("T", [300, 512])
+def test_gpu_anchored_map_paths(T):
+    """The anchored map (automatic counts above 256 tokens, decode_active_slack) on the tensor-core
+    and portable kernels, with one and two head groups (16 heads, head tile 16 or 8), on a C128
+    layer's two sets (compressed rows of 0-4096 entries, one full straggler, and a 128-entry
+    window set with its own lengths and pages): poisoned buffers, the float64 reference."""
+    g = torch.Generator().manual_seed(370 + T)
+    H, W, fmt = 16, 4096, "fp8_ds_mla_v4"
+    idx, _ = make_indices(g, T, W, 2100 * 2, "middle", None)
+    lengths = torch.randint(400, 701, (T,), generator=g, dtype=torch.int32)
+    lengths[3], lengths[4], lengths[5], lengths[T - 1] = W, 0, 1, W
+    cache = make_cache(g, fmt, 512, 2100, 2, idx, "cuda")
+    e_idx, _ = make_indices(g, T, 128, 4 * 256, "none", None)
+    e_len = torch.randint(0, 129, (T,), generator=g, dtype=torch.int32)
+    e_cache = make_cache(g, fmt, 512, 4, 256, e_idx, "cuda")
+    q = torch.randn(T, H, 512, generator=g).to(torch.bfloat16)
+    sink = make_sink(g, H, "mixed")
+    for portable in (False, True):
+        for tile in (16, 8):
+            with gpu_path(portable=portable, head_tile=tile):
+                run_check(q, cache, idx, fmt=fmt, scale=0.06, device="cuda", num_splits=0, lengths=lengths,
+                          extra=dict(cache=e_cache, indices=e_idx, lengths=e_len), sink=sink)
+
+
 def test_balanced_split_map_with_window_set(device):
     """A C128 layer's two sets: the compressed rows (main, W = 4096, lengths from 0 to the width)
     and a sliding window (extra, page 256, its own lengths); the map balances their sum."""
@@ -2392,6 +2417,13 @@ def test_gpu_active_splits_follow_the_lengths(T, grid, full_pick):
             # Each token's own slots (idle slots write nothing, so `written` is a prefix).
             empty = _empty_slots(_active_map(costs, used[0]), [max(0, min(int(x), W)) for x in lengths], N)
             assert (torch.isneginf(cells) == (empty & maps[used[0]])).all(), name
+            # the partials of the cells not written stay poisoned too, but for the anchored map's
+            # token map in the last two cells of the last head (decode_anchored_map_offset)
+            parts = ws[:H * N * 512 * 4].view(torch.float32).view(H, N, 512).cpu()
+            unwritten = (~maps[used[0]]).expand(H, N).clone()
+            if T > 256:
+                unwritten[H - 1, N - 2:] = False
+            assert torch.isnan(parts[unwritten]).all(), name
             if T > 256 and name == "short":  # tokens of one slot (rows of 0-2), finished without the reduce
                 assert any(n == 1 for _, n in _active_map(costs, used[0]))
             if name == "full":  # the model's count for full rows (at 72 tokens: RESULTS.md, thirty-fifth session)
