@@ -662,8 +662,9 @@ MLA_EXT_HD int decode_active_count(const ActiveSplits& a, int64_t total_cost, in
 // n_t: ceil(S' T c_t / C_T) up to kBalanceMaxTokens tokens, ceil(4 S' T c_t / (5 C_T)) above
 // (kActiveSlackDen), 1..kMaxSplits (c_t >= 1; 4 S' T c_t < 2^48).
 MLA_EXT_HD int64_t decode_active_slots(int64_t cost, int64_t total_cost, int64_t num_tokens, int active) {
-  // decode_active_slack's test, written out: calling the helper here changed the reduce kernels'
-  // register allocation (nvcc 13, sm_90a), and that code was not run on the GPU.
+  // decode_active_slack's test, written out: calling the helper here changes the SASS of the
+  // reduce and anchored kernels (nvcc 13, sm_90a; checked again in the thirty-seventh session),
+  // and that code has not run on the GPU.
   const bool slack = num_tokens > kBalanceMaxTokens;
   const int64_t x = int64_t(active) * num_tokens * cost * (slack ? kActiveSlackDen - 1 : 1);
   const int64_t d = total_cost * (slack ? kActiveSlackDen : 1);
