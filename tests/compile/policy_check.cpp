@@ -273,8 +273,6 @@ int main() {
             if (b.on() != decode_active_applies(t, h, w, n)) ok = 0;
             if (!b.on()) continue;
             ok = ok && grid == mla_ext::decode_active_grid(t, h) && b.live_slots <= t * grid;
-            // above 256 tokens the anchored map's token map fits past the slots in use
-            ok = ok && (t <= 256 || b.live_slots + mla_ext::kAnchoredMapCells <= t * grid);
             for (int k = 0; k < kActiveBuckets; ++k) ok = ok && b.splits[k] >= 1 && b.splits[k] < grid;
             for (int rep = 0; rep < 4 && ok; ++rep) {
               int64_t cost[512], total = 0;

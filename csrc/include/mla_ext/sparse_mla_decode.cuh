@@ -204,6 +204,7 @@ struct DecodeArgs {
   bool q_regs;        // the 16-head V4 kernel holds its Q fragments in registers (decode_q_regs)
   ActiveSplits active;  // the balanced map's slots in use by the rows' lengths (decode_active_splits_table)
   bool anchored;        // active on the anchored map (decode_active_slack): 16-head tile only
+  uint2* ws_map;        // [T] {first cell, cell count} per token (S > 1; balanced map only)
 };
 
 // ---- balanced split map (sparse_mla_decode.h), computed by a whole block ----
@@ -212,24 +213,6 @@ __device__ __forceinline__ int64_t shfl_xor_i64(int64_t v, int lane_mask) {
   const uint32_t lo2 = uint32_t(MLA_EXT_SHFL_XOR(lo, lane_mask));
   const uint32_t hi2 = uint32_t(MLA_EXT_SHFL_XOR(hi, lane_mask));
   return int64_t((uint64_t(hi2) << 32) | uint64_t(lo2));
-}
-
-// Sum of v over a block of NT threads; red: NT / kWarpSize int64 of shared
-// memory. Starts and ends with a barrier (red is free again on return).
-template <int NT>
-__device__ __forceinline__ int64_t block_sum_i64(int64_t v, int64_t* red) {
-  constexpr int NW = NT / kWarpSize;
-  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
-#pragma unroll
-  for (int o = kWarpSize / 2; o > 0; o >>= 1) v += shfl_xor_i64(v, o);
-  __syncthreads();
-  if (lane == 0) red[warp] = v;
-  __syncthreads();
-  int64_t total = 0;
-#pragma unroll
-  for (int w = 0; w < NW; ++w) total += red[w];  // same order in every thread: same sum
-  __syncthreads();
-  return total;
 }
 
 __device__ __forceinline__ int64_t shfl_i64(int64_t v, int src_lane) {
@@ -363,52 +346,6 @@ __device__ __forceinline__ bool balanced_slot_owner(const SparseDecodeParams& p,
     if (kPer == 1 || p.num_tokens <= NT) return balanced_slot_owner_kp<NT, 1>(p, act, q, t_out, q0_out, n_out, red);
     return balanced_slot_owner_kp<NT, kPer>(p, act, q, t_out, q0_out, n_out, red);
   }
-}
-
-// The first slot and slot count of token t under the balanced map, for a block
-// of NT threads (the reduce) and num_tokens <= KP NT (thread i: tokens i, i + NT, ...);
-// red: NT / kWarpSize int64 of shared memory.
-template <int NT, int KP>
-__device__ __forceinline__ void balanced_token_slots_kp(const SparseDecodeParams& p, const ActiveSplits& act, int64_t t,
-                                                     int64_t* q0_out, int* n_out, int64_t* red) {
-  const int64_t T = p.num_tokens;
-  int64_t c[KP];
-  int64_t csum = 0, before = 0;  // this thread's costs: all, and of the tokens before t
-#pragma unroll
-  for (int k = 0; k < KP; ++k) {
-    const int64_t u = threadIdx.x + int64_t(k) * NT;
-    c[k] = u < T ? decode_token_cost(p, u) : 0;
-    csum += c[k];
-    before += u < t ? c[k] : 0;
-  }
-  const int64_t total = block_sum_i64<NT>(csum, red);
-  if (act.on()) {
-    const int sa = decode_active_count(act, total, T, decode_total_width(p));
-    int64_t nb = 0;  // this thread's slots of the tokens before t
-#pragma unroll
-    for (int k = 0; k < KP; ++k) {
-      const int64_t u = threadIdx.x + int64_t(k) * NT;
-      nb += u < t ? decode_active_slots(c[k], total, T, sa) : 0;
-    }
-    *q0_out = block_sum_i64<NT>(nb, red);
-    *n_out = int(decode_active_slots(decode_token_cost(p, t), total, T, sa));
-    return;
-  }
-  const int64_t ct = block_sum_i64<NT>(before, red);  // C_t
-  const int64_t f = decode_balanced_first_slot(t, ct, total, T, p.num_splits);
-  const int64_t f1 = decode_balanced_first_slot(t + 1, ct + decode_token_cost(p, t), total, T, p.num_splits);
-  *q0_out = f;
-  *n_out = decode_balanced_slots(f, f1);
-}
-
-// balanced_token_slots_kp for up to kBalanceMapMaxTokens tokens, with no more tokens per thread
-// than kBalanceMaxTokens tokens needed before (the count up to the thirty-fifth session).
-template <int NT>
-__device__ __forceinline__ void balanced_token_slots(const SparseDecodeParams& p, const ActiveSplits& act, int64_t t,
-                                                     int64_t* q0_out, int* n_out, int64_t* red) {
-  constexpr int kLow = int((kBalanceMaxTokens + NT - 1) / NT), kHigh = int((kBalanceMapMaxTokens + NT - 1) / NT);
-  if (kLow == kHigh || p.num_tokens <= kLow * NT) return balanced_token_slots_kp<NT, kLow>(p, act, t, q0_out, n_out, red);
-  balanced_token_slots_kp<NT, kHigh>(p, act, t, q0_out, n_out, red);
 }
 
 // ---- small numeric helpers (pack_bf16x2: numerics.h) ----
@@ -1256,6 +1193,9 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
     }
     s = int(t * S + s - q0);
     t = owner;
+    // The reduce's token map (sparse_mla_decode.h workspace layout): written by the token's
+    // first split, head group 0.
+    if (s == 0 && hg == 0 && tid == 0) a.ws_map[t] = make_uint2(uint32_t(q0), uint32_t(ns));
   }
   const int64_t H = p.num_heads;
   const int64_t h0 = int64_t(hg) * a.head_tile;
@@ -1310,9 +1250,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
       int s0;
       balanced_slot_owner<kThreads, true>(p, a.active, t, &owner, &q0, &ns,
                                           reinterpret_cast<int64_t*>(smem + C::sOff), &s0);
-      if (tid == 0 && hg == 0)  // the reduce's token map (decode_anchored_map_offset)
-        reinterpret_cast<uint2*>(a.ws_out + decode_anchored_map_offset(p.num_tokens, p.num_heads, S))[t] =
-            make_uint2(uint32_t(q0), uint32_t(ns));
+      if (tid == 0 && hg == 0) a.ws_map[t] = make_uint2(uint32_t(q0), uint32_t(ns));  // the reduce's token map
     }
   }
   int64_t p_lo, p_hi;
@@ -2474,7 +2412,8 @@ struct ReduceArgs {
   bool out_vec4;  // 8-byte bf16x4 stores allowed
   bool balanced;  // decode_balanced(p): the balanced split map
   ActiveSplits active;  // its slots in use (DecodeArgs::active)
-  bool anchored;  // DecodeArgs::anchored: the split kernel wrote the token map (decode_anchored_map_offset)
+  bool anchored;  // DecodeArgs::anchored: tokens of one cell were finished by the split kernel
+  const uint2* ws_map;  // DecodeArgs::ws_map: the split kernel's token map (balanced map)
 };
 
 constexpr int kReduceThreads = kDV / 4;
@@ -2524,16 +2463,13 @@ __global__ void __launch_bounds__(GROUPED ? (kReduceThreads / CH) * kReduceMaxGr
   const int64_t NQ = p.num_tokens * p.num_splits;
   int S = p.num_splits;
   int64_t q0 = t * S;
-  if (!GROUPED && a.anchored) {
-    // The anchored map: the token's first cell and slot count from the split kernel; a token
-    // of one slot was finished there.
-    const uint2 m = reinterpret_cast<const uint2*>(a.ws_out + decode_anchored_map_offset(p.num_tokens, H, S))[t];
-    if (m.y == 1u) return;
+  if (!GROUPED && a.balanced) {  // the grouped instance never runs the balanced map
+    // The token's first cell and cell count, from the split kernel's token map; on the
+    // anchored map a token of one cell was finished there.
+    const uint2 m = a.ws_map[t];
+    if (a.anchored && m.y == 1u) return;
     q0 = int64_t(m.x);
     S = int(m.y);
-  } else if (!GROUPED && a.balanced) {  // the grouped instance never runs the balanced map
-    __shared__ int64_t s_bal[kReduceWarps];
-    balanced_token_slots<kReduceThreads>(p, a.active, t, &q0, &S, s_bal);
   }
   const float* lse = a.ws_lse + h * NQ + q0;
   const float* parts = a.ws_out + (h * NQ + q0) * kDV;  // split i's partial: parts + i * kDV
@@ -2938,13 +2874,16 @@ inline Status launch_sparse_mla_decode(const SparseDecodeParams& p, void* worksp
   a.p = p;
   a.ws_out = nullptr;
   a.ws_lse = nullptr;
+  a.ws_map = nullptr;
   if (S > 1) {
     const size_t need = decode_workspace_size(T, H, S);
     if (workspace == nullptr || workspace_bytes < need) return Status::kWorkspaceTooSmall;
     // the kernels read and write it with 8- and 16-byte accesses
     if ((reinterpret_cast<uintptr_t>(workspace) & 15u) != 0) return Status::kInvalidArgument;
     a.ws_out = static_cast<float*>(workspace);
-    a.ws_lse = reinterpret_cast<float*>(static_cast<uint8_t*>(workspace) + decode_partial_out_bytes(T, H, S));
+    uint8_t* const base = static_cast<uint8_t*>(workspace);
+    a.ws_lse = reinterpret_cast<float*>(base + decode_partial_out_bytes(T, H, S));
+    a.ws_map = reinterpret_cast<uint2*>(base + decode_partial_out_bytes(T, H, S) + decode_partial_lse_bytes(T, H, S));
   }
   a.head_tile = int(HT);
   a.head_groups = int(HG);
@@ -2957,10 +2896,8 @@ inline Status launch_sparse_mla_decode(const SparseDecodeParams& p, void* worksp
   // Automatic counts on the balanced map: the slots in use by the rows' lengths.
   a.active = a.balanced && auto_splits ? decode_active_table(T, H, decode_total_width(p), num_sms, S)
                                        : ActiveSplits();
-  // (the active splits run at up to 16 heads: one 16-head tile, mt == 1, never halved; the
-  // token map's cells past every slot in use: decode_anchored_map_offset)
-  a.anchored = a.active.on() && decode_active_slack(T) && mt == 1 &&
-               a.active.live_slots + kAnchoredMapCells <= T * S;
+  // (the active splits run at up to 16 heads: one 16-head tile, mt == 1, never halved)
+  a.anchored = a.active.on() && decode_active_slack(T) && mt == 1;
   // Two-token blocks where the asymmetric kernel runs (launch_split_mt); the uniform
   // map always with one split (decode_balanced).
   a.two_token = !a.balanced && decode_two_token_blocks(p, HG, num_sms, decode_two_token_mode(p));
@@ -3019,6 +2956,7 @@ inline Status launch_sparse_mla_decode(const SparseDecodeParams& p, void* worksp
   r.balanced = a.balanced;
   r.active = a.active;
   r.anchored = a.anchored;
+  r.ws_map = a.ws_map;
   const uint32_t rows = uint32_t(T * H);
   // More than two batches of splits: column groups (H200, one token: 65 splits 18.9 -> 17.7 us
   // at 16 heads; two batches in two groups gained nothing against the barrier they add). Only

@@ -576,7 +576,7 @@ inline int decode_active_grid(int64_t num_tokens, int64_t num_heads) {
 // the rest are idle; the workspace cells stay in token order (token t's split j: cell
 // F_t + j, F_t = sum_{u<t} n_u). A first-split block knows its token before the map's sums, so
 // its first index tile and lengths are in flight while it works out n_t and F_t; it leaves both
-// in a token map for the reduce (decode_anchored_map_offset), and a token of n_t = 1 is finished
+// in the workspace's token map for the reduce (as every balanced call does), and a token of n_t = 1 is finished
 // there (bf16 output, lse, sink) with no cell written: the reduce's block of such a token reads
 // its map entry and returns. With one slot per token a call then costs one split's blocks plus
 // the map's sums and an empty reduce, where the contiguous map summed the lengths before every
@@ -662,9 +662,10 @@ MLA_EXT_HD int decode_active_count(const ActiveSplits& a, int64_t total_cost, in
 // n_t: ceil(S' T c_t / C_T) up to kBalanceMaxTokens tokens, ceil(4 S' T c_t / (5 C_T)) above
 // (kActiveSlackDen), 1..kMaxSplits (c_t >= 1; 4 S' T c_t < 2^48).
 MLA_EXT_HD int64_t decode_active_slots(int64_t cost, int64_t total_cost, int64_t num_tokens, int active) {
-  // decode_active_slack's test, written out: calling the helper here changes the SASS of the
-  // reduce and anchored kernels (nvcc 13, sm_90a; checked again in the thirty-seventh session),
-  // and that code has not run on the GPU.
+  // decode_active_slack's test, written out: calling the helper here changed the SASS of the
+  // reduce and anchored kernels (nvcc 13, sm_90a; thirty-seventh session), and that code has
+  // not run on the GPU. (The reduce no longer calls this since the thirty-eighth session: it
+  // reads the token map.)
   const bool slack = num_tokens > kBalanceMaxTokens;
   const int64_t x = int64_t(active) * num_tokens * cost * (slack ? kActiveSlackDen - 1 : 1);
   const int64_t d = total_cost * (slack ? kActiveSlackDen : 1);
@@ -897,36 +898,34 @@ MLA_EXT_HD float split_merge_finish(float L, float max_lse, const float* sink, f
 }
 
 // ---------------------------------------------------------------------------
-// Workspace layout for num_splits > 1 (fp32, 256-byte aligned sections), by
-// split slot q in [0, num_tokens * num_splits) (the split map above):
-//   partial_out [num_heads, num_tokens * num_splits, 512]  (normalised per split)
-//   partial_lse [num_heads, num_tokens * num_splits]       (m + log(l); -inf = empty split)
+// Workspace layout for num_splits > 1 (256-byte aligned sections), by split slot q in
+// [0, num_tokens * num_splits) (the split map above):
+//   partial_out [num_heads, num_tokens * num_splits, 512] fp32 (normalised per split)
+//   partial_lse [num_heads, num_tokens * num_splits]      fp32 (m + log(l); -inf = empty split)
+//   token_map   [num_tokens] of uint32 pairs {F_t, n_t}: token t's first cell and cell count
+//               under the balanced map (GPU; unused by the uniform map and the CPU twin)
 // With one split no workspace is used (the partial kernel writes the final result).
-// The anchored map (GPU active splits above kBalanceMaxTokens tokens, decode_active_slack)
-// also keeps a token map in the last kAnchoredMapCells cells of partial_out (head H - 1):
-// uint2 {first cell F_t, slot count n_t} per token, written by each token's first-split block
-// and read by the reduce instead of working the map out again in each of its T x H blocks.
-// Its cells never reach there: they add up to at most T + 4 (S - 1) T / 5 of each head's
-// T S (decode_active_splits_table's live slots), at least (S - 1) T / 5 >= 51 cells short of
-// the end for any S >= 2 and T > kBalanceMaxTokens (the launcher checks it, policy_check too),
-// and 2 cells of 2 KB hold kBalanceMapMaxTokens entries.
+// The token map is written by each token's first-split block (head group 0) and read by the
+// reduce, whose T x H blocks until the thirty-eighth session each worked the map out again by
+// summing all T tokens' lengths: O(T^2 H) work, on the H200 a third of a C128 call at 64-128
+// heads x 128-256 tokens (128 x 256, the straggler layer: 125 of 331 us) and 16-21 us at
+// 8-16 heads x 448-512. The thirty-seventh session's anchored map (decode_active_slack) kept
+// its own map in the last two cells of partial_out; both maps are this section now.
 // ---------------------------------------------------------------------------
-constexpr int64_t kAnchoredMapCells = 2;
-static_assert(kAnchoredMapCells * kDV * 4 >= kBalanceMapMaxTokens * 8, "room for the anchored token map");
-// The token map's offset in floats from partial_out's start.
-MLA_EXT_HD int64_t decode_anchored_map_offset(int64_t T, int64_t H, int64_t S) {
-  return (H * T * S - kAnchoredMapCells) * kDV;
-}
 inline size_t align256(size_t n) { return (n + 255) & ~size_t(255); }
 
 inline size_t decode_partial_out_bytes(int64_t T, int64_t H, int64_t S) {
   return align256(size_t(T) * size_t(H) * size_t(S) * kDV * sizeof(float));
 }
+inline size_t decode_partial_lse_bytes(int64_t T, int64_t H, int64_t S) {
+  return align256(size_t(T) * size_t(H) * size_t(S) * sizeof(float));
+}
+inline size_t decode_token_map_bytes(int64_t T) { return align256(size_t(T) * 2 * sizeof(uint32_t)); }
 
 inline size_t decode_workspace_size(int64_t num_tokens, int64_t num_heads, int num_splits) {
   if (num_splits <= 1 || num_tokens <= 0 || num_heads <= 0) return 0;
-  const size_t cells = size_t(num_tokens) * size_t(num_heads) * size_t(num_splits);
-  return decode_partial_out_bytes(num_tokens, num_heads, num_splits) + align256(cells * sizeof(float));
+  return decode_partial_out_bytes(num_tokens, num_heads, num_splits) +
+         decode_partial_lse_bytes(num_tokens, num_heads, num_splits) + decode_token_map_bytes(num_tokens);
 }
 
 // Workspace for any call with at most num_tokens tokens and num_heads heads
