@@ -298,6 +298,32 @@ int main() {
     expect("active tables and slots within their grids", ok, 1);
   }
   {
+    // Wide tiles above 256 tokens (decode_active_wide): a grid of two, S' = 1 in every bucket,
+    // the slack map's live slots, and an automatic workspace that holds the grid.
+    int ok = 1;
+    const int sms[] = {132, 114, 78, 16};
+    const int64_t heads[] = {33, 64, 100, 128};
+    const int64_t tokens[] = {257, 300, 511, 512};
+    for (int n : sms)
+      for (int64_t h : heads)
+        for (int64_t t : tokens) {
+          const int grid = decode_num_splits(t, h, 8320, n, true);
+          const mla_ext::ActiveSplits b = mla_ext::decode_active_splits_table(t, h, 8320, n, grid);
+          ok = ok && grid == 2 && b.on() && b.live_slots == t + 4 * t / 5;
+          for (int k = 0; k < mla_ext::kActiveBuckets; ++k) ok = ok && b.splits[k] == 1;
+          ok = ok && mla_ext::decode_workspace_size_for(t, h, 0, n) >= mla_ext::decode_workspace_size(t, h, 2);
+          ok = ok && mla_ext::decode_workspace_size_for(512, 256, 0, n) >= mla_ext::decode_workspace_size(t, h, 2);
+          if (!ok) printf("wide: t=%ld h=%ld sms=%d: grid %d\n", long(t), long(h), n, grid);
+        }
+    expect("wide tiles: the anchored grid above 256 tokens", ok, 1);
+    // not at 17-32 heads (no anchored 32-head kernel), above 128 heads, at 256 tokens or below
+    // the C128 widths
+    expect("wide tiles: not at 32 heads", decode_active_applies(512, 32, 8320, 132), 0);
+    expect("wide tiles: not at 129 heads", decode_active_applies(512, 129, 8320, 132), 0);
+    expect("wide tiles: not at 256 tokens", decode_active_applies(256, 64, 8320, 132), 0);
+    expect("wide tiles: not below the C128 widths", decode_active_applies(512, 64, 4095, 132), 0);
+  }
+  {
     const int64_t widths[] = {640, 1152, 2048, 8320};
     const int64_t hs[] = {8, 16, 64, 128};
     const int64_t ts[] = {1, 16, 64, 128, 512};

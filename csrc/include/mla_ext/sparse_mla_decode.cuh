@@ -1100,7 +1100,7 @@ template <int MT, int DQK, KvFormat F, bool MMA, bool BAL, bool WG = false, bool
           bool QREG = false, bool ANCH = false>
 __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
   constexpr bool SC = kv_layout(F) == KvFormat::kFP8DsMla;  // scales applied after the products
-  static_assert(!ANCH || (BAL && MT == 1 && !WG && !TWO && !QREG), "anchored map: the balanced 16-head kernel");
+  static_assert(!ANCH || (BAL && !TWO && !QREG), "anchored map: the balanced kernels");
   static_assert(!ASYM || (WG && !SC && DQK == 512), "asymmetric warpgroups: the V4 64-head tile");
   static_assert(!TWO || (ASYM && !BAL), "two-token blocks: the asymmetric kernel, uniform map");
   using C = Cfg<MT, DQK, MMA, SC, WG, decode_two_stages(F, DQK, WG, BAL) || ASYM, ASYM>;
@@ -2779,6 +2779,9 @@ inline Status launch_split_mt(int mt, bool wg, const DecodeArgs& a, uint32_t blo
                 const uint32_t blocks2 = uint32_t(a.head_groups) * uint32_t((a.p.num_tokens + 1) / 2);
                 return launch_split<4, DQK, F, MMA, false, true, true, true>(a, blocks2, stream);
               }
+            } else {
+              if (a.anchored)  // the anchored map (decode_active_wide)
+                return launch_split<4, DQK, F, MMA, BAL, true, true, false, false, true>(a, blocks, stream);
             }
             return launch_split<4, DQK, F, MMA, BAL, true, true>(a, blocks, stream);
           }
@@ -2896,8 +2899,15 @@ inline Status launch_sparse_mla_decode(const SparseDecodeParams& p, void* worksp
   // Automatic counts on the balanced map: the slots in use by the rows' lengths.
   a.active = a.balanced && auto_splits ? decode_active_table(T, H, decode_total_width(p), num_sms, S)
                                        : ActiveSplits();
-  // (the active splits run at up to 16 heads: one 16-head tile, mt == 1, never halved)
-  a.anchored = a.active.on() && decode_active_slack(T) && mt == 1;
+  // The anchored map (decode_active_slack) where an anchored kernel runs: the 16-head tile (every
+  // kernel kind) and, on Hopper, the asymmetric 64-head tile (decode_active_wide); with any
+  // other tile the active splits keep the contiguous map (head tiles forced or halved).
+  const int cc = current_device_cc_major();
+  const bool asym = kWarpSize == 32 && !p.force_portable && cc == 9 && !p.force_mma_sync && decode_use_asym();
+  auto set_anchored = [&]() {
+    a.anchored = a.active.on() && decode_active_slack(T) && (mt == 1 || (mt == 4 && asym));
+  };
+  set_anchored();
   // Two-token blocks where the asymmetric kernel runs (launch_split_mt); the uniform
   // map always with one split (decode_balanced).
   a.two_token = !a.balanced && decode_two_token_blocks(p, HG, num_sms, decode_two_token_mode(p));
@@ -2921,6 +2931,7 @@ inline Status launch_sparse_mla_decode(const SparseDecodeParams& p, void* worksp
     a.early_trigger = S > 1 && pdl_trigger_early(blocks, num_sms);
     a.q_regs = decode_q_regs(p, blocks, num_sms);
     a.two_token = false;
+    set_anchored();
   };
 
   // Tensor cores on NVIDIA sm_80+ unless forced portable (the tensor-core
@@ -2928,7 +2939,6 @@ inline Status launch_sparse_mla_decode(const SparseDecodeParams& p, void* worksp
   // On Hopper (compute capability 9) the 64-head tile uses the warpgroup-MMA
   // kernel unless p.force_mma_sync.
   Status st;
-  const int cc = current_device_cc_major();
   if (kWarpSize == 32 && !p.force_portable && cc >= 8) {
     const bool wg = cc == 9 && !p.force_mma_sync;
     st = launch_split_fmt<kWarpSize == 32>(mt, wg, a, uint32_t(blocks), stream);  // never the MMA kernel on HIP

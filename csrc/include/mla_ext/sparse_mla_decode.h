@@ -534,11 +534,27 @@ struct ActiveSplits {
   uint8_t splits[kActiveBuckets] = {};
   MLA_EXT_HD bool on() const { return live_slots > 0; }
 };
+// Wide tiles (kActiveWideMinHeads..kActiveWideMaxHeads heads: the 64-head tile) above
+// kBalanceMaxTokens: the anchored map at S' = 1 on a grid of kActiveWideGrid slots per token
+// (decode_active_splits_table), so that a row longer than 5/4 of the mean takes more blocks
+// and the others one each, finished in their split blocks. One split per token (the count
+// before) left the straggler layer's long row walking alone (H200, thirty-eighth session:
+// 64 x 512 271 us, 128 x 512 329), and two plain balanced splits doubled every token's blocks
+// (+30..+100%). The automatic workspace grows to 2 cells per token there (128 heads x 512
+// tokens: 134 -> 268 MB). The 16-head table's cost model is not used (fitted to 16-head tiles).
+// Not measured yet (branch next/wide-anchored).
+constexpr int64_t kActiveWideMinHeads = 33;
+constexpr int64_t kActiveWideMaxHeads = 128;
+constexpr int kActiveWideGrid = 2;
+MLA_EXT_HD bool decode_active_wide(int64_t num_tokens, int64_t num_heads) {
+  return num_heads >= kActiveWideMinHeads && num_heads <= kActiveWideMaxHeads && num_tokens > kBalanceMaxTokens;
+}
 inline bool decode_active_applies(int64_t num_tokens, int64_t num_heads, int64_t total_width, int num_sms) {
   // (to kBalanceMapMaxTokens tokens: decode_balanced_width; above kBalanceMaxTokens at every
   // count since the anchored map, see kActiveMaxTokenSplits)
-  return num_sms > 0 && num_heads >= 1 && num_heads <= 16 && decode_balanced_width(num_tokens, total_width) &&
-         num_tokens * 50 >= int64_t(num_sms) * 27;
+  if (num_sms <= 0 || !decode_balanced_width(num_tokens, total_width)) return false;
+  if (decode_active_wide(num_tokens, num_heads)) return true;
+  return num_heads >= 1 && num_heads <= 16 && num_tokens * 50 >= int64_t(num_sms) * 27;
 }
 // The grid (the automatic count) where decode_active_applies: decode_balance_reach up to
 // kBalanceMaxTokens tokens (4..8 slots per token), min(8, kActiveMaxTokenSplits / T) above
@@ -562,6 +578,7 @@ inline bool decode_active_applies(int64_t num_tokens, int64_t num_heads, int64_t
 // from 307 (the thirty-sixth session's wave rule: from 265).
 constexpr int64_t kActiveMaxTokenSplits = 1536;
 inline int decode_active_grid(int64_t num_tokens, int64_t num_heads) {
+  if (decode_active_wide(num_tokens, num_heads)) return kActiveWideGrid;
   if (num_tokens <= kBalanceMaxTokens) return decode_balance_reach(num_tokens, num_heads);
   const int64_t g = kActiveMaxTokenSplits / num_tokens;
   return g < kBalanceMaxSplits ? int(g) : kBalanceMaxSplits;
@@ -633,8 +650,9 @@ inline ActiveSplits decode_active_splits_table(int64_t num_tokens, int64_t num_h
   int top = 1;
   for (int k = 0; k < kActiveBuckets; ++k) {
     const int64_t upper = decode_ceil_div(int64_t(k + 1) * total_width, kActiveBuckets);
-    const int s = force_splits >= 1 && force_splits < num_splits
-                      ? force_splits
+    const int s = force_splits >= 1 && force_splits < num_splits ? force_splits
+                  : decode_active_wide(num_tokens, num_heads)
+                      ? 1
                       : decode_active_pick(num_tokens, num_heads, upper, num_sms, num_splits - 1,
                                            k == kActiveBuckets - 1);
     a.splits[k] = uint8_t(s);
@@ -974,12 +992,16 @@ inline size_t decode_workspace_size_for(int64_t num_tokens, int64_t num_heads, i
         if (b > best) best = b;
       }
     }
-    // The active splits' grid (decode_active_grid) above kBalanceMaxTokens, at 1-16 heads.
-    const int64_t ha = num_heads < 16 ? num_heads : 16;
+    // The active splits' grid (decode_active_grid) above kBalanceMaxTokens, at 1-16 heads and
+    // (decode_active_wide) kActiveWideMinHeads-kActiveWideMaxHeads.
+    const int64_t has[2] = {num_heads < 16 ? num_heads : 16,
+                            num_heads < kActiveWideMaxHeads ? num_heads : kActiveWideMaxHeads};
     for (int64_t t = kBalanceMaxTokens + 1; t <= num_tokens && t <= kBalanceMapMaxTokens; ++t) {
-      if (!decode_active_applies(t, ha, kBalanceMinWidth, num_sms)) continue;
-      const size_t b = decode_workspace_size(t, ha, decode_active_grid(t, ha));
-      if (b > best) best = b;
+      for (const int64_t h : has) {
+        if (!decode_active_applies(t, h, kBalanceMinWidth, num_sms)) continue;
+        const size_t b = decode_workspace_size(t, h, decode_active_grid(t, h));
+        if (b > best) best = b;
+      }
     }
   }
   return best;
