@@ -893,6 +893,11 @@ def test_workspace_size_monotonic_and_sufficient(device):
     with pytest.raises(ValueError):
         big.check(41, 8)
     assert ws_size(0, 8, 0, device) == 0 and ws_size(8, 8, 1, device) == 0
+    # the docstring's formula for explicit counts: 2,052 bytes per (token, head, split) in two
+    # sections, 8 bytes per token in a third (the token map), each rounded up to 256 bytes
+    up = lambda n: (n + 255) // 256 * 256
+    for T, H, S in [(4, 8, 2), (1, 1, 2), (300, 16, 5), (7, 3, 256)]:
+        assert ws_size(T, H, S, device) == up(T * H * S * 2048) + up(T * H * S * 4) + up(T * 8), (T, H, S)
     with pytest.raises(RuntimeError, match="num_splits"):
         mla_ext.sparse_mla_decode_workspace_size(4, 4, num_splits=257, device=device)
 
