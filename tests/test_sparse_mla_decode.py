@@ -553,6 +553,45 @@ def test_gpu_anchored_map_paths(T):
                           extra=dict(cache=e_cache, indices=e_idx, lengths=e_len), sink=sink)
 
 
+@requires_gpu
+@pytest.mark.parametrize("T,H", [(300, 64), (512, 100)])
+def test_gpu_anchored_map_wide_heads(T, H):
+    """The anchored map at 33-128 heads above 256 tokens (decode_active_wide: a grid of two slots
+    per token, S' = 1): on a C128 layer's two sets with short rows and two full stragglers, the
+    asymmetric 64-head kernel (one or two head groups) finishes each token of one slot in its
+    split block, so the workspace cells written are exactly the stragglers' (NaN-poisoned
+    workspace); the same call on a 32-head tile and on the portable kernel (the contiguous map,
+    a cell per slot) and every output against the float64 reference."""
+    g = torch.Generator().manual_seed(380 + T + H)
+    W, fmt = 4096, "fp8_ds_mla_v4"
+    idx, _ = make_indices(g, T, W, 2100 * 2, "middle", None)
+    lengths = torch.randint(20, 81, (T,), generator=g, dtype=torch.int32)
+    lengths[3], lengths[T - 2] = W, W
+    lengths[4], lengths[5] = 0, 1
+    cache = make_cache(g, fmt, 512, 2100, 2, idx, "cuda")
+    e_idx, _ = make_indices(g, T, 128, 4 * 256, "none", None)
+    e_len = torch.randint(0, 129, (T,), generator=g, dtype=torch.int32)
+    e_cache = make_cache(g, fmt, 512, 4, 256, e_idx, "cuda")
+    q = torch.randn(T, H, 512, generator=g).to(torch.bfloat16)
+    sink = make_sink(g, H, "mixed")
+    extra = dict(cache=e_cache, indices=e_idx, lengths=e_len)
+    costs = [max(1, int(a) + int(b)) for a, b in zip(lengths.clamp(0, W), e_len)]
+    spans = _active_map(costs, 1)
+    assert spans[3][1] > 2 and spans[0][1] == 1  # the stragglers take several slots, the rest one
+    N = T * 2  # decode_active_grid
+    out_bytes = (H * N * 512 * 4 + 255) // 256 * 256
+    for portable, tile in ((False, None), (False, 32), (True, None)):
+        with gpu_path(portable=portable, head_tile=tile):
+            _, _, ws = run_check(q, cache, idx, fmt=fmt, scale=0.06, device="cuda", num_splits=0,
+                                 lengths=lengths, extra=extra, sink=sink)
+        cells = ws[out_bytes:out_bytes + H * N * 4].view(torch.float32).view(H, N).cpu()
+        want = torch.zeros(N, dtype=torch.bool)
+        for f, n in spans:
+            # anchored (the 64-head tile on the tensor cores): no cell for a token of one slot
+            want[f:f + n] = n > 1 or portable or tile == 32
+        assert ((~torch.isnan(cells)) == want.expand(H, N)).all(), (portable, tile)
+
+
 def test_balanced_split_map_with_window_set(device):
     """A C128 layer's two sets: the compressed rows (main, W = 4096, lengths from 0 to the width)
     and a sliding window (extra, page 256, its own lengths); the map balances their sum."""
