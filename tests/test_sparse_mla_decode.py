@@ -580,6 +580,9 @@ def test_gpu_anchored_map_wide_heads(T, H):
     assert spans[3][1] > 2 and spans[0][1] == 1  # the stragglers take several slots, the rest one
     N = T * 2  # decode_active_grid
     out_bytes = (H * N * 512 * 4 + 255) // 256 * 256
+    # The anchored 64-head kernel runs on Hopper with the asymmetric warpgroups (its mma.sync
+    # body too, in a build without sm_90a); elsewhere the 64-head tile keeps the contiguous map.
+    anchored_64 = torch.cuda.get_device_capability()[0] == 9 and _asym_on()
     for portable, tile in ((False, None), (False, 32), (True, None)):
         with gpu_path(portable=portable, head_tile=tile):
             _, _, ws = run_check(q, cache, idx, fmt=fmt, scale=0.06, device="cuda", num_splits=0,
@@ -588,7 +591,7 @@ def test_gpu_anchored_map_wide_heads(T, H):
         want = torch.zeros(N, dtype=torch.bool)
         for f, n in spans:
             # anchored (the 64-head tile on the tensor cores): no cell for a token of one slot
-            want[f:f + n] = n > 1 or portable or tile == 32
+            want[f:f + n] = n > 1 or portable or tile == 32 or not anchored_64
         assert ((~torch.isnan(cells)) == want.expand(H, N)).all(), (portable, tile)
 
 

@@ -203,7 +203,7 @@ struct DecodeArgs {
   bool two_token;     // the asymmetric kernel walks two tokens per block (decode_two_token_blocks)
   bool q_regs;        // the 16-head V4 kernel holds its Q fragments in registers (decode_q_regs)
   ActiveSplits active;  // the balanced map's slots in use by the rows' lengths (decode_active_splits_table)
-  bool anchored;        // active on the anchored map (decode_active_slack): 16-head tile only
+  bool anchored;        // active on the anchored map (decode_active_slack): the 16-head tile, the asymmetric 64-head one
   uint2* ws_map;        // [T] {first cell, cell count} per token (S > 1; balanced map only)
 };
 

@@ -541,8 +541,10 @@ struct ActiveSplits {
 // before) left the straggler layer's long row walking alone (H200, thirty-eighth session:
 // 64 x 512 271 us, 128 x 512 329), and two plain balanced splits doubled every token's blocks
 // (+30..+100%). The automatic workspace grows to 2 cells per token there (128 heads x 512
-// tokens: 134 -> 268 MB). The 16-head table's cost model is not used (fitted to 16-head tiles).
-// Not measured yet (branch next/wide-anchored).
+// tokens: 134.5 -> 269 MB). The 16-head table's cost model is not used (fitted to 16-head tiles).
+// Not measured yet (branch next/wide-anchored). Shapes only, like every automatic count: where
+// the anchored kernel does not run (off Hopper, MLA_EXT_ASYM=0, force_mma_sync) these calls take
+// the grid on the contiguous map (a cell per token and a fold in the reduce; unmeasured).
 constexpr int64_t kActiveWideMinHeads = 33;
 constexpr int64_t kActiveWideMaxHeads = 128;
 constexpr int kActiveWideGrid = 2;
