@@ -554,14 +554,15 @@ def test_gpu_anchored_map_paths(T):
 
 
 @requires_gpu
-@pytest.mark.parametrize("T,H", [(300, 64), (512, 100)])
+@pytest.mark.parametrize("T,H", [(300, 32), (300, 64), (512, 100)])
 def test_gpu_anchored_map_wide_heads(T, H):
-    """The anchored map at 33-128 heads above 256 tokens (decode_active_wide: a grid of two slots
-    per token, S' = 1): on a C128 layer's two sets with short rows and two full stragglers, the
-    asymmetric 64-head kernel (one or two head groups) finishes each token of one slot in its
-    split block, so the workspace cells written are exactly the stragglers' (NaN-poisoned
-    workspace); the same call on a 32-head tile and on the portable kernel (the contiguous map,
-    a cell per slot) and every output against the float64 reference."""
+    """The anchored map at 17-128 heads above 256 tokens (decode_active_wide: a grid of two slots
+    per token, S' = 1) on a C128 layer's two sets with short rows and two full stragglers: every
+    output against the float64 reference on the 32-head tensor-core tile, the asymmetric 64-head
+    kernel (one or two head groups), its mma.sync form and the portable kernels. On Hopper also
+    the workspace cells written (NaN-poisoned): the anchored kernels finish a token of one slot
+    in its split block (cells only for the tokens of several slots), the others (the 64-head
+    mma.sync and portable kernels: the contiguous map) write a cell per slot."""
     g = torch.Generator().manual_seed(380 + T + H)
     W, fmt = 4096, "fp8_ds_mla_v4"
     idx, _ = make_indices(g, T, W, 2100 * 2, "middle", None)
@@ -580,19 +581,23 @@ def test_gpu_anchored_map_wide_heads(T, H):
     assert spans[3][1] > 2 and spans[0][1] == 1  # the stragglers take several slots, the rest one
     N = T * 2  # decode_active_grid
     out_bytes = (H * N * 512 * 4 + 255) // 256 * 256
-    # The anchored 64-head kernel runs on Hopper with the asymmetric warpgroups (its mma.sync
-    # body too, in a build without sm_90a); elsewhere the 64-head tile keeps the contiguous map.
-    anchored_64 = torch.cuda.get_device_capability()[0] == 9 and _asym_on()
-    for portable, tile in ((False, None), (False, 32), (True, None)):
-        with gpu_path(portable=portable, head_tile=tile):
+    hopper = torch.cuda.get_device_capability()[0] == 9  # (227 KB blocks: no tile halved)
+    for portable, tile, mma_sync in ((False, None, None), (False, 32, None), (False, None, True),
+                                     (True, None, None)):
+        if tile is None and H <= 32 and mma_sync:
+            continue  # (the same kernel as the first case)
+        with gpu_path(portable=portable, head_tile=tile, mma_sync=mma_sync):
             _, _, ws = run_check(q, cache, idx, fmt=fmt, scale=0.06, device="cuda", num_splits=0,
                                  lengths=lengths, extra=extra, sink=sink)
+        if not hopper:
+            continue
+        # the anchored kernels: the 32-head tensor-core tile, the asymmetric 64-head one
+        anchored = not portable and (tile == 32 or H <= 32 or (not mma_sync and _asym_on()))
         cells = ws[out_bytes:out_bytes + H * N * 4].view(torch.float32).view(H, N).cpu()
         want = torch.zeros(N, dtype=torch.bool)
         for f, n in spans:
-            # anchored (the 64-head tile on the tensor cores): no cell for a token of one slot
-            want[f:f + n] = n > 1 or portable or tile == 32 or not anchored_64
-        assert ((~torch.isnan(cells)) == want.expand(H, N)).all(), (portable, tile)
+            want[f:f + n] = n > 1 or not anchored
+        assert ((~torch.isnan(cells)) == want.expand(H, N)).all(), (portable, tile, mma_sync)
 
 
 def test_balanced_split_map_with_window_set(device):

@@ -206,7 +206,7 @@ int main() {
   expect("splits(C128, 16 heads, 257 tokens)", decode_num_splits(257, 16, 8320, 132, true), 5);
   expect("splits(C128, 16 heads, 264 tokens)", decode_num_splits(264, 16, 8320, 132, true), 5);
   expect("splits(C128, 16 heads, 512 tokens)", decode_num_splits(512, 16, 8320, 132, true), 3);
-  expect("splits(C128, 32 heads, 300 tokens)", decode_num_splits(300, 32, 8320, 132, true), 1);
+  expect("splits(C128, 32 heads, 300 tokens)", decode_num_splits(300, 32, 8320, 132, true), 2);  // decode_active_wide
   expect("splits(C128, 16 heads, 300 tokens, no lengths)", decode_num_splits(300, 16, 8320, 132, false), 1);
   expect("splits(C128, 16 heads, 16 tokens)", decode_num_splits(16, 16, 8320, 132, true),
          mla_ext::decode_wave_splits(16, 16, 8320, 132, true));
@@ -302,7 +302,7 @@ int main() {
     // the slack map's live slots, and an automatic workspace that holds the grid.
     int ok = 1;
     const int sms[] = {132, 114, 78, 16};
-    const int64_t heads[] = {33, 64, 100, 128};
+    const int64_t heads[] = {17, 32, 33, 64, 100, 128};
     const int64_t tokens[] = {257, 300, 511, 512};
     for (int n : sms)
       for (int64_t h : heads)
@@ -316,9 +316,8 @@ int main() {
           if (!ok) printf("wide: t=%ld h=%ld sms=%d: grid %d\n", long(t), long(h), n, grid);
         }
     expect("wide tiles: the anchored grid above 256 tokens", ok, 1);
-    // not at 17-32 heads (no anchored 32-head kernel), above 128 heads, at 256 tokens or below
-    // the C128 widths
-    expect("wide tiles: not at 32 heads", decode_active_applies(512, 32, 8320, 132), 0);
+    // not above 128 heads, at 256 tokens or below the C128 widths; 16 heads keep their own grid
+    expect("wide tiles: 16 heads' own grid", decode_num_splits(512, 16, 8320, 132, true), 3);
     expect("wide tiles: not at 129 heads", decode_active_applies(512, 129, 8320, 132), 0);
     expect("wide tiles: not at 256 tokens", decode_active_applies(256, 64, 8320, 132), 0);
     expect("wide tiles: not below the C128 widths", decode_active_applies(512, 64, 4095, 132), 0);

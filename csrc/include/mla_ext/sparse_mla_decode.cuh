@@ -203,7 +203,7 @@ struct DecodeArgs {
   bool two_token;     // the asymmetric kernel walks two tokens per block (decode_two_token_blocks)
   bool q_regs;        // the 16-head V4 kernel holds its Q fragments in registers (decode_q_regs)
   ActiveSplits active;  // the balanced map's slots in use by the rows' lengths (decode_active_splits_table)
-  bool anchored;        // active on the anchored map (decode_active_slack): the 16-head tile, the asymmetric 64-head one
+  bool anchored;        // active on the anchored map (decode_active_slack; launch_sparse_mla_decode: which kernels)
   uint2* ws_map;        // [T] {first cell, cell count} per token (S > 1; balanced map only)
 };
 
@@ -2767,7 +2767,11 @@ inline Status launch_split_mt(int mt, bool wg, const DecodeArgs& a, uint32_t blo
         if (a.anchored) return launch_split<1, DQK, F, MMA, BAL, false, false, false, false, true>(a, blocks, stream);
       }
       return launch_split<1, DQK, F, MMA, BAL>(a, blocks, stream);
-    case 2: return launch_split<2, DQK, F, MMA, BAL>(a, blocks, stream);
+    case 2:
+      if constexpr (BAL && MMA) {
+        if (a.anchored) return launch_split<2, DQK, F, MMA, BAL, false, false, false, false, true>(a, blocks, stream);
+      }
+      return launch_split<2, DQK, F, MMA, BAL>(a, blocks, stream);
     default:
       if constexpr (MMA) {
         // Asymmetric warpgroups (decode_body's ASYM) for the V4 rows, both
@@ -2900,12 +2904,13 @@ inline Status launch_sparse_mla_decode(const SparseDecodeParams& p, void* worksp
   a.active = a.balanced && auto_splits ? decode_active_table(T, H, decode_total_width(p), num_sms, S)
                                        : ActiveSplits();
   // The anchored map (decode_active_slack) where an anchored kernel runs: the 16-head tile (every
-  // kernel kind) and, on Hopper, the asymmetric 64-head tile (decode_active_wide); with any
-  // other tile the active splits keep the contiguous map (head tiles forced or halved).
+  // kernel kind), the 32-head tensor-core tile and, on Hopper, the asymmetric 64-head tile
+  // (decode_active_wide); with any other kernel the active splits keep the contiguous map.
   const int cc = current_device_cc_major();
-  const bool asym = kWarpSize == 32 && !p.force_portable && cc == 9 && !p.force_mma_sync && decode_use_asym();
+  const bool tc = kWarpSize == 32 && !p.force_portable && cc >= 8;  // the tensor-core kernels (below)
+  const bool asym = tc && cc == 9 && !p.force_mma_sync && decode_use_asym();
   auto set_anchored = [&]() {
-    a.anchored = a.active.on() && decode_active_slack(T) && (mt == 1 || (mt == 4 && asym));
+    a.anchored = a.active.on() && decode_active_slack(T) && (mt == 1 || (mt == 2 && tc) || (mt == 4 && asym));
   };
   set_anchored();
   // Two-token blocks where the asymmetric kernel runs (launch_split_mt); the uniform

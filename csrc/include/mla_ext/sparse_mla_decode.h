@@ -534,18 +534,20 @@ struct ActiveSplits {
   uint8_t splits[kActiveBuckets] = {};
   MLA_EXT_HD bool on() const { return live_slots > 0; }
 };
-// Wide tiles (kActiveWideMinHeads..kActiveWideMaxHeads heads: the 64-head tile) above
+// Wide tiles (kActiveWideMinHeads..kActiveWideMaxHeads heads: the 32- and 64-head tiles) above
 // kBalanceMaxTokens: the anchored map at S' = 1 on a grid of kActiveWideGrid slots per token
 // (decode_active_splits_table), so that a row longer than 5/4 of the mean takes more blocks
 // and the others one each, finished in their split blocks. One split per token (the count
 // before) left the straggler layer's long row walking alone (H200, thirty-eighth session:
 // 64 x 512 271 us, 128 x 512 329), and two plain balanced splits doubled every token's blocks
 // (+30..+100%). The automatic workspace grows to 2 cells per token there (128 heads x 512
-// tokens: 134.5 -> 269 MB). The 16-head table's cost model is not used (fitted to 16-head tiles).
-// Not measured yet (branch next/wide-anchored). Shapes only, like every automatic count: where
-// the anchored kernel does not run (off Hopper, MLA_EXT_ASYM=0, force_mma_sync) these calls take
-// the grid on the contiguous map (a cell per token and a fold in the reduce; unmeasured).
-constexpr int64_t kActiveWideMinHeads = 33;
+// tokens: 134.5 -> 269 MB; 32 heads 50.4 -> 67.2 MB). The 16-head table's cost model is not
+// used (fitted to 16-head tiles). Not measured yet (branch next/wide-anchored). Shapes only,
+// like every automatic count: where the anchored kernel does not run (the 64-head tile off
+// Hopper, with MLA_EXT_ASYM=0 or force_mma_sync; the portable 32- and 64-head kernels) these
+// calls take the grid on the contiguous map (a cell per token and a fold in the reduce;
+// unmeasured).
+constexpr int64_t kActiveWideMinHeads = 17;
 constexpr int64_t kActiveWideMaxHeads = 128;
 constexpr int kActiveWideGrid = 2;
 MLA_EXT_HD bool decode_active_wide(int64_t num_tokens, int64_t num_heads) {
