@@ -2411,7 +2411,6 @@ struct ReduceArgs {
   const float* ws_lse;
   bool out_vec4;  // 8-byte bf16x4 stores allowed
   bool balanced;  // decode_balanced(p): the balanced split map
-  ActiveSplits active;  // its slots in use (DecodeArgs::active)
   bool anchored;  // DecodeArgs::anchored: tokens of one cell were finished by the split kernel
   const uint2* ws_map;  // DecodeArgs::ws_map: the split kernel's token map (balanced map)
 };
@@ -2888,9 +2887,8 @@ inline Status launch_sparse_mla_decode(const SparseDecodeParams& p, void* worksp
     // the kernels read and write it with 8- and 16-byte accesses
     if ((reinterpret_cast<uintptr_t>(workspace) & 15u) != 0) return Status::kInvalidArgument;
     a.ws_out = static_cast<float*>(workspace);
-    uint8_t* const base = static_cast<uint8_t*>(workspace);
-    a.ws_lse = reinterpret_cast<float*>(base + decode_partial_out_bytes(T, H, S));
-    a.ws_map = reinterpret_cast<uint2*>(base + decode_partial_out_bytes(T, H, S) + decode_partial_lse_bytes(T, H, S));
+    a.ws_lse = reinterpret_cast<float*>(static_cast<uint8_t*>(workspace) + decode_partial_out_bytes(T, H, S));
+    a.ws_map = reinterpret_cast<uint2*>(reinterpret_cast<uint8_t*>(a.ws_lse) + decode_partial_lse_bytes(T, H, S));
   }
   a.head_tile = int(HT);
   a.head_groups = int(HG);
@@ -2969,7 +2967,6 @@ inline Status launch_sparse_mla_decode(const SparseDecodeParams& p, void* worksp
   r.out_vec4 = (reinterpret_cast<uintptr_t>(p.output) & 7u) == 0 && (p.output_stride_token & 3) == 0 &&
                (p.output_stride_head & 3) == 0;
   r.balanced = a.balanced;
-  r.active = a.active;
   r.anchored = a.anchored;
   r.ws_map = a.ws_map;
   const uint32_t rows = uint32_t(T * H);
