@@ -163,10 +163,10 @@ def sparse_mla_decode(
             device's processor count and whether the call can take the balanced map below,
             never from tensor contents, so a captured CUDA graph stays valid when indices and
             lengths change; at most 72; at least 2 where the balanced map applies), or 1..256
-            explicitly. The workspace grows with the split count: num_tokens x num_heads x
-            num_splits x 2052 bytes (fp32 partial outputs and LSEs) plus num_tokens x 8 bytes
-            (a token map the GPU's balanced map keeps), each section rounded up to 256 bytes;
-            :func:`sparse_mla_decode_workspace_size` gives it.
+            explicitly. The workspace grows with the split count (none at one split):
+            num_tokens x num_heads x num_splits x 2052 bytes (fp32 partial outputs and LSEs)
+            plus num_tokens x 8 bytes (a token map the GPU's balanced map keeps), each section
+            rounded up to 256 bytes; :func:`sparse_mla_decode_workspace_size` gives it.
             The call's num_tokens x num_splits splits go num_splits to each token, except for
             V4 FP8 caches with ``W + W2 >= 4096`` (long compressed rows), lengths given and
             2..512 tokens: there each token gets splits in proportion to its effective length

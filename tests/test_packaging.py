@@ -50,11 +50,18 @@ def test_helper_modules_reachable_as_attributes():
 def test_sdist_carries_every_source(tmp_path):
     # `python -m build` builds the wheel from the sdist: every file csrc/sources.txt names (and the
     # headers they include) must be in it, or the build fails with a missing csrc/sources.txt.
+    import shutil
     import subprocess
     import sys
     import tarfile
 
-    r = subprocess.run([sys.executable, "setup.py", "-q", "sdist", "-d", str(tmp_path)], cwd=ROOT,
+    # From a copy of the checkout: setup.py rewrites mla_ext/_build_info.py where it runs, which
+    # in the checkout itself raced test_require_gpu_refuses_a_cpu_only_build under pytest-xdist
+    # (and left the developer's build info naming another commit).
+    src = tmp_path / "src"
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".git", ".dev", "build", "dist", "*.egg-info", "*.so",
+                                                             "__pycache__", ".pytest_cache", ".benchmarks"))
+    r = subprocess.run([sys.executable, "setup.py", "-q", "sdist", "-d", str(tmp_path)], cwd=src,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     [sdist] = list(tmp_path.glob("*.tar.gz"))
