@@ -162,8 +162,10 @@ def check_out(out, ref_o, kv_format=None):
 
 
 def run_check(q, cache, idx, *, fmt, scale, device, num_splits=0, lengths=None, extra=None, sink=None,
-              out=None, lse=None, ws=None, check=True):
-    """Call the op on poisoned buffers (unless given) and compare with the float64 reference."""
+              out=None, lse=None, ws=None, check=True, memo=None):
+    """Call the op on poisoned buffers (unless given) and compare with the float64 reference.
+    memo: a dict kept across calls on the same inputs (kernel paths of one case), so that the
+    reference is computed once."""
     T, H = q.shape[0], q.shape[1]
     extra = extra or {}
     if out is None:
@@ -175,12 +177,17 @@ def run_check(q, cache, idx, *, fmt, scale, device, num_splits=0, lengths=None, 
     mla_ext.sparse_mla_decode(q.to(device), cache, idx.to(device), output=out, workspace=ws, lse=lse,
                               num_splits=num_splits, **kw)
     if check:
-        ref_o, ref_l = reference.sparse_mla_decode(
-            q.cpu(), cache.cpu() if not _is_v4(fmt) else _cpu_v4(cache), idx.cpu(),
-            kv_format=fmt, softmax_scale=scale, lengths=lengths,
-            extra_kv_cache=None if not extra else (extra["cache"].cpu() if not _is_v4(fmt)
-                                                   else _cpu_v4(extra["cache"])),
-            extra_indices=extra.get("indices"), extra_lengths=extra.get("lengths"), attn_sink=sink)
+        if memo is not None and "ref" in memo:
+            ref_o, ref_l = memo["ref"]
+        else:
+            ref_o, ref_l = reference.sparse_mla_decode(
+                q.cpu(), cache.cpu() if not _is_v4(fmt) else _cpu_v4(cache), idx.cpu(),
+                kv_format=fmt, softmax_scale=scale, lengths=lengths,
+                extra_kv_cache=None if not extra else (extra["cache"].cpu() if not _is_v4(fmt)
+                                                       else _cpu_v4(extra["cache"])),
+                extra_indices=extra.get("indices"), extra_lengths=extra.get("lengths"), attn_sink=sink)
+            if memo is not None:
+                memo["ref"] = (ref_o, ref_l)
         check_out(out, ref_o, fmt)
         if lse is not None:
             check_lse(lse, ref_l, kv_format=fmt)
@@ -529,14 +536,15 @@ def test_gpu_balanced_split_map_head_tiles(fmt):
 
 
 @requires_gpu
-@pytest.mark.parametrize("T", [300, 512])
-def test_gpu_anchored_map_paths(T):
+@pytest.mark.parametrize("T,H", [(300, 16), (512, 16), (300, 11)])
+def test_gpu_anchored_map_paths(T, H):
     """The anchored map (automatic counts above 256 tokens, decode_active_slack) on the tensor-core
-    and portable kernels, with one and two head groups (16 heads, head tile 16 or 8), on a C128
-    layer's two sets (compressed rows of 0-4096 entries, one full straggler, and a 128-entry
-    window set with its own lengths and pages): poisoned buffers, the float64 reference."""
-    g = torch.Generator().manual_seed(370 + T)
-    H, W, fmt = 16, 4096, "fp8_ds_mla_v4"
+    and portable kernels, with one and two head groups (head tile 16 or 8), on a C128 layer's two
+    sets (compressed rows of 0-4096 entries, one full straggler, and a 128-entry window set with
+    its own lengths and pages): poisoned buffers, the float64 reference. 11 heads: a head group of
+    3 at head tile 8."""
+    g = torch.Generator().manual_seed(370 + T + (H != 16))
+    W, fmt = 4096, "fp8_ds_mla_v4"
     idx, _ = make_indices(g, T, W, 2100 * 2, "middle", None)
     lengths = torch.randint(400, 701, (T,), generator=g, dtype=torch.int32)
     lengths[3], lengths[4], lengths[5], lengths[T - 1] = W, 0, 1, W
@@ -546,15 +554,16 @@ def test_gpu_anchored_map_paths(T):
     e_cache = make_cache(g, fmt, 512, 4, 256, e_idx, "cuda")
     q = torch.randn(T, H, 512, generator=g).to(torch.bfloat16)
     sink = make_sink(g, H, "mixed")
+    memo = {}
     for portable in (False, True):
         for tile in (16, 8):
             with gpu_path(portable=portable, head_tile=tile):
                 run_check(q, cache, idx, fmt=fmt, scale=0.06, device="cuda", num_splits=0, lengths=lengths,
-                          extra=dict(cache=e_cache, indices=e_idx, lengths=e_len), sink=sink)
+                          extra=dict(cache=e_cache, indices=e_idx, lengths=e_len), sink=sink, memo=memo)
 
 
 @requires_gpu
-@pytest.mark.parametrize("T,H", [(300, 32), (300, 64), (512, 100)])
+@pytest.mark.parametrize("T,H", [(300, 32), (300, 64), (512, 100), (264, 18)])
 def test_gpu_anchored_map_wide_heads(T, H):
     """The anchored map at 17-128 heads above 256 tokens (decode_active_wide: a grid of two slots
     per token, S' = 1) on a C128 layer's two sets with short rows and two full stragglers: every
@@ -562,7 +571,8 @@ def test_gpu_anchored_map_wide_heads(T, H):
     kernel (one or two head groups), its mma.sync form and the portable kernels. On Hopper also
     the workspace cells written (NaN-poisoned): the anchored kernels finish a token of one slot
     in its split block (cells only for the tokens of several slots), the others (the 64-head
-    mma.sync and portable kernels: the contiguous map) write a cell per slot."""
+    mma.sync and portable kernels: the contiguous map) write a cell per slot. 18 heads: the
+    reduce's last block of kReduceAnchoredHeads heads has 2."""
     g = torch.Generator().manual_seed(380 + T + H)
     W, fmt = 4096, "fp8_ds_mla_v4"
     idx, _ = make_indices(g, T, W, 2100 * 2, "middle", None)
@@ -582,13 +592,14 @@ def test_gpu_anchored_map_wide_heads(T, H):
     N = T * 2  # decode_active_grid
     out_bytes = (H * N * 512 * 4 + 255) // 256 * 256
     hopper = torch.cuda.get_device_capability()[0] == 9  # (227 KB blocks: no tile halved)
+    memo = {}
     for portable, tile, mma_sync in ((False, None, None), (False, 32, None), (False, None, True),
                                      (True, None, None)):
         if tile is None and H <= 32 and mma_sync:
             continue  # (the same kernel as the first case)
         with gpu_path(portable=portable, head_tile=tile, mma_sync=mma_sync):
             _, _, ws = run_check(q, cache, idx, fmt=fmt, scale=0.06, device="cuda", num_splits=0,
-                                 lengths=lengths, extra=extra, sink=sink)
+                                 lengths=lengths, extra=extra, sink=sink, memo=memo)
         if not hopper:
             continue
         # the anchored kernels: the 32-head tensor-core tile, the asymmetric 64-head one

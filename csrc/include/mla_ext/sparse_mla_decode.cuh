@@ -1112,8 +1112,11 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
   // the warpgroup kernels of the uniform split map: H200, 64-128 heads x 512
   // tokens -3..-7%. Not in the balanced map's (252 registers): there they cost
   // +2..4% (C128 at 16-64 tokens), likely from the 4-register groups the whole
-  // stores need (not verified).
-  constexpr bool kWholeK = WG && !BAL;
+  // stores need (not verified). The anchored 64-head kernel (257-512 tokens, each
+  // block most often a whole row, as under the uniform map) has them: without them
+  // (and kPairs) its blocks on rows of equal length ran 5-8% longer than the uniform
+  // kernel's (H200, thirty-ninth session, 64-128 heads x 264-512 tokens).
+  constexpr bool kWholeK = WG && (!BAL || ANCH);
   // Row quarters (Gather): V4 rows in the padded K tile of the mma.sync kernels
   // and the swizzled one of the warpgroup kernels; V3.2 rows in the warpgroup
   // kernels only. H200, V3.2, same-session A/B: 64-128 heads x 64-128 tokens
@@ -1961,7 +1964,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
       // kPairs: the warpgroup kernels of the uniform map (H200: -1..3% there;
       // +1..3% in the balanced-map kernel, C128 at 16-128 tokens, which keeps
       // one column per store) and always for V3.2 (its 4 swizzled P copies).
-      constexpr bool kPairs = WG && !BAL;
+      constexpr bool kPairs = WG && (!BAL || ANCH);  // (ANCH: as kWholeK)
       static_assert(!kPairs || (TPR == 4 && CPT == 16 && BN == 64), "column pairs of one 64-column block");
       static_assert(!(WG && SC) || kPairs, "V3.2's swizzled P copies are written in pairs");
 #pragma unroll
@@ -2430,6 +2433,13 @@ constexpr int kReduceMaxWarps = kReduceThreads * kReduceMaxGroups / kWarpSize;
 // (below it, each thread scans them itself: fewer registers, no shared memory,
 // and at num_tokens 64 thousands of reduce blocks want the occupancy).
 constexpr int kReduceBlockScanSplits = 16;
+// Heads per reduce block on the anchored map of 17-128 heads (decode_reduce_kernel's HB): most of
+// its tokens were finished by their split blocks. 4: a token it folds takes 4 rows in turn (one
+// or two L2 round trips each; S' = 1 there, so a straggler's row has at most ~T cells). H200,
+// thirty-ninth session, 512 tokens: the reduce 42 -> 12 us at 128 heads, 22 -> 7-9 at 64, 12 ->
+// 4-7 at 32.
+constexpr int kReduceAnchoredHeads = 4;
+static_assert(kActiveWideGrid < kReduceBlockScanSplits, "the anchored map's reduce: the per-thread scan");
 static_assert(2 * kReduceScanBatch == 32, "decode_reduce_chunks (sparse_mla_decode.h): chunks with column groups only");
 
 // The split rule of sparse_mla_decode.h (split_merge_scan / split_merge_finish).
@@ -2444,16 +2454,30 @@ static_assert(2 * kReduceScanBatch == 32, "decode_reduce_chunks (sparse_mla_deco
 // chunk) of kReduceThreads / CH threads per group, each scanning the split LSEs itself (the
 // same fixed-order reductions in every chunk of a row, so one weight sum per row). For calls
 // with fewer (token, head) rows than processors (decode_reduce_chunks).
-template <bool BLOCK_SCAN, int BATCH = 8, bool GROUPED = false, int CH = 1>
+// HB > 1 (the anchored map, per-thread scan only): one block per token and HB heads
+// (blockIdx.x = t * ceil(H / HB) + j, heads j HB .. j HB + HB - 1, one after the other), so
+// that a token finished by its split block costs ceil(H / HB) blocks that read its map entry
+// and return, not H (H200, thirty-ninth session: 512 such tokens at 128 heads, 65,536 blocks
+// of 128 threads, took 43 us, at 16 per processor each waiting out one load).
+template <bool BLOCK_SCAN, int BATCH = 8, bool GROUPED = false, int CH = 1, int HB = 1>
 __global__ void __launch_bounds__(GROUPED ? (kReduceThreads / CH) * kReduceMaxGroups : kReduceThreads / CH)
     decode_reduce_kernel(const ReduceArgs a) {
   constexpr int TPG = kReduceThreads / CH;  // threads per column group
   static_assert(CH == 1 || (GROUPED && TPG % kWarpSize == 0), "column chunks: column groups, whole warps");
+  static_assert(HB == 1 || (!BLOCK_SCAN && !GROUPED), "heads per block: the per-thread scan (no barriers)");
   wait_for_prior_grids();
   const SparseDecodeParams& p = a.p;
   const int64_t H = p.num_heads;
-  const int64_t row = blockIdx.x;  // t * H + h
-  const int64_t t = row / H, h = row - (row / H) * H;
+  int64_t t, h_first;
+  if constexpr (HB == 1) {
+    const int64_t row = blockIdx.x;  // t * H + h
+    t = row / H;
+    h_first = row - t * H;
+  } else {
+    const int64_t groups = (H + HB - 1) / HB;
+    t = int64_t(blockIdx.x) / groups;
+    h_first = (int64_t(blockIdx.x) - t * groups) * HB;
+  }
   const int tid = threadIdx.x;
   // Column group: threads [TPG g, TPG g + TPG) cover this block's 512 / CH output columns once
   // (the per-thread path and the balanced map run one group of 128: blockDim.x == kReduceThreads).
@@ -2470,17 +2494,19 @@ __global__ void __launch_bounds__(GROUPED ? (kReduceThreads / CH) * kReduceMaxGr
     q0 = int64_t(m.x);
     S = int(m.y);
   }
-  const float* lse = a.ws_lse + h * NQ + q0;
-  const float* parts = a.ws_out + (h * NQ + q0) * kDV;  // split i's partial: parts + i * kDV
-  const int col = (CH > 1 ? int(blockIdx.y) * TPG + ctid : ctid) * 4;
-  float o[4] = {0.f, 0.f, 0.f, 0.f};
-  float out_lse = neg_inf();
-  // Both paths: fold a split's partial in with weight w; normalise at the end (sink once).
-  auto fold = [&o](float w, const float4& v) {
-    o[0] = fmaf(w, v.x, o[0]);
-    o[1] = fmaf(w, v.y, o[1]);
-    o[2] = fmaf(w, v.z, o[2]);
-    o[3] = fmaf(w, v.w, o[3]);
+  // One (token, head) row; HB of them in turn (the last block's up to H).
+  auto reduce_row = [&](const int64_t h) {
+    const float* lse = a.ws_lse + h * NQ + q0;
+    const float* parts = a.ws_out + (h * NQ + q0) * kDV;  // split i's partial: parts + i * kDV
+    const int col = (CH > 1 ? int(blockIdx.y) * TPG + ctid : ctid) * 4;
+    float o[4] = {0.f, 0.f, 0.f, 0.f};
+    float out_lse = neg_inf();
+    // Both paths: fold a split's partial in with weight w; normalise at the end (sink once).
+    auto fold = [&o](float w, const float4& v) {
+      o[0] = fmaf(w, v.x, o[0]);
+      o[1] = fmaf(w, v.y, o[1]);
+      o[2] = fmaf(w, v.z, o[2]);
+      o[3] = fmaf(w, v.w, o[3]);
   };
   auto finish = [&](float L, float mx) {
     const float inv =
@@ -2630,6 +2656,12 @@ __global__ void __launch_bounds__(GROUPED ? (kReduceThreads / CH) * kReduceMaxGr
   }
   if (tid == 0 && (CH == 1 || blockIdx.y == 0) && p.lse != nullptr)
     p.lse[t * p.lse_stride_token + h * p.lse_stride_head] = out_lse;
+  };
+  if constexpr (HB == 1) {
+    reduce_row(h_first);
+  } else {
+    for (int j = 0; j < HB && h_first + j < H; ++j) reduce_row(h_first + j);
+  }
 }
 
 // Raise the dynamic shared-memory limit of one kernel once per device (the
@@ -2653,10 +2685,11 @@ inline bool ensure_smem(PerDevice<bool>& done, const void* kernel, size_t bytes)
 // after it is the caller's (compat.h).
 // GROUPED (block-wide scan only): one column group per batch of splits, up to
 // kReduceMaxGroups; the balanced map's token-slot search is written for one group.
-template <bool SCAN, int BATCH = 8, bool GROUPED = false, int CH = 1>
+// HB: heads per block (decode_reduce_kernel); rows is then the block count.
+template <bool SCAN, int BATCH = 8, bool GROUPED = false, int CH = 1, int HB = 1>
 inline Status launch_reduce(const ReduceArgs& r, uint32_t rows, gpuStream_t stream) {
   static PerDevice<signed char> pdl_cache;
-  auto* kernel = decode_reduce_kernel<SCAN, BATCH, GROUPED, CH>;
+  auto* kernel = decode_reduce_kernel<SCAN, BATCH, GROUPED, CH, HB>;
   const bool pdl = use_pdl(kPdlDecodeReduce, pdl_cache, kernel);
   int groups = 1;
   if (GROUPED) {
@@ -2985,6 +3018,15 @@ inline Status launch_sparse_mla_decode(const SparseDecodeParams& p, void* worksp
     return launch_reduce<true, 8, true>(r, rows, stream);
   }
   if (S >= kReduceBlockScanSplits) return launch_reduce<true>(r, rows, stream);
+  // The anchored map at 17-128 heads (decode_active_wide; S = kActiveWideGrid <
+  // kReduceBlockScanSplits): kReduceAnchoredHeads heads per block. Not at 1-16 heads, where the
+  // empty blocks are fewer (512 tokens x 16 heads: 6.9 -> 2.7 us) and a straggler's row of up
+  // to 5 x T cells, folded 4 heads in turn, cost more (the straggler layer at 16 x 384 tokens:
+  // +6.6%; H200, thirty-ninth session).
+  if (a.anchored && decode_active_wide(T, H)) {
+    const int64_t blocks = T * ((H + kReduceAnchoredHeads - 1) / kReduceAnchoredHeads);
+    return launch_reduce<false, 8, false, 1, kReduceAnchoredHeads>(r, uint32_t(blocks), stream);
+  }
   if (a.balanced) return launch_reduce<false, 8>(r, rows, stream);  // a token may own many more than S splits
   if (S <= 2) return launch_reduce<false, 2>(r, rows, stream);
   if (S <= 4) return launch_reduce<false, 4>(r, rows, stream);
