@@ -535,6 +535,17 @@ def test_gpu_balanced_split_map_head_tiles(fmt):
                               lengths=lengths, sink=sink)
 
 
+def _c128_window_set(g, T, H, fmt, idx):
+    """The anchored-map tests' C128 layer around given compressed indices (pages of 2 rows): its
+    cache, a 128-entry window set with its own lengths and pages of 256, q and a mixed sink."""
+    cache = make_cache(g, fmt, 512, 2100, 2, idx, "cuda")
+    e_idx, _ = make_indices(g, T, 128, 4 * 256, "none", None)
+    e_len = torch.randint(0, 129, (T,), generator=g, dtype=torch.int32)
+    e_cache = make_cache(g, fmt, 512, 4, 256, e_idx, "cuda")
+    q = torch.randn(T, H, 512, generator=g).to(torch.bfloat16)
+    return cache, dict(cache=e_cache, indices=e_idx, lengths=e_len), q, make_sink(g, H, "mixed")
+
+
 @requires_gpu
 @pytest.mark.parametrize("T,H", [(300, 16), (512, 16), (300, 11)])
 def test_gpu_anchored_map_paths(T, H):
@@ -548,18 +559,13 @@ def test_gpu_anchored_map_paths(T, H):
     idx, _ = make_indices(g, T, W, 2100 * 2, "middle", None)
     lengths = torch.randint(400, 701, (T,), generator=g, dtype=torch.int32)
     lengths[3], lengths[4], lengths[5], lengths[T - 1] = W, 0, 1, W
-    cache = make_cache(g, fmt, 512, 2100, 2, idx, "cuda")
-    e_idx, _ = make_indices(g, T, 128, 4 * 256, "none", None)
-    e_len = torch.randint(0, 129, (T,), generator=g, dtype=torch.int32)
-    e_cache = make_cache(g, fmt, 512, 4, 256, e_idx, "cuda")
-    q = torch.randn(T, H, 512, generator=g).to(torch.bfloat16)
-    sink = make_sink(g, H, "mixed")
+    cache, extra, q, sink = _c128_window_set(g, T, H, fmt, idx)
     memo = {}
     for portable in (False, True):
         for tile in (16, 8):
             with gpu_path(portable=portable, head_tile=tile):
                 run_check(q, cache, idx, fmt=fmt, scale=0.06, device="cuda", num_splits=0, lengths=lengths,
-                          extra=dict(cache=e_cache, indices=e_idx, lengths=e_len), sink=sink, memo=memo)
+                          extra=extra, sink=sink, memo=memo)
 
 
 @requires_gpu
@@ -579,14 +585,8 @@ def test_gpu_anchored_map_wide_heads(T, H):
     lengths = torch.randint(20, 81, (T,), generator=g, dtype=torch.int32)
     lengths[3], lengths[T - 2] = W, W
     lengths[4], lengths[5] = 0, 1
-    cache = make_cache(g, fmt, 512, 2100, 2, idx, "cuda")
-    e_idx, _ = make_indices(g, T, 128, 4 * 256, "none", None)
-    e_len = torch.randint(0, 129, (T,), generator=g, dtype=torch.int32)
-    e_cache = make_cache(g, fmt, 512, 4, 256, e_idx, "cuda")
-    q = torch.randn(T, H, 512, generator=g).to(torch.bfloat16)
-    sink = make_sink(g, H, "mixed")
-    extra = dict(cache=e_cache, indices=e_idx, lengths=e_len)
-    costs = [max(1, int(a) + int(b)) for a, b in zip(lengths.clamp(0, W), e_len)]
+    cache, extra, q, sink = _c128_window_set(g, T, H, fmt, idx)
+    costs = [max(1, int(a) + int(b)) for a, b in zip(lengths.clamp(0, W), extra["lengths"])]
     spans = _active_map(costs, 1)
     assert spans[3][1] > 2 and spans[0][1] == 1  # the stragglers take several slots, the rest one
     N = T * 2  # decode_active_grid
