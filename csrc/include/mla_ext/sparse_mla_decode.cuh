@@ -2507,155 +2507,155 @@ __global__ void __launch_bounds__(GROUPED ? (kReduceThreads / CH) * kReduceMaxGr
       o[1] = fmaf(w, v.y, o[1]);
       o[2] = fmaf(w, v.z, o[2]);
       o[3] = fmaf(w, v.w, o[3]);
-  };
-  auto finish = [&](float L, float mx) {
-    const float inv =
-        split_merge_finish(L, mx, p.attn_sink != nullptr ? p.attn_sink + h * p.attn_sink_stride : nullptr, &out_lse);
+    };
+    auto finish = [&](float L, float mx) {
+      const float inv =
+          split_merge_finish(L, mx, p.attn_sink != nullptr ? p.attn_sink + h * p.attn_sink_stride : nullptr, &out_lse);
 #pragma unroll
-    for (int e = 0; e < 4; ++e) o[e] *= inv;
-  };
-  if constexpr (!BLOCK_SCAN) {
-    // Every partial of a batch is loaded before the first is used (each was
-    // written by this call; one whose weight is 0, or of a NaN / empty row, is
-    // loaded but not used). The first batch goes out with the LSE loads, so the
-    // two share one L2 round trip. BATCH: 2 or 4 when the call has that few
-    // splits (fewer registers).
-    constexpr int kBatch = BATCH;
-    float4 v[kBatch];
+      for (int e = 0; e < 4; ++e) o[e] *= inv;
+    };
+    if constexpr (!BLOCK_SCAN) {
+      // Every partial of a batch is loaded before the first is used (each was
+      // written by this call; one whose weight is 0, or of a NaN / empty row, is
+      // loaded but not used). The first batch goes out with the LSE loads, so the
+      // two share one L2 round trip. BATCH: 2 or 4 when the call has that few
+      // splits (fewer registers).
+      constexpr int kBatch = BATCH;
+      float4 v[kBatch];
 #pragma unroll
-    for (int u = 0; u < kBatch; ++u)
-      if (u < S) v[u] = *reinterpret_cast<const float4*>(parts + int64_t(u) * kDV + col);  // v[u >= S]: never read
-    float mx;
-    const SplitMergeMode mode = split_merge_scan(lse, S, &mx);
-    if (mode == SplitMergeMode::kNaN) {
-      o[0] = o[1] = o[2] = o[3] = out_lse = quiet_nan();
-    } else if (mode == SplitMergeMode::kMix) {
-      float L = 0.f;
-      for (int i0 = 0; i0 < S; i0 += kBatch) {
-        float w[kBatch];
+      for (int u = 0; u < kBatch; ++u)
+        if (u < S) v[u] = *reinterpret_cast<const float4*>(parts + int64_t(u) * kDV + col);  // v[u >= S]: never read
+      float mx;
+      const SplitMergeMode mode = split_merge_scan(lse, S, &mx);
+      if (mode == SplitMergeMode::kNaN) {
+        o[0] = o[1] = o[2] = o[3] = out_lse = quiet_nan();
+      } else if (mode == SplitMergeMode::kMix) {
+        float L = 0.f;
+        for (int i0 = 0; i0 < S; i0 += kBatch) {
+          float w[kBatch];
 #pragma unroll
-        for (int u = 0; u < kBatch; ++u) {
-          const int i = i0 + u;
-          w[u] = 0.f;
-          if (i < S) {
-            w[u] = expf(lse[i] - mx);
-            if (i0 > 0) v[u] = *reinterpret_cast<const float4*>(parts + int64_t(i) * kDV + col);
+          for (int u = 0; u < kBatch; ++u) {
+            const int i = i0 + u;
+            w[u] = 0.f;
+            if (i < S) {
+              w[u] = expf(lse[i] - mx);
+              if (i0 > 0) v[u] = *reinterpret_cast<const float4*>(parts + int64_t(i) * kDV + col);
+            }
+          }
+#pragma unroll
+          for (int u = 0; u < kBatch; ++u) {
+            if (i0 + u < S) {
+              L += w[u];
+              if (w[u] > 0.f) fold(w[u], v[u]);
+            }
           }
         }
-#pragma unroll
-        for (int u = 0; u < kBatch; ++u) {
-          if (i0 + u < S) {
-            L += w[u];
-            if (w[u] > 0.f) fold(w[u], v[u]);
-          }
-        }
+        finish(L, mx);
       }
-      finish(L, mx);
-    }
-  } else {
-    __shared__ float s_w[kMaxSplits];
-    __shared__ float s_max[kReduceMaxWarps];
-    __shared__ float s_sum[kReduceMaxWarps];
-    __shared__ int s_nan[kReduceMaxWarps];
-    __shared__ float4 s_part[kReduceMaxGroups - 1][kReduceThreads];
-    const int lane = tid % kWarpSize, warp = tid / kWarpSize;
-    // GROUPED = false: one group, every count below a compile-time constant.
-    const int nt = GROUPED ? int(blockDim.x) : TPG;
-    const int nwarps = nt / kWarpSize, groups = nt / TPG;
-    constexpr int kLsePerThread = (kMaxSplits + TPG - 1) / TPG;  // (one group: the most per thread)
-    // The first batch of this group's partials goes out with the LSE loads (one
-    // L2 round trip for both); loaded but unused for a NaN or empty row.
-    constexpr int kBatch = kReduceScanBatch;
-    const float* part_out = parts + col;
-    float4 v[kBatch];
+    } else {
+      __shared__ float s_w[kMaxSplits];
+      __shared__ float s_max[kReduceMaxWarps];
+      __shared__ float s_sum[kReduceMaxWarps];
+      __shared__ int s_nan[kReduceMaxWarps];
+      __shared__ float4 s_part[kReduceMaxGroups - 1][kReduceThreads];
+      const int lane = tid % kWarpSize, warp = tid / kWarpSize;
+      // GROUPED = false: one group, every count below a compile-time constant.
+      const int nt = GROUPED ? int(blockDim.x) : TPG;
+      const int nwarps = nt / kWarpSize, groups = nt / TPG;
+      constexpr int kLsePerThread = (kMaxSplits + TPG - 1) / TPG;  // (one group: the most per thread)
+      // The first batch of this group's partials goes out with the LSE loads (one
+      // L2 round trip for both); loaded but unused for a NaN or empty row.
+      constexpr int kBatch = kReduceScanBatch;
+      const float* part_out = parts + col;
+      float4 v[kBatch];
 #pragma unroll
-    for (int u = 0; u < kBatch; ++u)
-      if (grp * kBatch + u < S) v[u] = *reinterpret_cast<const float4*>(part_out + int64_t(grp * kBatch + u) * kDV);
-    float l[kLsePerThread];
-    float mx = neg_inf();
-    int nan = 0;
-#pragma unroll
-    for (int u = 0; u < kLsePerThread; ++u) {
-      const int i = tid + u * nt;
-      l[u] = i < S ? lse[i] : neg_inf();
-      mx = fmaxf(mx, l[u]);  // fmaxf skips a NaN; the flag records it
-      nan |= is_nan(l[u]) ? 1 : 0;
-    }
-#pragma unroll
-    for (int off = kWarpSize / 2; off > 0; off /= 2) {
-      mx = fmaxf(mx, MLA_EXT_SHFL_XOR(mx, off));
-      nan |= MLA_EXT_SHFL_XOR(nan, off);
-    }
-    if (lane == 0) {
-      s_max[warp] = mx;
-      s_nan[warp] = nan;
-    }
-    __syncthreads();
-    mx = s_max[0];
-    nan = s_nan[0];
-    for (int w = 1; w < nwarps; ++w) {  // a constant trip count unless GROUPED
-      mx = fmaxf(mx, s_max[w]);
-      nan |= s_nan[w];
-    }
-    if (nan) {
-      o[0] = o[1] = o[2] = o[3] = out_lse = quiet_nan();
-    } else if (mx != neg_inf()) {  // kMix; the same branch for the whole block
-      float part = 0.f;
+      for (int u = 0; u < kBatch; ++u)
+        if (grp * kBatch + u < S) v[u] = *reinterpret_cast<const float4*>(part_out + int64_t(grp * kBatch + u) * kDV);
+      float l[kLsePerThread];
+      float mx = neg_inf();
+      int nan = 0;
 #pragma unroll
       for (int u = 0; u < kLsePerThread; ++u) {
         const int i = tid + u * nt;
-        if (i < S) {
-          const float w = expf(l[u] - mx);
-          s_w[i] = w;
-          part += w;
-        }
+        l[u] = i < S ? lse[i] : neg_inf();
+        mx = fmaxf(mx, l[u]);  // fmaxf skips a NaN; the flag records it
+        nan |= is_nan(l[u]) ? 1 : 0;
       }
 #pragma unroll
-      for (int off = kWarpSize / 2; off > 0; off /= 2) part += MLA_EXT_SHFL_XOR(part, off);
-      if (lane == 0) s_sum[warp] = part;
+      for (int off = kWarpSize / 2; off > 0; off /= 2) {
+        mx = fmaxf(mx, MLA_EXT_SHFL_XOR(mx, off));
+        nan |= MLA_EXT_SHFL_XOR(nan, off);
+      }
+      if (lane == 0) {
+        s_max[warp] = mx;
+        s_nan[warp] = nan;
+      }
       __syncthreads();
-      float L = s_sum[0];
-      for (int w = 1; w < nwarps; ++w) L += s_sum[w];
-      for (int i0 = grp * kBatch; i0 < S; i0 += groups * kBatch) {
-        if (i0 > grp * kBatch) {
+      mx = s_max[0];
+      nan = s_nan[0];
+      for (int w = 1; w < nwarps; ++w) {  // a constant trip count unless GROUPED
+        mx = fmaxf(mx, s_max[w]);
+        nan |= s_nan[w];
+      }
+      if (nan) {
+        o[0] = o[1] = o[2] = o[3] = out_lse = quiet_nan();
+      } else if (mx != neg_inf()) {  // kMix; the same branch for the whole block
+        float part = 0.f;
 #pragma unroll
-          for (int u = 0; u < kBatch; ++u)
-            if (i0 + u < S) v[u] = *reinterpret_cast<const float4*>(part_out + int64_t(i0 + u) * kDV);
-        }
-#pragma unroll
-        for (int u = 0; u < kBatch; ++u) {
-          if (i0 + u < S) {
-            const float w = s_w[i0 + u];
-            if (w > 0.f) fold(w, v[u]);
+        for (int u = 0; u < kLsePerThread; ++u) {
+          const int i = tid + u * nt;
+          if (i < S) {
+            const float w = expf(l[u] - mx);
+            s_w[i] = w;
+            part += w;
           }
         }
-      }
-      if (GROUPED && groups > 1) {  // the other groups' sums into group 0, in group order
-        if (grp > 0) s_part[grp - 1][ctid] = make_float4(o[0], o[1], o[2], o[3]);
+#pragma unroll
+        for (int off = kWarpSize / 2; off > 0; off /= 2) part += MLA_EXT_SHFL_XOR(part, off);
+        if (lane == 0) s_sum[warp] = part;
         __syncthreads();
-        if (grp == 0) {
-          for (int g = 1; g < groups; ++g) {
-            const float4 q = s_part[g - 1][ctid];
-            o[0] += q.x; o[1] += q.y; o[2] += q.z; o[3] += q.w;
+        float L = s_sum[0];
+        for (int w = 1; w < nwarps; ++w) L += s_sum[w];
+        for (int i0 = grp * kBatch; i0 < S; i0 += groups * kBatch) {
+          if (i0 > grp * kBatch) {
+#pragma unroll
+            for (int u = 0; u < kBatch; ++u)
+              if (i0 + u < S) v[u] = *reinterpret_cast<const float4*>(part_out + int64_t(i0 + u) * kDV);
+          }
+#pragma unroll
+          for (int u = 0; u < kBatch; ++u) {
+            if (i0 + u < S) {
+              const float w = s_w[i0 + u];
+              if (w > 0.f) fold(w, v[u]);
+            }
           }
         }
+        if (GROUPED && groups > 1) {  // the other groups' sums into group 0, in group order
+          if (grp > 0) s_part[grp - 1][ctid] = make_float4(o[0], o[1], o[2], o[3]);
+          __syncthreads();
+          if (grp == 0) {
+            for (int g = 1; g < groups; ++g) {
+              const float4 q = s_part[g - 1][ctid];
+              o[0] += q.x; o[1] += q.y; o[2] += q.z; o[3] += q.w;
+            }
+          }
+        }
+        finish(L, mx);
       }
-      finish(L, mx);
     }
-  }
-  if (grp > 0) return;  // group 0 writes the row
-  uint16_t* out = p.output + t * p.output_stride_token + h * p.output_stride_head + col;
-  const uint32_t lo = pack_bf16x2(o[0], o[1]), hi = pack_bf16x2(o[2], o[3]);
-  if (a.out_vec4) {
-    *reinterpret_cast<uint2*>(out) = make_uint2(lo, hi);
-  } else {
-    out[0] = uint16_t(lo & 0xffffu);
-    out[1] = uint16_t(lo >> 16);
-    out[2] = uint16_t(hi & 0xffffu);
-    out[3] = uint16_t(hi >> 16);
-  }
-  if (tid == 0 && (CH == 1 || blockIdx.y == 0) && p.lse != nullptr)
-    p.lse[t * p.lse_stride_token + h * p.lse_stride_head] = out_lse;
+    if (grp > 0) return;  // group 0 writes the row
+    uint16_t* out = p.output + t * p.output_stride_token + h * p.output_stride_head + col;
+    const uint32_t lo = pack_bf16x2(o[0], o[1]), hi = pack_bf16x2(o[2], o[3]);
+    if (a.out_vec4) {
+      *reinterpret_cast<uint2*>(out) = make_uint2(lo, hi);
+    } else {
+      out[0] = uint16_t(lo & 0xffffu);
+      out[1] = uint16_t(lo >> 16);
+      out[2] = uint16_t(hi & 0xffffu);
+      out[3] = uint16_t(hi >> 16);
+    }
+    if (tid == 0 && (CH == 1 || blockIdx.y == 0) && p.lse != nullptr)
+      p.lse[t * p.lse_stride_token + h * p.lse_stride_head] = out_lse;
   };
   if constexpr (HB == 1) {
     reduce_row(h_first);
