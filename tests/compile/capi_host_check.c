@@ -55,7 +55,10 @@ int main(void) {
   EXPECT(mla_ext_sparse_mla_decode_num_splits(256, 16, 8320, 132) == 4, "C128, 16 heads x 256: the active splits' grid");
   EXPECT(mla_ext_sparse_mla_decode_num_splits(140, 16, 8320, 132) == 7, "C128, 16 heads x 140: the active splits' grid");
   EXPECT(mla_ext_sparse_mla_decode_num_splits(256, 17, 8320, 132) == 2, "C128, 17 heads x 256: two-split floor");
-  EXPECT(mla_ext_sparse_mla_decode_num_splits(257, 128, 8320, 132) == 1, "C128, 257 tokens: one split");
+  EXPECT(mla_ext_sparse_mla_decode_num_splits(257, 128, 8320, 132) == 2, "C128, 128 heads x 257: the anchored map's grid");
+  EXPECT(mla_ext_sparse_mla_decode_num_splits(512, 17, 8320, 132) == 2, "C128, 17 heads x 512: the anchored map's grid");
+  EXPECT(mla_ext_sparse_mla_decode_num_splits(257, 129, 8320, 132) == 1, "C128, 129 heads x 257: one split");
+  EXPECT(mla_ext_sparse_mla_decode_num_splits(513, 64, 8320, 132) == 1, "C128, 513 tokens: one split");
   EXPECT(mla_ext_sparse_mla_decode_num_splits(200, 128, 2048, 132) == 1, "V3.2 width, 200 tokens: one split");
   EXPECT(mla_ext_sparse_mla_decode_num_splits(1LL << 62, 64, 1024, 132) == 1, "huge num_tokens: no overflow");
   EXPECT(mla_ext_sparse_mla_decode_num_splits(1LL << 61, 256, 1LL << 62, 132) == 1, "huge everything");
