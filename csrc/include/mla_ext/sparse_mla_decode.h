@@ -544,12 +544,12 @@ struct ActiveSplits {
 // tokens: 134.5 -> 269 MB; 32 heads 50.4 -> 67.2 MB). The 16-head table's cost model is not
 // used (fitted to 16-head tiles). H200, thirty-ninth session, 32-128 heads x 264-512 tokens
 // against one split (with the reduce's 4 heads per block and the 64-head kernel's whole K
-// stores): the straggler layer -30..-59% (128 x 512: -4%), rows of 300-8,192 entries -1..-20%,
-// rows of ~1,100 entries +3..+7%, of ~3,100 +1..+4.5%, full rows +0.3..+3.5%; geometric mean of
-// 45 shapes -10%. Shapes only, like every automatic count: where the anchored kernel does not run (the 64-head tile off
-// Hopper, with MLA_EXT_ASYM=0 or force_mma_sync; the portable 32- and 64-head kernels) these
-// calls take the grid on the contiguous map (a cell per token and a fold in the reduce;
-// unmeasured).
+// stores): the straggler layer -18..-59% (128 x 512: -4%), rows of 300-8,192 entries
+// -0.5..-20%, rows of ~1,100 entries +3..+7%, of ~3,100 +1..+4.5%, full rows +0.3..+3.5%;
+// geometric mean of 45 shapes -9.8%. Shapes only, like every automatic count: where the
+// anchored kernel does not run (the 64-head tile off Hopper, with MLA_EXT_ASYM=0 or
+// force_mma_sync; the portable 32- and 64-head kernels) these calls take the grid on the
+// contiguous map (a cell per token and a fold in the reduce; unmeasured).
 constexpr int64_t kActiveWideMinHeads = 17;
 constexpr int64_t kActiveWideMaxHeads = 128;
 constexpr int kActiveWideGrid = 2;
