@@ -285,7 +285,8 @@ def sparse_mla_decode_workspace_size(num_tokens: int, num_heads: int, *, num_spl
         device: where the calls run: a CPU or CUDA ``torch.device`` / string / CUDA index
             (an int >= 0); ``None`` = the current CUDA device when CUDA is available, else the
             CPU. The automatic split count depends on the device's processor count (CUDA:
-            multiprocessor count; CPU: OpenMP threads).
+            multiprocessor count; CPU: OpenMP threads, so size a CPU workspace after
+            ``torch.set_num_threads``).
 
     Returns:
         bytes (int; 0 when no split-K scratch is needed, e.g. ``num_splits=1``).
