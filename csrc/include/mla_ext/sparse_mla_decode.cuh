@@ -277,6 +277,21 @@ __device__ __forceinline__ bool balanced_slot_owner_kp(const SparseDecodeParams&
   const int64_t incl = block_incl_scan_i64<NT>(csum, red, &total);  // C_{t0 + KP}
   if (act.on()) {
     const int sa = decode_active_count(act, total, T, decode_total_width(p));
+    if constexpr (ANCH) {
+      // A token's first-split block whose token keeps one slot (rows within 5/4 of the mean
+      // row: most tokens of most calls) is finished in this block: no workspace cell, and the
+      // reduce passes its token by without reading the map entry's first cell (written as 0).
+      // It needs neither the slot counts' scan nor the other tokens' 64-bit divisions.
+      // (Uniform: every thread computes the same count.)
+      if (q < T && decode_active_slots(decode_token_cost(p, q), total, T, sa) == 1) {
+        __syncthreads();  // red free again (the scan's reads)
+        *t_out = q;
+        *q0_out = 0;
+        *n_out = 1;
+        *s_out = 0;
+        return true;
+      }
+    }
     int64_t n[KP];
     int64_t nsum = 0;
 #pragma unroll
