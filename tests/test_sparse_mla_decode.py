@@ -574,11 +574,11 @@ def test_gpu_anchored_map_wide_heads(T, H):
     """The anchored map at 17-128 heads above 256 tokens (decode_active_wide: a grid of two slots
     per token, S' = 1) on a C128 layer's two sets with short rows and two full stragglers: every
     output against the float64 reference on the 32-head tensor-core tile, the asymmetric 64-head
-    kernel (one or two head groups), its mma.sync form and the portable kernels. On Hopper also
-    the workspace cells written (NaN-poisoned): the anchored kernels finish a token of one slot
-    in its split block (cells only for the tokens of several slots), the others (the 64-head
-    mma.sync and portable kernels: the contiguous map) write a cell per slot. 18 heads: the
-    reduce's last block of kReduceAnchoredHeads heads has 2."""
+    kernel (one or two head groups), its mma.sync form and the portable kernels (the symmetric
+    warpgroup kernel: test_gpu_asym_switch_both_kernels). On Hopper also the workspace cells
+    written (NaN-poisoned): every kernel finishes a token of one slot in its split block, so
+    cells are written only for the tokens of several slots. 18 heads: the reduce's last block of
+    kReduceAnchoredHeads heads has 2."""
     g = torch.Generator().manual_seed(380 + T + H)
     W, fmt = 4096, "fp8_ds_mla_v4"
     idx, _ = make_indices(g, T, W, 2100 * 2, "middle", None)
@@ -602,12 +602,10 @@ def test_gpu_anchored_map_wide_heads(T, H):
                                  lengths=lengths, extra=extra, sink=sink, memo=memo)
         if not hopper:
             continue
-        # the anchored kernels: the 32-head tensor-core tile, the asymmetric 64-head one
-        anchored = not portable and (tile == 32 or H <= 32 or (not mma_sync and _asym_on()))
         cells = ws[out_bytes:out_bytes + H * N * 4].view(torch.float32).view(H, N).cpu()
         want = torch.zeros(N, dtype=torch.bool)
         for f, n in spans:
-            want[f:f + n] = n > 1 or not anchored
+            want[f:f + n] = n > 1
         assert ((~torch.isnan(cells)) == want.expand(H, N)).all(), (portable, tile, mma_sync)
 
 
@@ -2247,11 +2245,13 @@ def test_gpu_asym_switch_both_kernels(tmp_path):
     # The V4 64-head tile (forced) on both split maps: window and C4 layers (uniform map) at 64-128
     # heads, C128 layers with rows of up to ~7800 entries (balanced map: 2-512 tokens this wide);
     # 1-40 tokens, sinks, lse; splits of 1-2 key tiles (window rows of 128; C4 rows of 640 over 8
-    # splits) and of many. (kind, heads, batch, context_len, num_splits, seed)
+    # splits) and of many; and the anchored map (the automatic count at 264 tokens: both kernels'
+    # anchored instances). (kind, heads, batch, context_len, num_splits, seed)
     cases = [(kind, heads, batch, (300, ctx), splits, heads + batch)
              for kind, heads, batch, ctx, splits in (("v4_swa", 128, 8, 3000, 1), ("v4_c4", 100, 20, 3000, 2),
                                                      ("v4_c4", 72, 1, 3000, 8), ("v4_c4", 64, 40, 3000, 1),
-                                                     ("v4_c128", 128, 2, 10**6, 4), ("v4_c128", 72, 8, 10**6, 3))]
+                                                     ("v4_c128", 128, 2, 10**6, 4), ("v4_c128", 72, 8, 10**6, 3),
+                                                     ("v4_c128", 64, 264, 10**6, 0))]
     results = _run_switch_children(tmp_path, "MLA_EXT_ASYM", ("0", "1", ""), "1", cases, "decode_split", head_tile=64)
     for key, (out, lse, ref_o, ref_l, names, _) in results["1"].items():
         for asym in ("0", "1", ""):
@@ -2260,7 +2260,7 @@ def test_gpu_asym_switch_both_kernels(tmp_path):
             check_lse(l_, ref_l, kv_format="fp8_ds_mla_v4")
             if _wgmma_kernel_expected() and nm:
                 flag = "true" if _asym_on(asym) else "false"
-                pat = rf"decode_split_mma_kernel<4, 512, [^>]*, true, {flag}, (?:true|false), false, false>"
+                pat = rf"decode_split_mma_kernel<4, 512, [^>]*, true, {flag}, (?:true|false), false, (?:true|false)>"
                 assert any(re.search(pat, n) for n in nm), nm
         o0, l0 = results["0"][key][0].double(), results["0"][key][1].double()
         assert ((out.double() - o0).abs().max() / o0.abs().max()).item() < 1e-2, key

@@ -2815,7 +2815,7 @@ inline Status launch_split_mt(int mt, bool wg, const DecodeArgs& a, uint32_t blo
       }
       return launch_split<1, DQK, F, MMA, BAL>(a, blocks, stream);
     case 2:
-      if constexpr (BAL && MMA) {
+      if constexpr (BAL) {
         if (a.anchored) return launch_split<2, DQK, F, MMA, BAL, false, false, false, false, true>(a, blocks, stream);
       }
       return launch_split<2, DQK, F, MMA, BAL>(a, blocks, stream);
@@ -2837,7 +2837,15 @@ inline Status launch_split_mt(int mt, bool wg, const DecodeArgs& a, uint32_t blo
             return launch_split<4, DQK, F, MMA, BAL, true, true>(a, blocks, stream);
           }
         }
-        if (wg) return launch_split<4, DQK, F, MMA, BAL, true>(a, blocks, stream);
+        if (wg) {
+          if constexpr (BAL) {
+            if (a.anchored) return launch_split<4, DQK, F, MMA, BAL, true, false, false, false, true>(a, blocks, stream);
+          }
+          return launch_split<4, DQK, F, MMA, BAL, true>(a, blocks, stream);
+        }
+      }
+      if constexpr (BAL) {
+        if (a.anchored) return launch_split<4, DQK, F, MMA, BAL, false, false, false, false, true>(a, blocks, stream);
       }
       return launch_split<4, DQK, F, MMA, BAL>(a, blocks, stream);
   }
@@ -2949,16 +2957,12 @@ inline Status launch_sparse_mla_decode(const SparseDecodeParams& p, void* worksp
   // Automatic counts on the balanced map: the slots in use by the rows' lengths.
   a.active = a.balanced && auto_splits ? decode_active_table(T, H, decode_total_width(p), num_sms, S)
                                        : ActiveSplits();
-  // The anchored map (decode_active_slack) where an anchored kernel runs: the 16-head tile (every
-  // kernel kind), the 32-head tensor-core tile and, on Hopper, the asymmetric 64-head tile
-  // (decode_active_wide); with any other kernel the active splits keep the contiguous map.
-  const int cc = current_device_cc_major();
-  const bool tc = kWarpSize == 32 && !p.force_portable && cc >= 8;  // the tensor-core kernels (below)
-  const bool asym = tc && cc == 9 && !p.force_mma_sync && decode_use_asym();
-  auto set_anchored = [&]() {
-    a.anchored = a.active.on() && decode_active_slack(T) && (mt == 1 || (mt == 2 && tc) || (mt == 4 && asym));
-  };
-  set_anchored();
+  // The anchored map (decode_active_slack): every kernel kind and head tile has an anchored
+  // instance (launch_split_mt). Until the fortieth session only the 16-head tile, the 32-head
+  // tensor-core tile and the asymmetric 64-head tile had one, and the rest kept the contiguous
+  // map, which on the H200 cost +12..+31% on rows of about equal length at 64-128 heads x
+  // 264-512 tokens against one split (MLA_EXT_ASYM=0, force_mma_sync, portable; RESULTS.md).
+  a.anchored = a.active.on() && decode_active_slack(T);
   // Two-token blocks where the asymmetric kernel runs (launch_split_mt); the uniform
   // map always with one split (decode_balanced).
   a.two_token = !a.balanced && decode_two_token_blocks(p, HG, num_sms, decode_two_token_mode(p));
@@ -2982,7 +2986,6 @@ inline Status launch_sparse_mla_decode(const SparseDecodeParams& p, void* worksp
     a.early_trigger = S > 1 && pdl_trigger_early(blocks, num_sms);
     a.q_regs = decode_q_regs(p, blocks, num_sms);
     a.two_token = false;
-    set_anchored();
   };
 
   // Tensor cores on NVIDIA sm_80+ unless forced portable (the tensor-core
@@ -2990,6 +2993,7 @@ inline Status launch_sparse_mla_decode(const SparseDecodeParams& p, void* worksp
   // On Hopper (compute capability 9) the 64-head tile uses the warpgroup-MMA
   // kernel unless p.force_mma_sync.
   Status st;
+  const int cc = current_device_cc_major();
   if (kWarpSize == 32 && !p.force_portable && cc >= 8) {
     const bool wg = cc == 9 && !p.force_mma_sync;
     st = launch_split_fmt<kWarpSize == 32>(mt, wg, a, uint32_t(blocks), stream);  // never the MMA kernel on HIP

@@ -546,10 +546,14 @@ struct ActiveSplits {
 // against one split (with the reduce's 4 heads per block and the 64-head kernel's whole K
 // stores): the straggler layer -18..-59% (128 x 512: -4%), rows of 300-8,192 entries
 // -0.5..-20%, rows of ~1,100 entries +3..+7%, of ~3,100 +1..+4.5%, full rows +0.3..+3.5%;
-// geometric mean of 45 shapes -9.8%. Shapes only, like every automatic count: where the
-// anchored kernel does not run (the 64-head tile off Hopper, with MLA_EXT_ASYM=0 or
-// force_mma_sync; the portable 32- and 64-head kernels) these calls take the grid on the
-// contiguous map (a cell per token and a fold in the reduce; unmeasured).
+// geometric mean of 45 shapes -9.8%. Shapes only, like every automatic count. Every kernel kind
+// runs it anchored since the fortieth session (before, the 64-head mma.sync, symmetric
+// warpgroup and portable kernels ran the contiguous map). H200, auto against one split: the
+// 64-head mma.sync tile (force_mma_sync; what 33-128 heads run off Hopper) at 64-128 heads x
+// 264-512 tokens: straggler layer -13..-60%, rows of 300-8,192 entries -3..-19%, of ~1,100
+// +2.8..+3.4%, full rows +0.2..+0.9%; the symmetric kernel (MLA_EXT_ASYM=0) and the portable
+// kernels keep +8..+17% on rows of ~1,100 entries (their balanced instances' own costs, e.g.
+// the symmetric kernel's two K stages; not isolated).
 constexpr int64_t kActiveWideMinHeads = 17;
 constexpr int64_t kActiveWideMaxHeads = 128;
 constexpr int kActiveWideGrid = 2;
