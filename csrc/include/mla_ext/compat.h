@@ -213,6 +213,22 @@ __device__ __forceinline__ uint32_t block_index_x() {
 #endif
 }
 
+// A 64-bit value the compiler must keep as computed (NVIDIA): an empty asm
+// statement that claims to change it, so that a loop using it cannot recompute it
+// from its inputs (rematerialisation) instead of keeping it in a register. An
+// integer offset, not a pointer: a pointer through the asm loses its global
+// address space (generic LD instead of LDG). Elsewhere (HIP, host passes) nothing.
+// The portable decode kernels' Q.K (decode_body's kKeepQ): in the 64-head balanced
+// kernel ptxas recomputed the token's Q row offset, 64-bit products, for each of
+// the eight 16-byte Q loads of every step (nvcc 13, sm_90a).
+__device__ __forceinline__ void keep_value(int64_t& v) {
+#if defined(__CUDA_ARCH__)
+  asm volatile("" : "+l"(v));
+#else
+  (void)v;
+#endif
+}
+
 // ---- Programmatic dependent launch (PDL) ----
 // On NVIDIA sm_90+ a kernel launched with programmatic stream serialisation
 // may be scheduled while the kernel before it on the stream is still running;

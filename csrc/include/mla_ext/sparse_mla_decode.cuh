@@ -1943,6 +1943,20 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
 #pragma unroll
       for (int i = 0; i < NHQ; ++i) sacc[i] = 0.f;
       const uint16_t* krow = Ks + r * KST;
+      // kKeepQ: this thread's first Q row (elements from p.q) computed once and kept
+      // (keep_value). Recomputed from the token and head group inside the loop, it cost the
+      // 64-head balanced kernels ~20% more instructions per step (381 -> 302 with it). H200,
+      // fortieth session, portable kernels against that build: 16 heads -12..-15% (both maps),
+      // 32 heads -1..-6%, 64-head balanced and anchored -8..-9%; but the uniform 64-head kernels
+      // +4..+6% (window, C4, V3.2 and C128 at one split; 317 -> 302 instructions, not
+      // understood), so they keep the plain form.
+      constexpr bool kKeepQ = BAL || MT < 4;
+      int64_t q_row = 0;
+      if constexpr (kKeepQ) {
+        q_row = (qt - p.q) + int64_t(hq) * p.q_stride_head;
+        keep_value(q_row);
+      }
+      const int64_t qs8 = int64_t(8) * p.q_stride_head;  // 8 head rows
       for (int c = 0; c < DQK / 8; ++c) {
         float kf[8];
         bf16x8_to_float(*reinterpret_cast<const uint4*>(krow + 8 * c), kf);
@@ -1958,7 +1972,8 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
           const int hr = hq + 8 * i;
           if (hr < nh) {
             float qf[8];
-            bf16x8_to_float(*reinterpret_cast<const uint4*>(qt + int64_t(hr) * p.q_stride_head + 8 * c), qf);
+            const uint16_t* qp = kKeepQ ? p.q + q_row + i * qs8 + 8 * c : qt + int64_t(hr) * p.q_stride_head + 8 * c;
+            bf16x8_to_float(*reinterpret_cast<const uint4*>(qp), qf);
 #pragma unroll
             for (int e = 0; e < 8; ++e) sacc[i] = fmaf(qf[e], kf[e], sacc[i]);
           }

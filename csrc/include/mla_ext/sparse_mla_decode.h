@@ -551,9 +551,9 @@ struct ActiveSplits {
 // warpgroup and portable kernels ran the contiguous map). H200, auto against one split: the
 // 64-head mma.sync tile (force_mma_sync; what 33-128 heads run off Hopper) at 64-128 heads x
 // 264-512 tokens: straggler layer -13..-60%, rows of 300-8,192 entries -3..-19%, of ~1,100
-// +2.8..+3.4%, full rows +0.2..+0.9%; the symmetric kernel (MLA_EXT_ASYM=0) and the portable
-// kernels keep +8..+17% on rows of ~1,100 entries (their balanced instances' own costs, e.g.
-// the symmetric kernel's two K stages; not isolated).
+// +2.8..+3.4%, full rows +0.2..+0.9%. The symmetric kernel (MLA_EXT_ASYM=0) keeps +9..+12% on
+// rows of ~1,100 entries (likely its balanced instances' two K stages); the portable kernels
+// +3..+6% at 16-64 heads x 512 tokens since their Q address fix (decode_body's kKeepQ).
 constexpr int64_t kActiveWideMinHeads = 17;
 constexpr int64_t kActiveWideMaxHeads = 128;
 constexpr int kActiveWideGrid = 2;
