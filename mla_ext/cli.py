@@ -510,7 +510,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="which layer kinds run (default all; dsa = V3.2)")
     d.add_argument("--steps", type=int, default=None, help="timed decode steps (default GPU 20, CPU 2)")
     d.add_argument("--sets", type=int, default=None,
-                   help="input sets per layer kind (default: GPU enough to exceed L2, at most 16; CPU 2)")
+                   help="input sets per layer kind (default: GPU enough that their selected rows span 256 MiB, "
+                        "past the L2, fewer where their caches would pass a quarter of GPU memory; CPU 2)")
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--json", help="write the full report as JSON to this file")
     d.add_argument("--plot", help="write a roofline chart to this file (needs matplotlib; the suffix picks the "
