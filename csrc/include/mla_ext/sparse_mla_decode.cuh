@@ -203,7 +203,7 @@ struct DecodeArgs {
   bool two_token;     // the asymmetric kernel walks two tokens per block (decode_two_token_blocks)
   bool q_regs;        // the 16-head V4 kernel holds its Q fragments in registers (decode_q_regs)
   ActiveSplits active;  // the balanced map's slots in use by the rows' lengths (decode_active_splits_table)
-  bool anchored;        // active on the anchored map (decode_active_slack; launch_sparse_mla_decode: which kernels)
+  bool anchored;        // active on the anchored map (decode_active_slack): launch_split_map's anchored instances
   uint2* ws_map;        // [T] {first cell, cell count} per token (S > 1; balanced map only)
 };
 
@@ -2817,6 +2817,16 @@ inline ActiveSplits decode_active_table(int64_t T, int64_t H, int64_t W, int num
   return table;
 }
 
+// A kernel on either balanced map: its anchored instance where the call runs the anchored map
+// (a.anchored; every tile and kernel kind has one), else the plain one.
+template <int MT, int DQK, KvFormat F, bool MMA, bool BAL, bool WG = false, bool ASYM = false>
+inline Status launch_split_map(const DecodeArgs& a, uint32_t blocks, gpuStream_t stream) {
+  if constexpr (BAL) {
+    if (a.anchored) return launch_split<MT, DQK, F, MMA, BAL, WG, ASYM, false, false, true>(a, blocks, stream);
+  }
+  return launch_split<MT, DQK, F, MMA, BAL, WG, ASYM>(a, blocks, stream);
+}
+
 // wg: the 64-head tile as warpgroup MMAs (Hopper), every format.
 template <int DQK, KvFormat F, bool MMA, bool BAL = false>
 inline Status launch_split_mt(int mt, bool wg, const DecodeArgs& a, uint32_t blocks, gpuStream_t stream) {
@@ -2825,15 +2835,9 @@ inline Status launch_split_mt(int mt, bool wg, const DecodeArgs& a, uint32_t blo
       if constexpr (MMA && kv_layout(F) == KvFormat::kFP8DsMlaV4 && !BAL) {
         if (a.q_regs) return launch_split<1, DQK, F, MMA, BAL, false, false, false, true>(a, blocks, stream);
       }
-      if constexpr (BAL) {
-        if (a.anchored) return launch_split<1, DQK, F, MMA, BAL, false, false, false, false, true>(a, blocks, stream);
-      }
-      return launch_split<1, DQK, F, MMA, BAL>(a, blocks, stream);
+      return launch_split_map<1, DQK, F, MMA, BAL>(a, blocks, stream);
     case 2:
-      if constexpr (BAL) {
-        if (a.anchored) return launch_split<2, DQK, F, MMA, BAL, false, false, false, false, true>(a, blocks, stream);
-      }
-      return launch_split<2, DQK, F, MMA, BAL>(a, blocks, stream);
+      return launch_split_map<2, DQK, F, MMA, BAL>(a, blocks, stream);
     default:
       if constexpr (MMA) {
         // Asymmetric warpgroups (decode_body's ASYM) for the V4 rows, both
@@ -2845,24 +2849,13 @@ inline Status launch_split_mt(int mt, bool wg, const DecodeArgs& a, uint32_t blo
                 const uint32_t blocks2 = uint32_t(a.head_groups) * uint32_t((a.p.num_tokens + 1) / 2);
                 return launch_split<4, DQK, F, MMA, false, true, true, true>(a, blocks2, stream);
               }
-            } else {
-              if (a.anchored)  // the anchored map (decode_active_wide)
-                return launch_split<4, DQK, F, MMA, BAL, true, true, false, false, true>(a, blocks, stream);
             }
-            return launch_split<4, DQK, F, MMA, BAL, true, true>(a, blocks, stream);
+            return launch_split_map<4, DQK, F, MMA, BAL, true, true>(a, blocks, stream);
           }
         }
-        if (wg) {
-          if constexpr (BAL) {
-            if (a.anchored) return launch_split<4, DQK, F, MMA, BAL, true, false, false, false, true>(a, blocks, stream);
-          }
-          return launch_split<4, DQK, F, MMA, BAL, true>(a, blocks, stream);
-        }
+        if (wg) return launch_split_map<4, DQK, F, MMA, BAL, true>(a, blocks, stream);
       }
-      if constexpr (BAL) {
-        if (a.anchored) return launch_split<4, DQK, F, MMA, BAL, false, false, false, false, true>(a, blocks, stream);
-      }
-      return launch_split<4, DQK, F, MMA, BAL>(a, blocks, stream);
+      return launch_split_map<4, DQK, F, MMA, BAL>(a, blocks, stream);
   }
 }
 
@@ -2973,7 +2966,7 @@ inline Status launch_sparse_mla_decode(const SparseDecodeParams& p, void* worksp
   a.active = a.balanced && auto_splits ? decode_active_table(T, H, decode_total_width(p), num_sms, S)
                                        : ActiveSplits();
   // The anchored map (decode_active_slack): every kernel kind and head tile has an anchored
-  // instance (launch_split_mt). Until the fortieth session only the 16-head tile, the 32-head
+  // instance (launch_split_map). Until the fortieth session only the 16-head tile, the 32-head
   // tensor-core tile and the asymmetric 64-head tile had one, and the rest kept the contiguous
   // map, which on the H200 cost +12..+31% on rows of about equal length at 64-128 heads x
   // 264-512 tokens against one split (MLA_EXT_ASYM=0, force_mma_sync, portable; RESULTS.md).
