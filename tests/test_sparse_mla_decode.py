@@ -1709,7 +1709,7 @@ def _split_kernel_names(fn):
 
 
 def _asym_on(env=None):
-    """Whether the V4 64-head warpgroup tile runs as asymmetric warpgroups under MLA_EXT_ASYM = `env`
+    """Whether the 64-head warpgroup tile of the FP8 caches runs as asymmetric warpgroups under MLA_EXT_ASYM = `env`
     (None: this process's environment), as the extension reads it (strtol): unset or empty -> yes
     (the default), 0 or text that is not a number -> no, any other integer -> yes."""
     v = (os.environ.get("MLA_EXT_ASYM", "") if env is None else env).strip()
@@ -1722,9 +1722,9 @@ def _asym_on(env=None):
 
 
 def _asym_expected(fmt):
-    """Whether the 64-head warpgroup kernel of `fmt` runs as asymmetric warpgroups (V4 rows only;
-    _asym_on)."""
-    return fmt.startswith("fp8_ds_mla_v4") and _asym_on()
+    """Whether the 64-head warpgroup kernel of `fmt` runs as asymmetric warpgroups (the FP8
+    formats, V4 and V3.2 rows; _asym_on)."""
+    return fmt.startswith("fp8_ds_mla") and _asym_on()
 
 
 def _check_64_head_kernel_kind(fn, mma_sync, asym=None):
@@ -2235,9 +2235,11 @@ def _run_switch_children(tmp_path, var, values, ref_value, cases, kernel, head_t
 
 @requires_gpu
 def test_gpu_asym_switch_both_kernels(tmp_path):
-    """The V4 64-head tile with MLA_EXT_ASYM=0 (the symmetric warpgroup kernel: both warpgroups
-    split Q.K's dims, S through shared memory), MLA_EXT_ASYM=1 and unset (the default: asymmetric
-    warpgroups on Hopper, Q.K and the softmax in warpgroup 0's registers): each against the
+    """The 64-head tile of the FP8 caches (V4 and V3.2 rows) with MLA_EXT_ASYM=0 (the symmetric
+    warpgroup kernel: both warpgroups split Q.K's dims, S through shared memory), MLA_EXT_ASYM=1
+    and unset (the default: asymmetric warpgroups on Hopper, Q.K and the softmax in warpgroup 0's
+    registers; V3.2's keys as value x 2^k with the scales' mantissas multiplied in between the
+    groups' products): each against the
     float64 reference on both split maps, and the kernels within rounding of each other (the Q.K
     sums run in another order, so not bit-identical). Each in its own process: the switch is read
     once. Where the profiler names kernels and this GPU and build run the warpgroup kernel, the
@@ -2246,21 +2248,23 @@ def test_gpu_asym_switch_both_kernels(tmp_path):
     # heads, C128 layers with rows of up to ~7800 entries (balanced map: 2-512 tokens this wide);
     # 1-40 tokens, sinks, lse; splits of 1-2 key tiles (window rows of 128; C4 rows of 640 over 8
     # splits) and of many; and the anchored map (the automatic count at 264 tokens: both kernels'
-    # anchored instances). (kind, heads, batch, context_len, num_splits, seed)
+    # anchored instances); V3.2 rows (uniform map) at 64-128 heads, index sets of 2048 entries and
+    # short ones (contexts from 300). (kind, heads, batch, context_len, num_splits, seed)
     cases = [(kind, heads, batch, (300, ctx), splits, heads + batch)
              for kind, heads, batch, ctx, splits in (("v4_swa", 128, 8, 3000, 1), ("v4_c4", 100, 20, 3000, 2),
                                                      ("v4_c4", 72, 1, 3000, 8), ("v4_c4", 64, 40, 3000, 1),
                                                      ("v4_c128", 128, 2, 10**6, 4), ("v4_c128", 72, 8, 10**6, 3),
-                                                     ("v4_c128", 64, 264, 10**6, 0))]
+                                                     ("v4_c128", 64, 264, 10**6, 0), ("v32", 128, 6, 5000, 1),
+                                                     ("v32", 72, 3, 5000, 3), ("v32", 64, 24, 5000, 0))]
     results = _run_switch_children(tmp_path, "MLA_EXT_ASYM", ("0", "1", ""), "1", cases, "decode_split", head_tile=64)
-    for key, (out, lse, ref_o, ref_l, names, _) in results["1"].items():
+    for key, (out, lse, ref_o, ref_l, names, fmt) in results["1"].items():
         for asym in ("0", "1", ""):
             o, l_, _, _, nm, _ = results[asym][key]
-            check_out(o, ref_o, "fp8_ds_mla_v4")
-            check_lse(l_, ref_l, kv_format="fp8_ds_mla_v4")
+            check_out(o, ref_o, fmt)
+            check_lse(l_, ref_l, kv_format=fmt)
             if _wgmma_kernel_expected() and nm:
                 flag = "true" if _asym_on(asym) else "false"
-                pat = rf"decode_split_mma_kernel<4, 512, [^>]*, true, {flag}, (?:true|false), false, (?:true|false)>"
+                pat = rf"decode_split_mma_kernel<4, (?:512|576), [^>]*, true, {flag}, (?:true|false), false, (?:true|false)>"
                 assert any(re.search(pat, n) for n in nm), nm
         o0, l0 = results["0"][key][0].double(), results["0"][key][1].double()
         assert ((out.double() - o0).abs().max() / o0.abs().max()).item() < 1e-2, key

@@ -145,7 +145,7 @@ struct Cfg {
   static constexpr int PST = WG ? BN : BN + 8;  // P row stride (bf16)
   static constexpr size_t kAlignPad = WG ? 1024 : 0;
   // K stages: two where decode_two_stages says so.
-  static_assert(!STAGES2 || (WG && !SCALED && DQK == 512), "two K stages: the d_qk 512 warpgroup tile");
+  static_assert(!STAGES2 || (WG && ((!SCALED && DQK == 512) || ASYM)), "two K stages: the d_qk 512 warpgroup tile, or ASYM");
   static constexpr int kStages = STAGES2 ? 2 : 1;
   static constexpr size_t kStageBytes = size_t(BN) * KST * 2;
   static constexpr size_t kOff = 0;
@@ -160,8 +160,9 @@ struct Cfg {
   static_assert(kStages == 1 || size_t(kSParts) * HTp * SST * 4 <= kStageBytes, "S copies fit in a K stage");
   static constexpr size_t pOff = kStages == 2 ? qEnd : sOff + size_t(kSParts) * HTp * SST * 4;
   static_assert(!WG || (qOff % 1024 == 0 && sOff % 1024 == 0 && pOff % 1024 == 0), "swizzle atoms");
-  // P copies (one per V scale group); ASYM: two P buffers (tiles j and j + 1)
-  static constexpr int kPCopies = SCALED ? 4 : ASYM ? 2 : 1;
+  // P copies (one per V scale group); ASYM: two P buffers (tiles j and j + 1), none for
+  // fp8_ds_mla (SCALED), whose P of tile j lies in its stage's RoPE block (decode_body)
+  static constexpr int kPCopies = ASYM ? (SCALED ? 0 : 2) : SCALED ? 4 : 1;
   static constexpr size_t aOff = pOff + (MMA ? size_t(kPCopies) * HTp * PST * 2 : 0);
   static constexpr size_t invOff = aOff + size_t(ASYM ? 2 : 1) * HTp * 4;  // ASYM: alpha of tiles j, j + 1
   static constexpr size_t metaOff = invOff + size_t(HTp) * 4;
@@ -172,7 +173,8 @@ struct Cfg {
   static constexpr size_t scOff = metaOff + size_t(2 * kMetaSlots) * BN * sizeof(void*);  // float [4][BN]
   // ASYM: one 64-bit row-validity mask per row-address slot (bit r: row r has
   // an address), written with the addresses, read by warpgroup 0's softmax.
-  static constexpr size_t vmOff = scOff + (SCALED ? size_t(4) * BN * 4 : 0);
+  // SCALED: the key scales ([4][BN] floats); ASYM: per stage, [8][BN] (decode_body).
+  static constexpr size_t vmOff = scOff + (SCALED ? (ASYM ? size_t(kStages) * 8 : 4) * BN * 4 : 0);
   static constexpr size_t bytes = vmOff + (ASYM ? size_t(kMetaSlots) * 8 : 0) + kAlignPad;
   static constexpr int TPR = kThreads / HTp;  // softmax threads per head row
   static constexpr int CPT = BN / TPR;        // softmax columns per thread
@@ -707,6 +709,21 @@ __device__ __forceinline__ void wgmma_m64n128k16_bt(float (&d)[64], uint64_t da,
 #endif
 }
 
+// D[64 x 128] += A[64 x 16] B[16 x 128]: A from registers as in wgmma_m64n256k16_rs, B as
+// in wgmma_m64n128k16_bt (the asymmetric fp8_ds_mla kernel: P times one group's key scales).
+__device__ __forceinline__ void wgmma_m64n128k16_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t db) {
+#if defined(MLA_EXT_DECODE_WGMMA)
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" MLA_EXT_WG_R0 ", " MLA_EXT_WG_R32
+      "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+      : MLA_EXT_WG_ACC32(d, 0), MLA_EXT_WG_ACC32(d, 32)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+#else
+  (void)d; (void)a; (void)db;
+#endif
+}
+
 #undef MLA_EXT_WG_ASM
 #undef MLA_EXT_WG_ACC32
 #undef MLA_EXT_WG_ACC8
@@ -743,7 +760,7 @@ __device__ __forceinline__ void wgmma_m64n128k16_bt(float (&d)[64], uint64_t da,
 // pair's rows have opposite swizzle parity. H200: up to -9% on V4 calls, +2%
 // on the window layer at 64 tokens (benchmarks/NOTES.md, fourteenth session).
 template <KvFormat F, int DQK, int BN, bool SPLIT = true, bool PAIRED = false, bool QUARTERS = false,
-          bool SWZ = false, bool PHASES = false>
+          bool SWZ = false, bool PHASES = false, bool EXPK = false>
 struct Gather {
   static constexpr KvFormat kLayout = kv_layout(F);  // fnuz formats: their e4m3fn twin's bytes
   using FT = Fmt<kLayout, DQK>;
@@ -903,10 +920,53 @@ struct Gather {
   // This thread's quarter of its row (quarter_row(tid)): scale (kScaled), FP8
   // chunks dequantised, RoPE chunks copied, zeros where dead; put(ch, v) stores
   // 16-byte chunk ch of the row (padded or swizzled tile).
+  // EXPK (fp8_ds_mla rows in the asymmetric kernel, decode_body): each group's scale s is
+  // split into a power of two 2^k, multiplied into K (value x 2^k: exact in bf16, e4m3
+  // values having 4 significant bits), and e = s / 2^k in [1, 2), written to ksc[g][row];
+  // rows 4-6 get e_g / e_{g + 1}, by which Q.K's running sum is multiplied between groups
+  // (its S = ((X0 r0 + X1) r1 + X2) r2 + X3) e3 + RoPE, X_g the raw products). A scale
+  // of 0, inf or NaN is multiplied into K whole (K = value x s, exact: 0, inf or NaN, as
+  // the reference's value x s) with e = 1; k is clamped to [-100, 100] (subnormal
+  // scales: e = s x 2^100), so every ratio is finite and nonzero. Rows past `live`: e = 1.
   template <class PUT>
   __device__ __forceinline__ void store_quarter_row(const PUT& put, float* ksc, int tid, bool dead) const {
     const int row = quarter_row(tid), q = tid & 3;
     const uint4 z = make_uint4(0u, 0u, 0u, 0u);
+    if constexpr (kScaled && EXPK) {
+      const uint32_t b = sraw[0];
+      const int ex = int((b >> 23) & 0xffu);
+      float p2, e = 1.f;
+      if (ex == 0xff || (b & 0x7fffffffu) == 0u) {
+        p2 = bits_to_float(b);  // 0, inf or NaN: into K whole
+      } else {
+        const int k = ex - 127 < -100 ? -100 : (ex - 127 > 100 ? 100 : ex - 127);
+        p2 = bits_to_float(uint32_t(k + 127) << 23);
+        e = bits_to_float(b) * bits_to_float(uint32_t(127 - k) << 23);
+      }
+      if (dead) e = 1.f;
+      // The row's other quarters' values (lanes q ^ 1, q ^ 2, q ^ 3 of the quad).
+      const float p2x1 = MLA_EXT_SHFL_XOR(p2, 1), p2x2 = MLA_EXT_SHFL_XOR(p2, 2), p2x3 = MLA_EXT_SHFL_XOR(p2, 3);
+      const float ex1 = MLA_EXT_SHFL_XOR(e, 1), ex3 = MLA_EXT_SHFL_XOR(e, 3);
+      ksc[q * BN + row] = e;
+      if (q < 3) ksc[(4 + q) * BN + row] = e / (q == 1 ? ex3 : ex1);  // e_q / e_{q + 1}
+#pragma unroll
+      for (int k = 0; k < kUF; ++k) {
+        const int c = q + 4 * k;  // group c / 8 = k / 2
+        const int gx = (k >> 1) ^ q;
+        const float m = gx == 0 ? p2 : gx == 1 ? p2x1 : gx == 2 ? p2x2 : p2x3;
+        uint4 lo = z, hi = z;
+        if (!dead) {
+          constexpr bool kFnuz = kv_is_fnuz(F);
+          const uint4 r = raw[k];
+          dequant4<kFnuz, true>(r.x, m, lo.x, lo.y);
+          dequant4<kFnuz, true>(r.y, m, lo.z, lo.w);
+          dequant4<kFnuz, true>(r.z, m, hi.x, hi.y);
+          dequant4<kFnuz, true>(r.w, m, hi.z, hi.w);
+        }
+        put(2 * c, lo);
+        put(2 * c + 1, hi);
+      }
+    } else {
     if constexpr (kScaled) ksc[q * BN + row] = dead ? 0.f : bits_to_float(sraw[0]);
 #pragma unroll
     for (int k = 0; k < kUF; ++k) {
@@ -915,6 +975,7 @@ struct Gather {
       if (!dead) dequant_unit(k, c, row, ksc, lo, hi);
       put(2 * c, lo);
       put(2 * c + 1, hi);
+    }
     }
 #pragma unroll
     for (int k = 0; k < kUR; ++k) put(FT::kRopeDim / 8 + rope_chunk(q, k, row), dead ? z : raw[kUF + k]);
@@ -1116,8 +1177,9 @@ template <int MT, int DQK, KvFormat F, bool MMA, bool BAL, bool WG = false, bool
 __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
   constexpr bool SC = kv_layout(F) == KvFormat::kFP8DsMla;  // scales applied after the products
   static_assert(!ANCH || (BAL && !TWO && !QREG), "anchored map: the balanced kernels");
-  static_assert(!ASYM || (WG && !SC && DQK == 512), "asymmetric warpgroups: the V4 64-head tile");
-  static_assert(!TWO || (ASYM && !BAL), "two-token blocks: the asymmetric kernel, uniform map");
+  static_assert(!ASYM || (WG && DQK == (SC ? 576 : 512) && !(SC && BAL)),
+                "asymmetric warpgroups: the 64-head tile of the V4 rows, or of fp8_ds_mla's (uniform map)");
+  static_assert(!TWO || (ASYM && !BAL && !SC), "two-token blocks: the asymmetric V4 kernel, uniform map");
   using C = Cfg<MT, DQK, MMA, SC, WG, decode_two_stages(F, DQK, WG, BAL) || ASYM, ASYM>;
   // Warpgroup MMA descriptors by one add per step (wg_desc_add), except in the
   // symmetric kernels of bf16 caches, which then spill (ptxas: 24 -> 124 bytes
@@ -1140,7 +1202,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
   // session).
   constexpr bool kQuartersK =
       MMA && (kv_layout(F) == KvFormat::kFP8DsMlaV4 || (WG && kv_layout(F) == KvFormat::kFP8DsMla));
-  using G = Gather<F, DQK, C::BN, !(SC && MT == 4 && !WG), kWholeK, kQuartersK, WG, MMA && !WG && MT == 1>;
+  using G = Gather<F, DQK, C::BN, !(SC && MT == 4 && !WG), kWholeK, kQuartersK, WG, MMA && !WG && MT == 1, ASYM && SC>;
   constexpr int HTp = C::HTp, BN = C::BN, KST = C::KST, SST = C::SST, PST = C::PST;
   constexpr int TPR = C::TPR, CPT = C::CPT;
   static_assert(!SC || MT > 2 || TPR % 2 == 0, "SC P-pair writes need an even number of threads per softmax row");
@@ -1418,7 +1480,20 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
     // FULL of tile k = 1..n-1, arrived by warpgroup 1 at j = k - 1, synced by 0 at
     // j = k; PRDY of every tile, same j; FREE and DONE of tile k = 0..n-3, arrived
     // at j = k (FREE by 1, DONE by 0), synced at j = k + 1.
+    // fp8_ds_mla rows (SC; d_qk 576, keys exact): the K stages hold value x 2^k per scale
+    // group and each stage its own [8][BN] scale rows (ksc_of; Gather's EXPK: the mantissas
+    // e_g and the ratios e_g / e_{g + 1}). Warpgroup 0 runs Q.K as one accumulator chain
+    // over the four groups, multiplied by the ratios in between (five waits instead of one),
+    // keeps P in fp32 and feeds its P.V of groups 0 and 1 with P times that group's e; P
+    // goes to shared memory once, unscaled, into the RoPE block of the tile's own stage
+    // (dims 512-575, read by nothing after Q.K: no P buffers, so the two 72 KB stages fit
+    // beside Q), and warpgroup 1 scales its ldmatrix fragments by e_2 and e_3 before its
+    // register-A P.V.
     constexpr int kFull = 1, kPrdy = 3, kFree = 5, kDone = 7;
+    auto ksc_of = [&](int st) -> float* { return ksc + (SC ? st * 8 * BN : 0); };
+    auto p_of = [&](int st) -> uint16_t* {
+      return SC ? Ks + st * (C::kStageBytes / 2) + 8 * BN * 64 : Ps + st * (HTp * PST);
+    };
     const int warp = tid / 32, lane = tid % 32, wg = warp >> 2;
     const int r0 = (warp & 3) * 16 + (lane >> 2);  // rows r0, r0 + 8 of this thread's fragments
     G gh;  // this warpgroup's half of tile j + 1 (loaded during tile j - 1)
@@ -1511,16 +1586,49 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
         float s2[32];
 #pragma unroll
         for (int i = 0; i < 32; ++i) s2[i] = 0.f;
-        wg_fence_operands(s2);
-        wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < DQK / 16; ++kk) {
+        // k-step kk of Q.K into d
+        auto qk_step = [&](float (&d)[32], int kk) {
           const uint32_t off = uint32_t((kk & 3) * 32);
-          wgmma_m64n64k16(s2, wg_desc_add(qd0, uint32_t((kk >> 2) * HTp * 128) + off),
+          wgmma_m64n64k16(d, wg_desc_add(qd0, uint32_t((kk >> 2) * HTp * 128) + off),
                           wg_desc_add(kd0, uint32_t((kk >> 2) * BN * 128) + off));
+        };
+        if constexpr (SC) {
+          // S = (((X0 r0 + X1) r1 + X2) r2 + X3) e3 + RoPE (Gather's EXPK): one accumulator,
+          // each group's 8 k-steps onto it after the running sum is multiplied by the ratio.
+          const float* const ks = ksc_of(cur);
+#pragma unroll
+          for (int g4 = 0; g4 < 5; ++g4) {
+            wg_fence_operands(s2);
+            wg_fence();
+            if (g4 < 4) {
+#pragma unroll
+              for (int kk = 8 * g4; kk < 8 * g4 + 8; ++kk) qk_step(s2, kk);
+            } else {
+#pragma unroll
+              for (int kk = 32; kk < 36; ++kk) qk_step(s2, kk);
+            }
+            wg_commit_wait();
+            wg_fence_operands(s2);
+            if (g4 < 4) {
+              const float* const kr = ks + (g4 < 3 ? 4 + g4 : 3) * BN + 2 * (lane & 3);
+#pragma unroll
+              for (int i = 0; i < 8; ++i) {
+                const float2 k2 = *reinterpret_cast<const float2*>(kr + 8 * i);
+                s2[4 * i] *= k2.x;
+                s2[4 * i + 1] *= k2.y;
+                s2[4 * i + 2] *= k2.x;
+                s2[4 * i + 3] *= k2.y;
+              }
+            }
+          }
+        } else {
+          wg_fence_operands(s2);
+          wg_fence();
+#pragma unroll
+          for (int kk = 0; kk < DQK / 16; ++kk) qk_step(s2, kk);
+          wg_commit_wait();
+          wg_fence_operands(s2);
         }
-        wg_commit_wait();
-        wg_fence_operands(s2);
         // Softmax on the fragments: element 4 i + 2 hf + e is row r0 + 8 hf,
         // column 8 i + 2 (lane % 4) + e.
         // Row validity of this tile: bit c of vm is column 2 (lane % 4) + c.
@@ -1554,8 +1662,17 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
             lsum_exact += p1;
             const uint32_t pk = pack_bf16x2(p0, p1);
             pr[2 * i + hf] = pk;
-            lsum += bf16_to_float(uint16_t(pk & 0xffffu));
-            lsum += bf16_to_float(uint16_t(pk >> 16));
+            if constexpr (SC) {
+              // P.V multiplies P times the key scales, rounded once: the normaliser sums
+              // P unrounded (as the symmetric kernel does); P stays in s2 for the products.
+              s2[4 * i + 2 * hf] = p0;
+              s2[4 * i + 2 * hf + 1] = p1;
+              lsum += p0;
+              lsum += p1;
+            } else {
+              lsum += bf16_to_float(uint16_t(pk & 0xffffu));
+              lsum += bf16_to_float(uint16_t(pk >> 16));
+            }
           }
           // Per-thread partial sums (a row's 4 threads share its max and alpha):
           // added across the quad after the loop.
@@ -1564,7 +1681,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
           rm[hf] = m_new;
         }
         // P and alpha of tile j for warpgroup 1 (P in the swizzled K-major tile).
-        uint16_t* const Pj = Ps + cur * (HTp * PST);
+        uint16_t* const Pj = p_of(cur);
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
           const int r = r0 + 8 * hf;
@@ -1577,14 +1694,41 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
         named_bar_arrive(kPrdy + cur, 2 * 128);
         // O[:, 0:256] = O * alpha + P V, P from registers, issued ...
         scale_rows_m64n256(acc, alpha[0], alpha[1]);
+        // SC: value dims [0, 128) and [128, 256) are scale groups 0 and 1, each multiplied
+        // with P times its keys' scales (A fragments built from the fp32 P in s2).
+        uint32_t pa[SC ? BN / 16 : 1][2][4];
+        if constexpr (SC) {
+          const float* const ks = ksc_of(cur);
+#pragma unroll
+          for (int kk = 0; kk < BN / 16; ++kk) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const int c = 16 * kk + 2 * (lane & 3);
+              const float2 ka = *reinterpret_cast<const float2*>(ks + h * BN + c);
+              const float2 kb = *reinterpret_cast<const float2*>(ks + h * BN + c + 8);
+              const float* x = s2 + 8 * kk;
+              pa[kk][h][0] = pack_bf16x2(x[0] * ka.x, x[1] * ka.y);
+              pa[kk][h][1] = pack_bf16x2(x[2] * ka.x, x[3] * ka.y);
+              pa[kk][h][2] = pack_bf16x2(x[4] * kb.x, x[5] * kb.y);
+              pa[kk][h][3] = pack_bf16x2(x[6] * kb.x, x[7] * kb.y);
+            }
+          }
+        }
         wg_fence_operands(*reinterpret_cast<float(*)[128]>(acc));
         wg_fence();
 #pragma unroll
         for (int kk = 0; kk < BN / 16; ++kk) {
-          // k-step kk: columns 16 kk .. 16 kk + 15 = fragments i = 2 kk, 2 kk + 1
-          const uint32_t af[4] = {pr[4 * kk], pr[4 * kk + 1], pr[4 * kk + 2], pr[4 * kk + 3]};
-          wgmma_m64n256k16_rs(*reinterpret_cast<float(*)[128]>(acc), af,
-                              wg_desc_add(vd0, uint32_t(kk * 16 * 128)));
+          if constexpr (SC) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+              wgmma_m64n128k16_rs(*reinterpret_cast<float(*)[64]>(acc + 64 * h), pa[kk][h],
+                                  wg_desc_add(vd0, uint32_t(h * 2 * BN * 128 + kk * 16 * 128)));
+          } else {
+            // k-step kk: columns 16 kk .. 16 kk + 15 = fragments i = 2 kk, 2 kk + 1
+            const uint32_t af[4] = {pr[4 * kk], pr[4 * kk + 1], pr[4 * kk + 2], pr[4 * kk + 3]};
+            wgmma_m64n256k16_rs(*reinterpret_cast<float(*)[128]>(acc), af,
+                                wg_desc_add(vd0, uint32_t(kk * 16 * 128)));
+          }
         }
         wg_commit();
         // ... and while it runs: this half of tile j + 1 into stage nxt (tile j -
@@ -1592,7 +1736,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
         // 1's is FREE), then the loads of this half of tile j + 2.
         if (j + 1 < NT) {
           if (j > 0) named_bar_sync(kFree + nxt, 2 * 128);
-          gh.template store_swizzled<kWholeK>(Ks + nxt * (C::kStageBytes / 2), ksc, vt, live_rows(j + 1));
+          gh.template store_swizzled<kWholeK>(Ks + nxt * (C::kStageBytes / 2), ksc_of(nxt), vt, live_rows(j + 1));
           fence_proxy_async();
           // Row addresses of tile j + 3 (slot (j + 3) % 4: tile j - 1's), here,
           // where no gather load is in flight: the index load shares a
@@ -1612,8 +1756,17 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
         wg_fence_operands(*reinterpret_cast<float(*)[128]>(acc));
         // pr is the P.V's register operand until the wait above (ptxas keeps a
         // wgmma's registers until its wait_group; this only pins the source order).
+        if constexpr (!SC) {
 #pragma unroll
-        for (int i = 0; i < 16; ++i) asm volatile("" : "+r"(pr[i])::"memory");
+          for (int i = 0; i < 16; ++i) asm volatile("" : "+r"(pr[i])::"memory");
+        } else {
+#pragma unroll
+          for (int kk = 0; kk < BN / 16; ++kk)
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+#pragma unroll
+              for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(pa[kk][h][e])::"memory");
+        }
         if (j + 2 < NT) named_bar_arrive(kDone + cur, 2 * 128);  // stage cur: warpgroup 1 stores tile j + 2
         if (two && j == ntiles - 1) {  // (this half of tile j + 2 is loaded after it: fewer live registers)
           wg0_boundary();
@@ -1638,7 +1791,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
         // this half of tile j + 2 (addresses published by DONE or the prologue).
         if (j + 1 < NT) {
           if (j > 0) named_bar_sync(kDone + nxt, 2 * 128);
-          gh.template store_swizzled<kWholeK>(Ks + nxt * (C::kStageBytes / 2), ksc, vt, live_rows(j + 1));
+          gh.template store_swizzled<kWholeK>(Ks + nxt * (C::kStageBytes / 2), ksc_of(nxt), vt, live_rows(j + 1));
           fence_proxy_async();
           named_bar_arrive(kFull + nxt, 2 * 128);
           if (j + 2 < NT && !(two && j == ntiles - 1)) gh.load(meta_d + ((j + 2) & 3) * BN, meta_s + ((j + 2) & 3) * BN, vt);
@@ -1654,15 +1807,49 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
           }
         }
         scale_rows_m64n256(acc, alpha_s[cur * HTp + r0], alpha_s[cur * HTp + r0 + 8]);
-        const uint64_t pd0 = wg_desc(smem_addr(Ps + cur * (HTp * PST)), 16, 1024);
         const uint64_t vd0 =
             wg_desc(smem_addr(Ks + cur * (C::kStageBytes / 2)) + uint32_t(4 * BN * 128), uint32_t(BN * 128), 1024);
-        wg_fence_operands(*reinterpret_cast<float(*)[128]>(acc));
-        wg_fence();
+        if constexpr (SC) {
+          // P fragments by ldmatrix (rows 16 (warp % 4) + lane % 16, k-chunk lane / 16 of each
+          // 16-key step: the register-A layout), times the key scales of groups 2 and 3.
+          const float* const ks = ksc_of(cur);
+          const uint16_t* const Pj = p_of(cur);
+          const int prow = (warp & 3) * 16 + (lane & 15);
+          uint32_t pa[BN / 16][2][4];
 #pragma unroll
-        for (int kk = 0; kk < BN / 16; ++kk)
-          wgmma_m64n256k16_bt(*reinterpret_cast<float(*)[128]>(acc), wg_desc_add(pd0, uint32_t(kk * 32)),
-                              wg_desc_add(vd0, uint32_t(kk * 16 * 128)));
+          for (int kk = 0; kk < BN / 16; ++kk) {
+            uint32_t pf[4];
+            ldsm_x4(pf, smem_addr(Pj + prow * 64 + (((2 * kk + (lane >> 4)) ^ (prow & 7)) << 3)));
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const int c = 16 * kk + 2 * (lane & 3);
+              const float2 ka = *reinterpret_cast<const float2*>(ks + (2 + h) * BN + c);
+              const float2 kb = *reinterpret_cast<const float2*>(ks + (2 + h) * BN + c + 8);
+#pragma unroll
+              for (int e = 0; e < 4; ++e) {
+                const float2 k2 = e < 2 ? ka : kb;
+                pa[kk][h][e] = pack_bf16x2(bf16_to_float(uint16_t(pf[e] & 0xffffu)) * k2.x,
+                                           bf16_to_float(uint16_t(pf[e] >> 16)) * k2.y);
+              }
+            }
+          }
+          wg_fence_operands(*reinterpret_cast<float(*)[128]>(acc));
+          wg_fence();
+#pragma unroll
+          for (int kk = 0; kk < BN / 16; ++kk)
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+              wgmma_m64n128k16_rs(*reinterpret_cast<float(*)[64]>(acc + 64 * h), pa[kk][h],
+                                  wg_desc_add(vd0, uint32_t(h * 2 * BN * 128 + kk * 16 * 128)));
+        } else {
+          const uint64_t pd0 = wg_desc(smem_addr(Ps + cur * (HTp * PST)), 16, 1024);
+          wg_fence_operands(*reinterpret_cast<float(*)[128]>(acc));
+          wg_fence();
+#pragma unroll
+          for (int kk = 0; kk < BN / 16; ++kk)
+            wgmma_m64n256k16_bt(*reinterpret_cast<float(*)[128]>(acc), wg_desc_add(pd0, uint32_t(kk * 32)),
+                                wg_desc_add(vd0, uint32_t(kk * 16 * 128)));
+        }
         wg_commit();
         wg_wait_all();
         wg_fence_operands(*reinterpret_cast<float(*)[128]>(acc));
@@ -2842,6 +3029,9 @@ inline Status launch_split_mt(int mt, bool wg, const DecodeArgs& a, uint32_t blo
       if constexpr (MMA) {
         // Asymmetric warpgroups (decode_body's ASYM) for the V4 rows, both
         // split maps, unless MLA_EXT_ASYM=0 (decode_use_asym).
+        if constexpr (kv_layout(F) == KvFormat::kFP8DsMla && DQK == 576 && !BAL) {
+          if (wg && decode_use_asym()) return launch_split<4, DQK, F, MMA, false, true, true>(a, blocks, stream);
+        }
         if constexpr (kv_layout(F) == KvFormat::kFP8DsMlaV4 && DQK == 512) {
           if (wg && decode_use_asym()) {
             if constexpr (!BAL) {
