@@ -1807,6 +1807,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
           }
         }
         scale_rows_m64n256(acc, alpha_s[cur * HTp + r0], alpha_s[cur * HTp + r0 + 8]);
+        const uint64_t pd0 = wg_desc(smem_addr(Ps + cur * (HTp * PST)), 16, 1024);  // (not SC)
         const uint64_t vd0 =
             wg_desc(smem_addr(Ks + cur * (C::kStageBytes / 2)) + uint32_t(4 * BN * 128), uint32_t(BN * 128), 1024);
         if constexpr (SC) {
@@ -1842,7 +1843,6 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
               wgmma_m64n128k16_rs(*reinterpret_cast<float(*)[64]>(acc + 64 * h), pa[kk][h],
                                   wg_desc_add(vd0, uint32_t(h * 2 * BN * 128 + kk * 16 * 128)));
         } else {
-          const uint64_t pd0 = wg_desc(smem_addr(Ps + cur * (HTp * PST)), 16, 1024);
           wg_fence_operands(*reinterpret_cast<float(*)[128]>(acc));
           wg_fence();
 #pragma unroll
