@@ -2940,9 +2940,10 @@ inline Status launch_split(const DecodeArgs& a, uint32_t blocks, gpuStream_t str
   return launch_kernel(pdl, kernel, dim3(blocks), dim3(kThreads), kBytes, stream, a);
 }
 
-// Whether the V4 64-head tile runs as asymmetric warpgroups (decode_body's
+// Whether the 64-head tile of the FP8 rows (V4; V3.2 since the forty-first session: -38..-40%
+// at 64-128 heads x 64-512 tokens, RESULTS.md) runs as asymmetric warpgroups (decode_body's
 // ASYM; the default) instead of the symmetric warpgroup kernel: unless the
-// environment variable MLA_EXT_ASYM (read once) is "0". H200, same-run A/B
+// environment variable MLA_EXT_ASYM (read once) is "0". H200, V4, same-run A/B
 // against the symmetric kernel (benchmarks/RESULTS.md, nineteenth session):
 // C128 layers -21..-26% and C4 layers -11..-22% at 64-128 heads x 64-512
 // tokens, window layers 0..-5%, one token -4..+2%. compute-sanitizer's
