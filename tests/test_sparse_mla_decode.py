@@ -2294,9 +2294,9 @@ def test_gpu_reduce_column_chunks(tmp_path):
             check_lse(got_l, ref_l, kv_format=fmt)
         assert ((o.double() - out.double()).abs().max() / out.double().abs().max()).item() < 1e-2, key
         assert (l_.double() - lse.double()).abs().max().item() < 1e-4, key
-        if names and nm:  # (bool, int, bool, int) template arguments: the last is CH
-            assert all(re.search(r"decode_reduce_kernel<true, 8, (?:true|false), 1>", n) for n in names), names
-            chunked = any(re.search(r"decode_reduce_kernel<true, 8, true, [24]>", n) for n in nm)
+        if names and nm:  # template arguments BLOCK_SCAN, BATCH, GROUPED, CH, HB
+            assert all(re.search(r"decode_reduce_kernel<true, 8, (?:true|false), 1, 1>", n) for n in names), names
+            chunked = any(re.search(r"decode_reduce_kernel<true, 8, true, [24], 1>", n) for n in nm)
             if key == "v4_c4_8_1":
                 assert not chunked, nm
             elif torch.cuda.get_device_properties(0).multi_processor_count >= 2 * 64:
