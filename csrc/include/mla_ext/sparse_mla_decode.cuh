@@ -113,6 +113,7 @@ struct Fmt<KvFormat::kFP8DsMlaV4, 512> {
 // SCALED (fp8_ds_mla): the K tile holds the raw e4m3 values (exact in bf16) and
 // the fp32 scales sit in their own array; the scales multiply the per-group
 // QK^T partial sums and a per-group copy of P (4 copies, one per 128 V dims).
+// (ASYM: value x 2^k in K and the scales' mantissas in the array: Gather's EXPK.)
 // WG (64-head tile, sm_90a): K, Q and P (SCALED: its 4 copies) in the 128-byte
 // swizzled layout of the warpgroup MMAs (swz_chunk), 1024-byte aligned (the
 // kernel aligns its shared-memory base at run time: kAlignPad spare bytes).
@@ -128,7 +129,8 @@ struct Fmt<KvFormat::kFP8DsMlaV4, 512> {
 // fp8_ds_mla's P copies (a second stage does not fit in 227 KB). The
 // asymmetric warpgroup kernels (decode_body's ASYM) have two stages on
 // both maps, plus a second P buffer and alpha array and a fourth row-address slot (214 KB
-// with the alignment pad).
+// with the alignment pad); for fp8_ds_mla rows (d_qk 576) two 72 KB stages with P in
+// each stage's RoPE block and [8][BN] scale rows per stage (226 KB with the pad).
 MLA_EXT_HD constexpr bool decode_two_stages(KvFormat f, int d_qk, bool wg, bool bal) {
   return wg && bal && kv_layout(f) == KvFormat::kFP8DsMlaV4 && d_qk == 512;
 }
@@ -1454,7 +1456,8 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
     }
   }
   if constexpr (ASYM) {
-    // ---- asymmetric warpgroups (ASYM; V4 rows, either split map, two K stages) ----
+    // ---- asymmetric warpgroups (ASYM; V4 rows on either split map, fp8_ds_mla rows on the
+    // uniform one; two K stages) ----
     // Warpgroup 0: Q.K of the whole tile (64 heads x 64 keys over all 512 dims)
     // into registers, the online softmax on those registers (a row's 16
     // columns per thread, its 4 threads a quad), P into shared memory for
