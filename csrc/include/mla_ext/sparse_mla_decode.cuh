@@ -2943,7 +2943,7 @@ inline Status launch_split(const DecodeArgs& a, uint32_t blocks, gpuStream_t str
   return launch_kernel(pdl, kernel, dim3(blocks), dim3(kThreads), kBytes, stream, a);
 }
 
-// Whether the 64-head tile of the FP8 rows (V4; V3.2 since the forty-first session: -38..-40%
+// Whether the 64-head tile of the FP8 rows (V4; V3.2 since the forty-first session: -34..-40%
 // at 64-128 heads x 64-512 tokens, RESULTS.md) runs as asymmetric warpgroups (decode_body's
 // ASYM; the default) instead of the symmetric warpgroup kernel: unless the
 // environment variable MLA_EXT_ASYM (read once) is "0". H200, V4, same-run A/B
@@ -3199,7 +3199,7 @@ inline Status launch_sparse_mla_decode(const SparseDecodeParams& p, void* worksp
   if (kWarpSize == 32 && !p.force_portable && cc >= 8) {
     const bool wg = cc == 9 && !p.force_mma_sync;
     st = launch_split_fmt<kWarpSize == 32>(mt, wg, a, uint32_t(blocks), stream);  // never the MMA kernel on HIP
-    // The tensor-core kernels need 96-215 KB of shared memory per block
+    // The tensor-core kernels need 96-226 KB of shared memory per block
     // (Cfg): more than A100s give the 64-head kernels of d_qk 576, or sm_86 /
     // sm_89 GPUs (99 KB) any kernel above 16 heads (launch_split returns
     // kUnsupported, launching nothing). Smaller head tiles, then the portable
