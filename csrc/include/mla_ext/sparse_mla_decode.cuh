@@ -926,7 +926,7 @@ struct Gather {
   // split into a power of two 2^k, multiplied into K (value x 2^k: exact in bf16, e4m3
   // values having 4 significant bits), and e = s / 2^k in [1, 2), written to ksc[g][row];
   // rows 4-6 get e_g / e_{g + 1}, by which Q.K's running sum is multiplied between groups
-  // (its S = ((X0 r0 + X1) r1 + X2) r2 + X3) e3 + RoPE, X_g the raw products). A scale
+  // (its S = (((X0 r0 + X1) r1 + X2) r2 + X3) e3 + RoPE, X_g the raw products). A scale
   // of 0, inf or NaN is multiplied into K whole (K = value x s, exact: 0, inf or NaN, as
   // the reference's value x s) with e = 1; k is clamped to [-100, 100] (subnormal
   // scales: e = s x 2^100), so every ratio is finite and nonzero. Rows past `live`: e = 1.
@@ -969,15 +969,15 @@ struct Gather {
         put(2 * c + 1, hi);
       }
     } else {
-    if constexpr (kScaled) ksc[q * BN + row] = dead ? 0.f : bits_to_float(sraw[0]);
+      if constexpr (kScaled) ksc[q * BN + row] = dead ? 0.f : bits_to_float(sraw[0]);
 #pragma unroll
-    for (int k = 0; k < kUF; ++k) {
-      const int c = q + 4 * k;
-      uint4 lo = z, hi = z;
-      if (!dead) dequant_unit(k, c, row, ksc, lo, hi);
-      put(2 * c, lo);
-      put(2 * c + 1, hi);
-    }
+      for (int k = 0; k < kUF; ++k) {
+        const int c = q + 4 * k;
+        uint4 lo = z, hi = z;
+        if (!dead) dequant_unit(k, c, row, ksc, lo, hi);
+        put(2 * c, lo);
+        put(2 * c + 1, hi);
+      }
     }
 #pragma unroll
     for (int k = 0; k < kUR; ++k) put(FT::kRopeDim / 8 + rope_chunk(q, k, row), dead ? z : raw[kUF + k]);
