@@ -175,8 +175,10 @@ struct Cfg {
   static constexpr size_t scOff = metaOff + size_t(2 * kMetaSlots) * BN * sizeof(void*);  // float [4][BN]
   // ASYM: one 64-bit row-validity mask per row-address slot (bit r: row r has
   // an address), written with the addresses, read by warpgroup 0's softmax.
-  // SCALED: the key scales ([4][BN] floats); ASYM: per stage, [8][BN] (decode_body).
-  static constexpr size_t vmOff = scOff + (SCALED ? (ASYM ? size_t(kStages) * 8 : 4) * BN * 4 : 0);
+  // SCALED: the key scales, [kScaleRows][BN] floats (ASYM: per stage, the mantissas and their
+  // ratios: Gather's EXPK).
+  static constexpr int kScaleRows = ASYM ? 8 : 4;
+  static constexpr size_t vmOff = scOff + (SCALED ? size_t(kStages) * kScaleRows * BN * 4 : 0);
   static constexpr size_t bytes = vmOff + (ASYM ? size_t(kMetaSlots) * 8 : 0) + kAlignPad;
   static constexpr int TPR = kThreads / HTp;  // softmax threads per head row
   static constexpr int CPT = BN / TPR;        // softmax columns per thread
@@ -450,6 +452,16 @@ __device__ __forceinline__ void dequant4(uint32_t w, float s, uint32_t& lo, uint
   lo = pack_bf16x2(e4m3_bits_to_float<FNUZ>(w) * s, e4m3_bits_to_float<FNUZ>(w >> 8) * s);
   hi = pack_bf16x2(e4m3_bits_to_float<FNUZ>(w >> 16) * s, e4m3_bits_to_float<FNUZ>(w >> 24) * s);
 #endif
+}
+
+// One 16-byte chunk of e4m3 bytes (times s where MUL) -> 16 bf16 as two 16-byte chunks
+// (lo: bytes 0-7, hi: bytes 8-15).
+template <bool FNUZ, bool MUL>
+__device__ __forceinline__ void dequant16(const uint4& r, float s, uint4& lo, uint4& hi) {
+  dequant4<FNUZ, MUL>(r.x, s, lo.x, lo.y);
+  dequant4<FNUZ, MUL>(r.y, s, lo.z, lo.w);
+  dequant4<FNUZ, MUL>(r.z, s, hi.x, hi.y);
+  dequant4<FNUZ, MUL>(r.w, s, hi.z, hi.w);
 }
 
 __device__ __forceinline__ void bf16x8_to_float(const uint4& v, float f[8]) {
@@ -957,14 +969,7 @@ struct Gather {
         const int gx = (k >> 1) ^ q;
         const float m = gx == 0 ? p2 : gx == 1 ? p2x1 : gx == 2 ? p2x2 : p2x3;
         uint4 lo = z, hi = z;
-        if (!dead) {
-          constexpr bool kFnuz = kv_is_fnuz(F);
-          const uint4 r = raw[k];
-          dequant4<kFnuz, true>(r.x, m, lo.x, lo.y);
-          dequant4<kFnuz, true>(r.y, m, lo.z, lo.w);
-          dequant4<kFnuz, true>(r.z, m, hi.x, hi.y);
-          dequant4<kFnuz, true>(r.w, m, hi.z, hi.w);
-        }
+        if (!dead) dequant16<kv_is_fnuz(F), true>(raw[k], m, lo, hi);
         put(2 * c, lo);
         put(2 * c + 1, hi);
       }
@@ -1120,13 +1125,9 @@ struct Gather {
       if (!kRowScales && !kQuarters && (c & 7) == 0) ksc[(c >> 3) * BN + row] = bits_to_float(sb);
       sc = 1.f;
     }
-    constexpr bool kFnuz = kv_is_fnuz(F);
     uint4 r = raw[k];
     if (swap) r = make_uint4(r.z, r.w, r.x, r.y);
-    dequant4<kFnuz, !kScaled>(r.x, sc, lo.x, lo.y);
-    dequant4<kFnuz, !kScaled>(r.y, sc, lo.z, lo.w);
-    dequant4<kFnuz, !kScaled>(r.z, sc, hi.x, hi.y);
-    dequant4<kFnuz, !kScaled>(r.w, sc, hi.z, hi.w);
+    dequant16<kv_is_fnuz(F), !kScaled>(r, sc, lo, hi);
   }
 
 
@@ -1493,7 +1494,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
     // beside Q), and warpgroup 1 scales its ldmatrix fragments by e_2 and e_3 before its
     // register-A P.V.
     constexpr int kFull = 1, kPrdy = 3, kFree = 5, kDone = 7;
-    auto ksc_of = [&](int st) -> float* { return ksc + (SC ? st * 8 * BN : 0); };
+    auto ksc_of = [&](int st) -> float* { return ksc + (SC ? st * C::kScaleRows * BN : 0); };
     auto p_of = [&](int st) -> uint16_t* {
       return SC ? Ks + st * (C::kStageBytes / 2) + 8 * BN * 64 : Ps + st * (HTp * PST);
     };
