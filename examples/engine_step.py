@@ -1,0 +1,86 @@
+"""The README's "Using it from an engine" calls, runnable: one DeepSeek V4 C4 attention layer of
+one decode step, then a chunked-prefill merge, on made-up tensors with the names the README uses.
+
+    python examples/engine_step.py                 # CPU
+    python examples/engine_step.py --device cuda   # GPU
+
+Builds FP8 (`fp8_ds_mla_v4`) caches with `mla_ext.formats.pack_kv_cache`, runs
+`sparse_mla_decode` into a view of a preallocated output buffer and `merge_attn_states` into a
+view of a [T, H*128] buffer, checks both against the float64 references in `mla_ext.reference`,
+and prints the largest errors. Exit status 1 if a result is off.
+"""
+import argparse
+import sys
+
+import torch
+
+import mla_ext
+from mla_ext import formats, reference
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--tokens", type=int, default=4, help="T: query rows of this step")
+    ap.add_argument("--heads", type=int, default=8, help="H: heads on this GPU")
+    args = ap.parse_args()
+    dev, T, H = args.device, args.tokens, args.heads
+    g = torch.Generator().manual_seed(0)
+    max_num_tokens, num_heads = 64, H
+    W, W2 = 128, 512  # sliding window, top-k compressed rows (V4 Flash C4 layer)
+
+    # The engine's caches: a window cache (page 256) and a compressed-row cache (page 64).
+    kv_cache = formats.pack_kv_cache(torch.randn(8, 256, 512, generator=g), "fp8_ds_mla_v4").to(dev)
+    c4_cache = formats.pack_kv_cache(torch.randn(40, 64, 512, generator=g), "fp8_ds_mla_v4").to(dev)
+    q = torch.randn(T, H, 512, generator=g).to(torch.bfloat16).to(dev)
+    indices = torch.randint(0, 8 * 256, (T, W), generator=g, dtype=torch.int32).to(dev)
+    topk_indices = torch.randint(0, 40 * 64, (T, W2), generator=g, dtype=torch.int32).to(dev)
+    window_lens = torch.randint(1, W + 1, (T,), generator=g, dtype=torch.int32).to(dev)
+    topk_lens = torch.randint(0, W2 + 1, (T,), generator=g, dtype=torch.int32).to(dev)
+    sinks = torch.randn(H, generator=g).to(dev)
+    attn_out = torch.empty(max_num_tokens, H, 512, dtype=torch.bfloat16, device=dev)
+
+    # Once, at start-up: one workspace for every layer and step.
+    ws = mla_ext.DecodeWorkspace(max_num_tokens, num_heads, device=dev)
+
+    # Per layer, per decode step: straight into the layer's output view.
+    mla_ext.sparse_mla_decode(
+        q, kv_cache, indices, kv_format="fp8_ds_mla_v4", softmax_scale=reference.softmax_scale_v4(),
+        output=attn_out[:T], workspace=ws.tensor, lengths=window_lens,
+        extra_kv_cache=c4_cache, extra_indices=topk_indices, extra_lengths=topk_lens,
+        attn_sink=sinks, lse=None)
+
+    ref_o, _ = reference.sparse_mla_decode(
+        q, kv_cache, indices, kv_format="fp8_ds_mla_v4", softmax_scale=reference.softmax_scale_v4(),
+        lengths=window_lens, extra_kv_cache=c4_cache, extra_indices=topk_indices, extra_lengths=topk_lens,
+        attn_sink=sinks)
+    tol, _ = reference.decode_tolerances(torch.device(dev).type, "fp8_ds_mla_v4")
+    ref_o = ref_o.double().cpu()
+    err_d = ((attn_out[:T].double().cpu() - ref_o).abs().max() / ref_o.abs().max()).item()
+
+    # Chunked prefill: merge two partial results into a view of the layer's [T, H*128] output;
+    # the partials are [T, H, 192] (values padded to the QK head size), vLLM's LSEs [H, T].
+    out_buf = torch.empty(T, H * 128, dtype=torch.bfloat16, device=dev)
+    out_view = out_buf.view(T, H, 128)
+    prefix_out = torch.randn(T, H, 192, generator=g).to(torch.bfloat16).to(dev)
+    suffix_out = torch.randn(T, H, 192, generator=g).to(torch.bfloat16).to(dev)
+    prefix_lse = (3 * torch.randn(H, T, generator=g)).to(dev)
+    suffix_lse = (3 * torch.randn(H, T, generator=g)).to(dev)
+    mla_ext.merge_attn_states(out_view, None, prefix_out[..., :128], prefix_lse.T, suffix_out[..., :128],
+                              suffix_lse.T)
+
+    ref_m, _ = reference.merge_attn_states(prefix_out[..., :128], prefix_lse.T, suffix_out[..., :128],
+                                           suffix_lse.T)
+    ref_m = ref_m.double().cpu()
+    err_m = ((out_view.double().cpu() - ref_m).abs().max() / ref_m.abs().max()).item()
+
+    print(f"sparse_mla_decode ({T} tokens x {H} heads, window {W} + top-{W2}, {dev}): "
+          f"max error {err_d:.2e} of max |ref| (tolerance {tol:g})")
+    print(f"merge_attn_states into a [T, H*128] buffer's view: max error {err_m:.2e} of max |ref| (tolerance 8e-3)")
+    ok = err_d <= tol and err_m <= 8e-3
+    print("ok" if ok else "FAILED")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
