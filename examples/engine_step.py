@@ -18,6 +18,12 @@ import mla_ext
 from mla_ext import formats, reference
 
 
+def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
+    """max |got - ref| / max |ref|, in float64 on the CPU."""
+    ref = ref.double().cpu()
+    return ((got.double().cpu() - ref).abs().max() / ref.abs().max()).item()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cpu")
@@ -44,19 +50,13 @@ def main() -> int:
     ws = mla_ext.DecodeWorkspace(max_num_tokens, num_heads, device=dev)
 
     # Per layer, per decode step: straight into the layer's output view.
-    mla_ext.sparse_mla_decode(
-        q, kv_cache, indices, kv_format="fp8_ds_mla_v4", softmax_scale=reference.softmax_scale_v4(),
-        output=attn_out[:T], workspace=ws.tensor, lengths=window_lens,
-        extra_kv_cache=c4_cache, extra_indices=topk_indices, extra_lengths=topk_lens,
-        attn_sink=sinks, lse=None)
+    layer = dict(kv_format="fp8_ds_mla_v4", softmax_scale=reference.softmax_scale_v4(), lengths=window_lens,
+                 extra_kv_cache=c4_cache, extra_indices=topk_indices, extra_lengths=topk_lens, attn_sink=sinks)
+    mla_ext.sparse_mla_decode(q, kv_cache, indices, output=attn_out[:T], workspace=ws.tensor, lse=None, **layer)
 
-    ref_o, _ = reference.sparse_mla_decode(
-        q, kv_cache, indices, kv_format="fp8_ds_mla_v4", softmax_scale=reference.softmax_scale_v4(),
-        lengths=window_lens, extra_kv_cache=c4_cache, extra_indices=topk_indices, extra_lengths=topk_lens,
-        attn_sink=sinks)
+    ref_o, _ = reference.sparse_mla_decode(q, kv_cache, indices, **layer)
     tol, _ = reference.decode_tolerances(torch.device(dev).type, "fp8_ds_mla_v4")
-    ref_o = ref_o.double().cpu()
-    err_d = ((attn_out[:T].double().cpu() - ref_o).abs().max() / ref_o.abs().max()).item()
+    err_d = rel_err(attn_out[:T], ref_o)
 
     # Chunked prefill: merge two partial results into a view of the layer's [T, H*128] output;
     # the partials are [T, H, 192] (values padded to the QK head size), vLLM's LSEs [H, T].
@@ -71,13 +71,13 @@ def main() -> int:
 
     ref_m, _ = reference.merge_attn_states(prefix_out[..., :128], prefix_lse.T, suffix_out[..., :128],
                                            suffix_lse.T)
-    ref_m = ref_m.double().cpu()
-    err_m = ((out_view.double().cpu() - ref_m).abs().max() / ref_m.abs().max()).item()
+    err_m = rel_err(out_view, ref_m)
+    merge_tol = 8e-3  # two bf16 roundings (inputs, output) of values up to max |ref|
 
     print(f"sparse_mla_decode ({T} tokens x {H} heads, window {W} + top-{W2}, {dev}): "
           f"max error {err_d:.2e} of max |ref| (tolerance {tol:g})")
-    print(f"merge_attn_states into a [T, H*128] buffer's view: max error {err_m:.2e} of max |ref| (tolerance 8e-3)")
-    ok = err_d <= tol and err_m <= 8e-3
+    print(f"merge_attn_states into a [T, H*128] buffer's view: max error {err_m:.2e} of max |ref| (tolerance {merge_tol:g})")
+    ok = err_d <= tol and err_m <= merge_tol
     print("ok" if ok else "FAILED")
     return 0 if ok else 1
 
