@@ -1721,6 +1721,18 @@ def _asym_on(env=None):
         return False
 
 
+def _cluster_on(env=None):
+    """Whether V3.2's asymmetric 64-head kernel runs as 2-block clusters at 65-128 heads under
+    MLA_EXT_CLUSTER = `env` (None: this process's environment), read as _asym_on reads its switch."""
+    v = (os.environ.get("MLA_EXT_CLUSTER", "") if env is None else env).strip()
+    if v == "":
+        return True
+    try:
+        return int(v, 0) != 0
+    except ValueError:
+        return False
+
+
 def _asym_expected(fmt):
     """Whether the 64-head warpgroup kernel of `fmt` runs as asymmetric warpgroups (the FP8
     formats, V4 and V3.2 rows; _asym_on)."""
@@ -1736,13 +1748,17 @@ def _check_64_head_kernel_kind(fn, mma_sync, asym=None):
         return
     names = _split_kernel_names(fn)
     if names:
-        # template arguments MT, DQK, F, BAL, WG, ASYM, TWO, QREG, ANCH
+        # template arguments MT, DQK, F, BAL, WG, ASYM, TWO, QREG, ANCH; V3.2 rows at 65-128 heads
+        # run the asymmetric kernel as 2-block clusters by default (decode_split_cluster_kernel)
         pat = (r"decode_split_mma_kernel<4, [^,]+, [^,]+, (?:true|false), true, (true|false), (?:true|false), "
                r"(?:true|false), false>")
         wg = [re.search(pat, n) for n in names if re.search(pat, n)]
-        assert bool(wg) == (not mma_sync), names
+        cl = [n for n in names if "decode_split_cluster_kernel" in n]
+        assert bool(wg or cl) == (not mma_sync), names
         if wg and asym is not None:
             assert all(m.group(1) == ("true" if asym else "false") for m in wg), names
+        if cl and asym is not None:
+            assert asym, names
 
 
 # Every format on both kernels (V3.2's fp32 scales are applied after the products on both).
@@ -2209,7 +2225,8 @@ for kind, heads, batch, ctx, splits, seed, *fmt in cfg["cases"]:  # (an optional
     # The float64 reference (the same seeded inputs in every child) only where the parent asks.
     ref_o, ref_l = ([r.cpu() for r in inp.reference(dtype=torch.float64)] if sys.argv[2] == "ref"
                     else (None, None))
-    res[f"{kind}_{heads}_{batch}"] = (out.cpu(), lse.cpu(), ref_o, ref_l, names, inp.kv_format)
+    res[f"{kind}_{heads}_{batch}" + "".join(f"_{f}" for f in fmt if f)] = (out.cpu(), lse.cpu(), ref_o, ref_l, names,
+                                                                   inp.kv_format)
 torch.save(res, sys.argv[1])
 """
 
@@ -2265,10 +2282,40 @@ def test_gpu_asym_switch_both_kernels(tmp_path):
             if _wgmma_kernel_expected() and nm:
                 flag = "true" if _asym_on(asym) else "false"
                 pat = rf"decode_split_mma_kernel<4, (?:512|576), [^>]*, true, {flag}, (?:true|false), false, (?:true|false)>"
+                if _asym_on(asym) and key.startswith("v32_") and int(key.split("_")[1]) > 64 and _cluster_on():
+                    pat = r"decode_split_cluster_kernel<576, "  # (V3.2 at 65-128 heads: 2-block clusters)
                 assert any(re.search(pat, n) for n in nm), nm
         o0, l0 = results["0"][key][0].double(), results["0"][key][1].double()
         assert ((out.double() - o0).abs().max() / o0.abs().max()).item() < 1e-2, key
         assert (lse.double() - l0).abs().max().item() < 1e-3, key
+
+
+@requires_gpu
+def test_gpu_cluster_switch_bit_identical(tmp_path):
+    """V3.2 rows (fp8_ds_mla and its fnuz twin) at 65-128 heads with MLA_EXT_CLUSTER=0 (two
+    independent 64-head blocks per (token, split), each gathering every row), =1 and unset (the
+    default: the two blocks as a 2-block cluster, each gathering half of every tile and copying it
+    into the other's shared memory): each against the float64 reference, and the cluster kernel
+    bit-identical to the other (the same products in the same order; only who stores each row
+    differs). Splits of 1-32 tiles, short index sets (contexts from 300: empty and partial
+    tiles), partial second head groups (65, 100 heads), 1-40 tokens. Each in its own process: the
+    switch is read once. Where the profiler names kernels, the kernel's name shows which ran."""
+    cases = [("v32", heads, batch, (300, ctx), splits, heads + batch + splits, fmt)
+             for heads, batch, ctx, splits in ((128, 1, 5000, 0), (128, 6, 5000, 1), (100, 3, 5000, 3),
+                                               (65, 40, 5000, 0), (128, 17, 3000, 7), (72, 8, 800, 2))
+             for fmt in ("fp8_ds_mla", "fp8_ds_mla_fnuz")]
+    results = _run_switch_children(tmp_path, "MLA_EXT_CLUSTER", ("0", "1", ""), "1", cases, "decode_split",
+                                   head_tile=64)
+    for key, (out, lse, ref_o, ref_l, names, fmt) in results["1"].items():
+        for v in ("0", "1", ""):
+            o, l_, _, _, nm, _ = results[v][key]
+            check_out(o, ref_o, fmt)
+            check_lse(l_, ref_l, kv_format=fmt)
+            if _wgmma_kernel_expected() and _asym_on() and nm:
+                assert any("decode_split_cluster_kernel" in n for n in nm) == _cluster_on(v), (v, nm)
+        o0, l0 = results["0"][key][0], results["0"][key][1]
+        assert torch.equal(out.view(torch.int16), o0.view(torch.int16)), key
+        assert torch.equal(lse.view(torch.int32), l0.view(torch.int32)), key
 
 
 @requires_gpu

@@ -80,13 +80,14 @@ for D in () if skip_merge else (128, 7):
     bad += not err < 2e-2
 
 for kind in [k for k in kinds if k not in ("balanced", "two_token", "reduce_chunks")]:
-    for heads in (16, 64):
+    # (V3.2 also at 100 heads: two 64-head groups, which Hopper runs as a 2-block cluster)
+    for heads in (16, 64) + ((100,) if kind == "v32" else ()):
         inp = build_decode_inputs(kind, batch=2, num_heads=heads, context_len=(300, 700), mtp=1,
                                   topk=128 if kind in ("v4_c4", "v32") else None, device=dev, seed=3)
         ref_o, ref_l = inp.reference()
         # (portable, mma_sync): at 64 heads also the forced mma.sync kernel; the head tile is forced
         # to 64 there, so the 64-head block runs (small calls pick smaller tiles on their own)
-        paths = [(False, False), (True, False)] + ([(False, True)] if heads == 64 else [])
+        paths = [(False, False), (True, False)] + ([(False, True)] if heads >= 64 else [])
         for portable, mma_sync in paths:
             # 20 splits: the block-wide split reduction (from 16 splits on)
             for splits in (1, 3) + ((20,) if not portable and heads == 16 else ()):
@@ -97,7 +98,7 @@ for kind in [k for k in kinds if k not in ("balanced", "two_token", "reduce_chun
                                  dtype=torch.uint8, device=dev).fill_(0xFF)
                 prev = torch.ops.mla_ext._set_force_portable(portable)
                 prev_m = torch.ops.mla_ext._set_force_mma_sync(mma_sync)
-                prev_t = torch.ops.mla_ext._set_head_tile(64 if heads == 64 else 0)
+                prev_t = torch.ops.mla_ext._set_head_tile(64 if heads >= 64 else 0)
                 try:
                     mla_ext.sparse_mla_decode(inp.q, inp.kv_cache, inp.indices, output=out, workspace=ws,
                                               lse=lse, num_splits=splits, **inp.op_kwargs())

@@ -366,35 +366,54 @@ inline void fill_kernel_argv(void** argv, Tuple& params, std::index_sequence<I..
 // to read (cudaGetLastError / hipGetLastError) and kLaunchFailed is returned.
 // The arguments are converted to the kernel's parameter types first (the
 // runtime copies each parameter from the address given).
+// cluster_x > 1 (CUDA, sm_90+): thread-block clusters of cluster_x consecutive blocks along x
+// (the grid's x a multiple of it); elsewhere kUnsupported, nothing launched.
 template <typename... KArgs, typename... Args>
-inline Status launch_kernel(bool programmatic, void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
-                            gpuStream_t stream, const Args&... args) {
+inline Status launch_kernel_ex(bool programmatic, unsigned cluster_x, void (*kernel)(KArgs...), dim3 grid, dim3 block,
+                               size_t smem, gpuStream_t stream, const Args&... args) {
   static_assert(sizeof...(KArgs) == sizeof...(Args), "launch_kernel: argument count differs from the kernel's");
   std::tuple<KArgs...> params(args...);
   void* argv[sizeof...(KArgs) > 0 ? sizeof...(KArgs) : 1];
   fill_kernel_argv(argv, params, std::index_sequence_for<KArgs...>{});
   gpuError_t err;
 #if defined(MLA_EXT_CUDA) && defined(CUDART_VERSION) && CUDART_VERSION >= 12030
-  if (programmatic) {
+  if (programmatic || cluster_x > 1) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
     cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchAttribute attr[2];
+    unsigned n = 0;
+    if (programmatic) {
+      attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      attr[n].val.programmaticStreamSerializationAllowed = 1;
+      ++n;
+    }
+    if (cluster_x > 1) {
+      attr[n].id = cudaLaunchAttributeClusterDimension;
+      attr[n].val.clusterDim.x = cluster_x;
+      attr[n].val.clusterDim.y = 1;
+      attr[n].val.clusterDim.z = 1;
+      ++n;
+    }
     cfg.attrs = attr;
-    cfg.numAttrs = 1;
+    cfg.numAttrs = n;
     err = cudaLaunchKernelExC(&cfg, reinterpret_cast<const void*>(kernel), argv);
   } else
 #else
   (void)programmatic;
+  if (cluster_x > 1) return Status::kUnsupported;
 #endif
   {
     err = mlaLaunchKernel(reinterpret_cast<const void*>(kernel), grid, block, argv, smem, stream);
   }
   return err == MLA_EXT_GPU_SUCCESS ? Status::kSuccess : Status::kLaunchFailed;
+}
+template <typename... KArgs, typename... Args>
+inline Status launch_kernel(bool programmatic, void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
+                            gpuStream_t stream, const Args&... args) {
+  return launch_kernel_ex(programmatic, 1u, kernel, grid, block, smem, stream, args...);
 }
 
 }  // namespace mla_ext

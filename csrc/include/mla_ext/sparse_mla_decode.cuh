@@ -179,7 +179,9 @@ struct Cfg {
   // ratios: Gather's EXPK).
   static constexpr int kScaleRows = ASYM ? 8 : 4;
   static constexpr size_t vmOff = scOff + (SCALED ? size_t(kStages) * kScaleRows * BN * 4 : 0);
-  static constexpr size_t bytes = vmOff + (ASYM ? size_t(kMetaSlots) * 8 : 0) + kAlignPad;
+  // ASYM fp8_ds_mla: 4 mbarriers (the 2-block cluster kernel's FULL[2] and EMPTY[2], decode_body's CL).
+  static constexpr size_t mbOff = vmOff + (ASYM ? size_t(kMetaSlots) * 8 : 0);
+  static constexpr size_t bytes = mbOff + (ASYM && SCALED ? 32 : 0) + kAlignPad;
   static constexpr int TPR = kThreads / HTp;  // softmax threads per head row
   static constexpr int CPT = BN / TPR;        // softmax columns per thread
 };
@@ -632,6 +634,75 @@ __device__ __forceinline__ void named_bar(int id, int n) {
 }
 __device__ __forceinline__ void named_bar_sync(int id, int n) { named_bar<false>(id, n); }
 __device__ __forceinline__ void named_bar_arrive(int id, int n) { named_bar<true>(id, n); }
+// threadIdx.x read anew (asm volatile): values derived from it are recomputed where used
+// instead of being kept live (and spilled) across a loop.
+__device__ __forceinline__ int thread_index_x() {
+#if defined(MLA_EXT_DECODE_WGMMA)
+  int r;
+  asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(r));
+  return r;
+#else
+  return int(threadIdx.x);
+#endif
+}
+// 2-block clusters (decode_body's CL, sm_90a): this block's rank, the peer's address of a
+// shared-memory address, mbarriers, bulk copies into the peer's shared memory, the cluster
+// barrier. Elsewhere no-ops (the cluster kernel then runs the mma.sync body).
+#if defined(MLA_EXT_DECODE_WGMMA)
+__device__ __forceinline__ uint32_t cluster_rank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ uint32_t cluster_map(uint32_t addr, uint32_t rank) {
+  uint32_t r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(addr), "r"(rank));
+  return r;
+}
+__device__ __forceinline__ void mbar_init(uint32_t addr, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(addr), "r"(count) : "memory");
+}
+__device__ __forceinline__ void fence_mbar_init() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+// Arrive on the peer's mbarrier (caddr: cluster_map), default semantics (release, CTA scope):
+// for "done reading", where nothing but the arrive itself needs ordering.
+__device__ __forceinline__ void mbar_arrive_remote_cta(uint32_t caddr) {
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(caddr) : "memory");
+}
+// Arrive on the peer's mbarrier and add `bytes` to the transactions its phase waits for.
+__device__ __forceinline__ void mbar_arrive_expect_tx_remote(uint32_t caddr, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cluster.b64 _, [%0], %1;\n" ::"r"(caddr), "r"(bytes) : "memory");
+}
+// Copy `bytes` (multiple of 16) of this block's shared memory at src to the peer's at dst (both
+// cluster addresses of the same kind: dst and mbar from cluster_map), completing `bytes` of
+// transactions on the peer's mbarrier.
+__device__ __forceinline__ void bulk_copy_to_peer(uint32_t dst, uint32_t src, uint32_t bytes, uint32_t mbar) {
+  asm volatile("cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+               "r"(src), "r"(bytes), "r"(mbar)
+               : "memory");
+}
+// Wait for the phase of parity `parity` of this block's mbarrier (acquire, CTA scope).
+__device__ __forceinline__ void mbar_wait_cta(uint32_t addr, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred p;\nMLA_EXT_MBC_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      "@!p bra MLA_EXT_MBC_%=;\n}\n" ::"r"(addr),
+      "r"(parity)
+      : "memory");
+}
+#else
+__device__ __forceinline__ uint32_t cluster_rank() { return 0u; }
+__device__ __forceinline__ uint32_t cluster_map(uint32_t addr, uint32_t) { return addr; }
+__device__ __forceinline__ void mbar_init(uint32_t, int) {}
+__device__ __forceinline__ void fence_mbar_init() {}
+__device__ __forceinline__ void cluster_sync() {}
+__device__ __forceinline__ void mbar_arrive_remote_cta(uint32_t) {}
+__device__ __forceinline__ void mbar_arrive_expect_tx_remote(uint32_t, uint32_t) {}
+__device__ __forceinline__ void bulk_copy_to_peer(uint32_t, uint32_t, uint32_t, uint32_t) {}
+__device__ __forceinline__ void mbar_wait_cta(uint32_t, uint32_t) {}
+#endif
 __device__ __forceinline__ void wg_commit_wait() {
   wg_commit();
   wg_wait_all();
@@ -1176,9 +1247,10 @@ __device__ __forceinline__ void row_address(const SparseDecodeParams& p, int64_t
 // sub (the one-token bodies only; a compile-time -1 everywhere but below): >= 0 makes the block
 // serve token 2 b + sub of a two-token grid (decode_split_mma_kernel's TWO fallback).
 template <int MT, int DQK, KvFormat F, bool MMA, bool BAL, bool WG = false, bool ASYM = false, bool TWO = false,
-          bool QREG = false, bool ANCH = false>
+          bool QREG = false, bool ANCH = false, bool CL = false>
 __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
   constexpr bool SC = kv_layout(F) == KvFormat::kFP8DsMla;  // scales applied after the products
+  static_assert(!CL || (ASYM && SC && !BAL && !TWO), "2-block clusters: the asymmetric fp8_ds_mla kernel, uniform map");
   static_assert(!ANCH || (BAL && !TWO && !QREG), "anchored map: the balanced kernels");
   static_assert(!ASYM || (WG && DQK == (SC ? 576 : 512) && !(SC && BAL)),
                 "asymmetric warpgroups: the 64-head tile of the V4 rows, or of fp8_ds_mla's (uniform map)");
@@ -1401,7 +1473,50 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
 #pragma unroll
   for (int i = 0; i < kAcc; ++i) acc[i] = 0.f;
 
+  // CL (2-block clusters): rank r of the pair gathers rows 32 r .. 32 r + 31 of every tile,
+  // all by its warpgroup 1 (the 256-thread row-quarter dealing's virtual threads 128 r ..
+  // 128 r + 127), into its own stage; one thread of warpgroup 1 then copies them on to the
+  // peer's stage (cp.async.bulk: 9 x 4 KB of K, 7 x 128 B of scales) completing on the peer's
+  // FULLR[s], once the peer's 8 warps have released that stage (this block's EMPTYR[s]).
+  // Warpgroup 0 gathers nothing: its store phase leaves the Q.K -> softmax -> P.V chain.
+  const uint32_t crank = CL ? cluster_rank() : 0u, peer = crank ^ 1u;
+  const uint32_t mbar = smem_addr(smem + C::mbOff);  // FULL[s] at mbar + 8 s, EMPTY[s] at mbar + 16 + 8 s
+  if constexpr (CL) {
+    if (tid == 0) {
+      mbar_init(mbar, 1);        // FULLR[s]: the peer's rows (1 arrival + their bytes)
+      mbar_init(mbar + 8, 1);
+      mbar_init(mbar + 16, 8);   // EMPTYR[s]: the peer's 8 warps are done with its stage s
+      mbar_init(mbar + 24, 8);
+      fence_mbar_init();
+    }
+    cluster_sync();  // barriers initialised, the peer running
+  }
+  // CL: rows 32 r .. 32 r + 31 of this block's stage st (K and scale rows) to the peer's stage st,
+  // completing on the peer's FULLR[st]. One thread, after the rows' stores and proxy fences.
+  auto copy_rows_cl = [&](int st, int row0) {
+    if constexpr (CL) {
+      const uint32_t fr = cluster_map(mbar + 8 * st, peer);
+      constexpr uint32_t kRowBytes = 32 * 128, kScBytes = 32 * 4;
+      mbar_arrive_expect_tx_remote(fr, 9 * kRowBytes + 7 * kScBytes);
+      const uint32_t kb = smem_addr(Ks + st * (C::kStageBytes / 2)) + uint32_t(row0 * 128);
+#pragma unroll
+      for (int b = 0; b < 9; ++b) {
+        const uint32_t src = kb + uint32_t(b * BN * 128);
+        bulk_copy_to_peer(cluster_map(src, peer), src, kRowBytes, fr);
+      }
+      const uint32_t sb = smem_addr(ksc + st * C::kScaleRows * BN) + uint32_t(row0 * 4);
+#pragma unroll
+      for (int e = 0; e < 7; ++e) {
+        const uint32_t src = sb + uint32_t(e * BN * 4);
+        bulk_copy_to_peer(cluster_map(src, peer), src, kScBytes, fr);
+      }
+    }
+  };
   G g;
+  // CL: warpgroup 1 gathers as the 256-thread dealing's virtual threads 0-127 (rows 0-31) of the
+  // tile shifted by c32 rows (row addresses, K rows, scale rows and the live count), so that its
+  // row arithmetic stays the committed kernel's (a rank-dependent dealing spilled registers).
+  const int c32 = CL ? int(32 * crank) : 0;
   int32_t idx_next = -1, idx_next2 = -1;
   if (NT > 0) {
     if (tid < BN) {
@@ -1412,7 +1527,11 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
       if constexpr (ASYM) valid_mask_store(vmask, 0, meta_d[tid] != nullptr, tid);
     }
     __syncthreads();
-    g.load(meta_d, meta_s, tid);
+    if constexpr (CL) {
+      if (tid >= 128) g.load(meta_d + c32, meta_s + c32, tid - 128);
+    } else {
+      g.load(meta_d, meta_s, tid);
+    }
     if (tid < BN) {
       idx_next = g_index(1);
       if (ASYM) idx_next2 = g_index(2);
@@ -1439,7 +1558,11 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
   constexpr bool kPipe = C::kStages == 2;  // (ASYM too: its two warpgroups then load tile 1 by halves)
   if constexpr (kPipe) {
     if (NT > 0) {
-      g.template store_swizzled<kWholeK>(Ks, ksc, tid, live_rows(0));
+      if constexpr (CL) {
+        if (tid >= 128) g.template store_swizzled<kWholeK>(Ks + c32 * 64, ksc + c32, tid - 128, live_rows(0) - c32);
+      } else {
+        g.template store_swizzled<kWholeK>(Ks, ksc, tid, live_rows(0));
+      }
       fence_proxy_async();  // the K tile and the Q tile are read by the async proxy
       if (tid < BN) {
         g_address(1, idx_next, 1);
@@ -1453,6 +1576,9 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
         }
       }
       __syncthreads();  // K tile 0 + addresses of tile 1 (ASYM: and 2) visible
+      if constexpr (CL) {  // tile 0's rows of this block to the peer
+        if (tid == 128) copy_rows_cl(0, c32);
+      }
       if (!ASYM && ntiles > 1) g.load(meta_d + BN, meta_s + BN, tid);
     }
   }
@@ -1493,16 +1619,47 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
     // (dims 512-575, read by nothing after Q.K: no P buffers, so the two 72 KB stages fit
     // beside Q), and warpgroup 1 scales its ldmatrix fragments by e_2 and e_3 before its
     // register-A P.V.
+    // CL (V3.2 at 65-128 heads: the pair of blocks of a (token, split)'s two head groups as a
+    // 2-block cluster): warpgroup 1 alone gathers this block's 32 rows of every tile (rows 32 r ..;
+    // the gh, store and FULL steps above, rows shifted by c32) and one of its threads copies them
+    // into the peer's stage (send_rows_cl); warpgroup 0 stores nothing and waits on FULLR (the
+    // peer's rows) beside FULL at the top of each tile; every warp releases a stage to the peer
+    // (EMPTYR) where it arrives on DONE / FREE. H200: -3..-9% at 128 heads x 16-512 tokens.
     constexpr int kFull = 1, kPrdy = 3, kFree = 5, kDone = 7;
+    constexpr int kWg1 = 11;  // CL: warpgroup 1 alone
     auto ksc_of = [&](int st) -> float* { return ksc + (SC ? st * C::kScaleRows * BN : 0); };
     auto p_of = [&](int st) -> uint16_t* {
       return SC ? Ks + st * (C::kStageBytes / 2) + 8 * BN * 64 : Ps + st * (HTp * PST);
     };
     const int warp = tid / 32, lane = tid % 32, wg = warp >> 2;
     const int r0 = (warp & 3) * 16 + (lane >> 2);  // rows r0, r0 + 8 of this thread's fragments
-    G gh;  // this warpgroup's half of tile j + 1 (loaded during tile j - 1)
+    // This warpgroup's half of tile j + 1 (loaded during tile j - 1). CL: warpgroup 1's 32 rows
+    // of the block's (32 r ..), warpgroup 0 none.
+    G gh;
     const int vt = wg == 0 ? tid + 128 : tid - 128;  // virtual thread of the 256-thread dealing
-    if (NT > 1) gh.load(meta_d + BN, meta_s + BN, vt);
+    auto load_half = [&](int slot) {
+      if (!CL || wg == 1) gh.load(meta_d + slot * BN + c32, meta_s + slot * BN + c32, vt);
+    };
+    // CL (warpgroup 1): after the block's rows of a tile are in stage st (and proxy-fenced): all
+    // its threads' stores done (warpgroup barrier), then one thread waits until the peer has
+    // released its stage st (there: tile tl - 2) and copies the rows of tile tl there.
+    auto send_rows_cl = [&](int st, int tl) {
+      if constexpr (CL) {
+        named_bar_sync(kWg1, 128);
+        if (tid == 128) {
+          if (tl >= 2) mbar_wait_cta(mbar + 16 + 8 * st, uint32_t((tl - 2) >> 1) & 1u);
+          copy_rows_cl(st, c32);
+        }
+      }
+    };
+    // CL: this warp is done with the tile in stage st: the peer may copy into this block's
+    // stage st (the peer's EMPTYR[st]).
+    auto release_stage_cl = [&](int st) {
+      if constexpr (CL) {
+        if (lane == 0) mbar_arrive_remote_cta(cluster_map(mbar + 16 + 8 * st, peer));
+      }
+    };
+    if (NT > 1) load_half(1);
     float rm[2] = {neg_inf(), neg_inf()}, rl[2] = {0.f, 0.f}, rle[2] = {0.f, 0.f};  // warpgroup 0's rows
     // Two-token blocks: after token t's last tile each warpgroup writes its half of
     // token t's output (value dims 256 wg ..) straight from the fragments, scaled by
@@ -1584,6 +1741,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
       for (int j = 0; j < NT; ++j) {
         const int cur = j & 1, nxt = cur ^ 1;
         if (j > 0) named_bar_sync(kFull + cur, 2 * 128);  // warpgroup 1's half of tile j
+        if constexpr (CL) mbar_wait_cta(mbar + 8 * cur, uint32_t(j >> 1) & 1u);  // the peer's rows of tile j
         if (two && j == ntiles && j > 0) named_bar_sync(kQrdy, 2 * 128);  // token t + 1's Q
         const uint32_t ks0 = smem_addr(Ks + cur * (C::kStageBytes / 2));
         const uint64_t kd0 = wg_desc(ks0, 16, 1024), vd0 = wg_desc(ks0, uint32_t(BN * 128), 1024);
@@ -1740,8 +1898,10 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
         // 1's is FREE), then the loads of this half of tile j + 2.
         if (j + 1 < NT) {
           if (j > 0) named_bar_sync(kFree + nxt, 2 * 128);
-          gh.template store_swizzled<kWholeK>(Ks + nxt * (C::kStageBytes / 2), ksc_of(nxt), vt, live_rows(j + 1));
-          fence_proxy_async();
+          if constexpr (!CL) {  // (CL: warpgroup 1 stores all of the block's rows)
+            gh.template store_swizzled<kWholeK>(Ks + nxt * (C::kStageBytes / 2), ksc_of(nxt), vt, live_rows(j + 1));
+            fence_proxy_async();
+          }
           // Row addresses of tile j + 3 (slot (j + 3) % 4: tile j - 1's), here,
           // where no gather load is in flight: the index load shares a
           // scoreboard with the gathers, and its use at the top of the tile
@@ -1754,7 +1914,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
             valid_mask_store(vmask, ms3, meta_d[ms3 * BN + tid] != nullptr, tid);
             idx_next = g_index(j + 4);
           }
-          if (j + 2 < NT && !(two && j == ntiles - 1)) gh.load(meta_d + ((j + 2) & 3) * BN, meta_s + ((j + 2) & 3) * BN, vt);
+          if (j + 2 < NT && !(two && j == ntiles - 1)) load_half((j + 2) & 3);
         }
         wg_wait_all();
         wg_fence_operands(*reinterpret_cast<float(*)[128]>(acc));
@@ -1771,10 +1931,13 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
 #pragma unroll
               for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(pa[kk][h][e])::"memory");
         }
-        if (j + 2 < NT) named_bar_arrive(kDone + cur, 2 * 128);  // stage cur: warpgroup 1 stores tile j + 2
+        if (j + 2 < NT) {  // stage cur: warpgroup 1 stores tile j + 2
+          named_bar_arrive(kDone + cur, 2 * 128);
+          release_stage_cl(cur);
+        }
         if (two && j == ntiles - 1) {  // (this half of tile j + 2 is loaded after it: fewer live registers)
           wg0_boundary();
-          if (j + 2 < NT) gh.load(meta_d + ((j + 2) & 3) * BN, meta_s + ((j + 2) & 3) * BN, vt);
+          if (j + 2 < NT) load_half((j + 2) & 3);
         }
       }
       // Row sums over the quad.
@@ -1795,10 +1958,12 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
         // this half of tile j + 2 (addresses published by DONE or the prologue).
         if (j + 1 < NT) {
           if (j > 0) named_bar_sync(kDone + nxt, 2 * 128);
-          gh.template store_swizzled<kWholeK>(Ks + nxt * (C::kStageBytes / 2), ksc_of(nxt), vt, live_rows(j + 1));
+          gh.template store_swizzled<kWholeK>(Ks + nxt * (C::kStageBytes / 2) + c32 * 64, ksc_of(nxt) + c32, vt,
+                                              live_rows(j + 1) - c32);
           fence_proxy_async();
           named_bar_arrive(kFull + nxt, 2 * 128);
-          if (j + 2 < NT && !(two && j == ntiles - 1)) gh.load(meta_d + ((j + 2) & 3) * BN, meta_s + ((j + 2) & 3) * BN, vt);
+          send_rows_cl(nxt, j + 1);
+          if (j + 2 < NT && !(two && j == ntiles - 1)) load_half((j + 2) & 3);
         }
         named_bar_sync(kPrdy + cur, 2 * 128);  // P(j), alpha(j)
         if (two && j == ntiles - 1 && ntiles < NT) {
@@ -1819,15 +1984,24 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
           // 16-key step: the register-A layout), times the key scales of groups 2 and 3.
           const float* const ks = ksc_of(cur);
           const uint16_t* const Pj = p_of(cur);
-          const int prow = (warp & 3) * 16 + (lane & 15);
+          // CL: the lane's offsets from a fresh read of the thread index, so that they are
+          // recomputed here each tile: kept live across the loop, ptxas spilled them, and their
+          // reloads waited behind this warpgroup's gather loads (DRAM latency) every tile.
+          int pl = lane, pw = warp;
+          if constexpr (CL) {
+            const int tv = thread_index_x();
+            pl = tv & 31;
+            pw = tv >> 5;
+          }
+          const int prow = (pw & 3) * 16 + (pl & 15);
           uint32_t pa[BN / 16][2][4];
 #pragma unroll
           for (int kk = 0; kk < BN / 16; ++kk) {
             uint32_t pf[4];
-            ldsm_x4(pf, smem_addr(Pj + prow * 64 + (((2 * kk + (lane >> 4)) ^ (prow & 7)) << 3)));
+            ldsm_x4(pf, smem_addr(Pj + prow * 64 + (((2 * kk + (pl >> 4)) ^ (prow & 7)) << 3)));
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-              const int c = 16 * kk + 2 * (lane & 3);
+              const int c = 16 * kk + 2 * (pl & 3);
               const float2 ka = *reinterpret_cast<const float2*>(ks + (2 + h) * BN + c);
               const float2 kb = *reinterpret_cast<const float2*>(ks + (2 + h) * BN + c + 8);
 #pragma unroll
@@ -1857,14 +2031,21 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
         wg_commit();
         wg_wait_all();
         wg_fence_operands(*reinterpret_cast<float(*)[128]>(acc));
-        if (j + 2 < NT) named_bar_arrive(kFree + cur, 2 * 128);  // stage cur free for tile j + 2
+        if (j + 2 < NT) {  // stage cur free for tile j + 2
+          named_bar_arrive(kFree + cur, 2 * 128);
+          release_stage_cl(cur);
+        }
         if (two && j == ntiles - 1) {
           wg1_boundary(true);
-          if (j + 2 < NT) gh.load(meta_d + ((j + 2) & 3) * BN, meta_s + ((j + 2) & 3) * BN, vt);
+          if (j + 2 < NT) load_half((j + 2) & 3);
         }
       }
     }
-    __syncthreads();  // both warpgroups are done with every stage
+    if constexpr (CL) {
+      cluster_sync();  // both blocks are done with every stage of both (no store or arrive comes after)
+    } else {
+      __syncthreads();  // both warpgroups are done with every stage
+    }
     float* st = reinterpret_cast<float*>(smem + C::kOff);
     if (wg == 0 && (lane & 3) == 0) {
 #pragma unroll
@@ -2621,6 +2802,23 @@ __global__ void __launch_bounds__(kThreads,
 #endif
 }
 
+// The asymmetric fp8_ds_mla kernel as 2-block clusters, the pair being a (token, split)'s two
+// head groups (decode_body's CL; launch_split_cluster). Launched on Hopper only.
+template <int DQK, KvFormat F>
+__global__ void __launch_bounds__(kThreads, 1) decode_split_cluster_kernel(const DecodeArgs a) {
+  wait_for_prior_grids();
+  if (a.early_trigger) launch_dependent_grids();
+#if defined(MLA_EXT_DECODE_WGMMA)
+  decode_body<4, DQK, F, true, false, true, true, false, false, false, true>(a);
+#elif defined(MLA_EXT_DECODE_MMA)
+  // A Hopper build without sm_90a code (TORCH_CUDA_ARCH_LIST 9.0): decode_split_mma_kernel's
+  // mma.sync body, each block on its own (its cluster barriers and copies are not compiled).
+  decode_body_per_token<4, DQK, F, true, false, false, false, false>(a);
+#else
+  decode_body_per_token<4, DQK, F, false, false, false, false, false>(a);
+#endif
+}
+
 template <int MT, int DQK, KvFormat F, bool BAL, bool ANCH = false>
 __global__ void __launch_bounds__(kThreads) decode_split_portable_kernel(const DecodeArgs a) {
   wait_for_prior_grids();
@@ -2958,6 +3156,28 @@ inline bool decode_use_asym() {
   static const bool on = env_int("MLA_EXT_ASYM", 1) != 0;
   return on;
 }
+// Whether V3.2's asymmetric kernel runs as 2-block clusters at two head groups (65-128 heads;
+// decode_body's CL: each block gathers and dequantises half of every tile and copies it into
+// the peer's shared memory): the default, unless the environment variable MLA_EXT_CLUSTER
+// (read once) is "0". H200, same-run A/B at 128 heads x 16 / 64 / 128 / 512 tokens:
+// -3.1 / -9.0 / -7.9 / -6.4% (benchmarks/RESULTS.md, forty-fourth session).
+inline bool decode_use_cluster() {
+  static const bool on = env_int("MLA_EXT_CLUSTER", 1) != 0;
+  return on;
+}
+template <int DQK, KvFormat F>
+inline Status launch_split_cluster(const DecodeArgs& a, uint32_t blocks, gpuStream_t stream) {
+  using CW = Cfg<4, DQK, true, true, true, true, true>;
+  using CM = Cfg<4, DQK, true, true>;
+  constexpr size_t kBytes = CW::bytes > CM::bytes ? CW::bytes : CM::bytes;
+  if (a.smem_limit != 0 && kBytes > a.smem_limit) return Status::kUnsupported;
+  static PerDevice<bool> done;
+  static PerDevice<signed char> pdl_cache;
+  void (*kernel)(DecodeArgs) = decode_split_cluster_kernel<DQK, F>;
+  if (!ensure_smem(done, reinterpret_cast<const void*>(kernel), kBytes)) return Status::kLaunchFailed;
+  const bool pdl = use_pdl(kPdlDecodeSplit, pdl_cache, kernel);
+  return launch_kernel_ex(pdl, 2u, kernel, dim3(blocks), dim3(kThreads), kBytes, stream, a);
+}
 
 // Whether the 16-head V4 kernel holds its Q fragments in registers (decode_body's QREG):
 // where the split grid is one wave (at most one block per processor, which the kernel then
@@ -3035,7 +3255,10 @@ inline Status launch_split_mt(int mt, bool wg, const DecodeArgs& a, uint32_t blo
         // Asymmetric warpgroups (decode_body's ASYM) for the V4 rows, both
         // split maps, unless MLA_EXT_ASYM=0 (decode_use_asym).
         if constexpr (kv_layout(F) == KvFormat::kFP8DsMla && DQK == 576 && !BAL) {
-          if (wg && decode_use_asym()) return launch_split<4, DQK, F, MMA, false, true, true>(a, blocks, stream);
+          if (wg && decode_use_asym()) {
+            if (a.head_groups == 2 && decode_use_cluster()) return launch_split_cluster<DQK, F>(a, blocks, stream);
+            return launch_split<4, DQK, F, MMA, false, true, true>(a, blocks, stream);
+          }
         }
         if constexpr (kv_layout(F) == KvFormat::kFP8DsMlaV4 && DQK == 512) {
           if (wg && decode_use_asym()) {
