@@ -1708,29 +1708,29 @@ def _split_kernel_names(fn):
     return [e.key for e in prof.key_averages() if "decode_split" in e.key]
 
 
-def _asym_on(env=None):
-    """Whether the 64-head warpgroup tile of the FP8 caches runs as asymmetric warpgroups under MLA_EXT_ASYM = `env`
+def _switch_on(var, env=None):
+    """Whether a default-on switch (MLA_EXT_ASYM, MLA_EXT_CLUSTER) is on with the value `env`
     (None: this process's environment), as the extension reads it (strtol): unset or empty -> yes
     (the default), 0 or text that is not a number -> no, any other integer -> yes."""
-    v = (os.environ.get("MLA_EXT_ASYM", "") if env is None else env).strip()
+    v = (os.environ.get(var, "") if env is None else env).strip()
     if v == "":
         return True
     try:
         return int(v, 0) != 0
     except ValueError:
         return False
+
+
+def _asym_on(env=None):
+    """Whether the 64-head warpgroup tile of the FP8 caches runs as asymmetric warpgroups under
+    MLA_EXT_ASYM = `env` (_switch_on)."""
+    return _switch_on("MLA_EXT_ASYM", env)
 
 
 def _cluster_on(env=None):
     """Whether V3.2's asymmetric 64-head kernel runs as 2-block clusters at 65-128 heads under
-    MLA_EXT_CLUSTER = `env` (None: this process's environment), read as _asym_on reads its switch."""
-    v = (os.environ.get("MLA_EXT_CLUSTER", "") if env is None else env).strip()
-    if v == "":
-        return True
-    try:
-        return int(v, 0) != 0
-    except ValueError:
-        return False
+    MLA_EXT_CLUSTER = `env` (_switch_on)."""
+    return _switch_on("MLA_EXT_CLUSTER", env)
 
 
 def _asym_expected(fmt):

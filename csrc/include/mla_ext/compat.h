@@ -201,7 +201,7 @@ inline size_t current_device_smem_optin() {
   return size_t(current_device_attribute_cached(cache, mlaDevAttrMaxSharedMemoryPerBlockOptin));
 }
 
-// blockIdx.x read afresh: the compiler cannot reuse an earlier read (and so
+// blockIdx.x / threadIdx.x read afresh: the compiler cannot reuse an earlier read (and so
 // keep a value derived from it live, in a register or spilled, across a loop).
 __device__ __forceinline__ uint32_t block_index_x() {
 #if defined(__CUDA_ARCH__)
@@ -210,6 +210,15 @@ __device__ __forceinline__ uint32_t block_index_x() {
   return b;
 #else
   return blockIdx.x;
+#endif
+}
+__device__ __forceinline__ uint32_t thread_index_x() {
+#if defined(__CUDA_ARCH__)
+  uint32_t t;
+  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(t));
+  return t;
+#else
+  return threadIdx.x;
 #endif
 }
 

@@ -634,17 +634,6 @@ __device__ __forceinline__ void named_bar(int id, int n) {
 }
 __device__ __forceinline__ void named_bar_sync(int id, int n) { named_bar<false>(id, n); }
 __device__ __forceinline__ void named_bar_arrive(int id, int n) { named_bar<true>(id, n); }
-// threadIdx.x read anew (asm volatile): values derived from it are recomputed where used
-// instead of being kept live (and spilled) across a loop.
-__device__ __forceinline__ int thread_index_x() {
-#if defined(MLA_EXT_DECODE_WGMMA)
-  int r;
-  asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(r));
-  return r;
-#else
-  return int(threadIdx.x);
-#endif
-}
 // 2-block clusters (decode_body's CL, sm_90a): this block's rank, the peer's address of a
 // shared-memory address, mbarriers, bulk copies into the peer's shared memory, the cluster
 // barrier. Elsewhere no-ops (the cluster kernel then runs the mma.sync body).
@@ -1989,7 +1978,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
           // reloads waited behind this warpgroup's gather loads (DRAM latency) every tile.
           int pl = lane, pw = warp;
           if constexpr (CL) {
-            const int tv = thread_index_x();
+            const int tv = int(thread_index_x());
             pl = tv & 31;
             pw = tv >> 5;
           }
