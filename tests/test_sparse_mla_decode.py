@@ -1708,13 +1708,13 @@ def _split_kernel_names(fn):
     return [e.key for e in prof.key_averages() if "decode_split" in e.key]
 
 
-def _switch_on(var, env=None):
-    """Whether a default-on switch (MLA_EXT_ASYM, MLA_EXT_CLUSTER) is on with the value `env`
-    (None: this process's environment), as the extension reads it (strtol): unset or empty -> yes
-    (the default), 0 or text that is not a number -> no, any other integer -> yes."""
+def _switch_on(var, env=None, default=True):
+    """Whether a switch (MLA_EXT_ASYM: default on, MLA_EXT_CLUSTER: default off) is on with the
+    value `env` (None: this process's environment), as the extension reads it (strtol): unset or
+    empty -> `default`, 0 or text that is not a number -> no, any other integer -> yes."""
     v = (os.environ.get(var, "") if env is None else env).strip()
     if v == "":
-        return True
+        return default
     try:
         return int(v, 0) != 0
     except ValueError:
@@ -1729,8 +1729,8 @@ def _asym_on(env=None):
 
 def _cluster_on(env=None):
     """Whether V3.2's asymmetric 64-head kernel runs as 2-block clusters at 65-128 heads under
-    MLA_EXT_CLUSTER = `env` (_switch_on)."""
-    return _switch_on("MLA_EXT_CLUSTER", env)
+    MLA_EXT_CLUSTER = `env` (_switch_on; off unless set)."""
+    return _switch_on("MLA_EXT_CLUSTER", env, default=False)
 
 
 def _asym_expected(fmt):
@@ -2292,14 +2292,15 @@ def test_gpu_asym_switch_both_kernels(tmp_path):
 
 @requires_gpu
 def test_gpu_cluster_switch_bit_identical(tmp_path):
-    """V3.2 rows (fp8_ds_mla and its fnuz twin) at 65-128 heads with MLA_EXT_CLUSTER=0 (two
-    independent 64-head blocks per (token, split), each gathering every row), =1 and unset (the
-    default: the two blocks as a 2-block cluster, each gathering half of every tile and copying it
+    """V3.2 rows (fp8_ds_mla and its fnuz twin) at 65-128 heads with MLA_EXT_CLUSTER=0 and unset
+    (the default: two independent 64-head blocks per (token, split), each gathering every row)
+    and =1 (the two blocks as a 2-block cluster, each gathering half of every tile and copying it
     into the other's shared memory): each against the float64 reference, and the cluster kernel
     bit-identical to the other (the same products in the same order; only who stores each row
-    differs). Splits of 1-32 tiles, short index sets (contexts from 300: empty and partial
-    tiles), partial second head groups (65, 100 heads), 1-40 tokens. Each in its own process: the
-    switch is read once. Where the profiler names kernels, the kernel's name shows which ran."""
+    differs). Splits of 1-32 tiles, short index sets (contexts from 300: tiles of invalid rows
+    and partial tiles), partial second head groups (65, 100 heads), 1-40 tokens. Each in its own
+    process: the switch is read once. Where the profiler names kernels, the kernel's name shows
+    which ran."""
     cases = [("v32", heads, batch, (300, ctx), splits, heads + batch + splits, fmt)
              for heads, batch, ctx, splits in ((128, 1, 5000, 0), (128, 6, 5000, 1), (100, 3, 5000, 3),
                                                (65, 40, 5000, 0), (128, 17, 3000, 7), (72, 8, 800, 2))
@@ -2316,6 +2317,33 @@ def test_gpu_cluster_switch_bit_identical(tmp_path):
         o0, l0 = results["0"][key][0], results["0"][key][1]
         assert torch.equal(out.view(torch.int16), o0.view(torch.int16)), key
         assert torch.equal(lse.view(torch.int32), l0.view(torch.int32)), key
+
+
+@requires_gpu
+@pytest.mark.parametrize("fmt", ["fp8_ds_mla", "fp8_ds_mla_fnuz"])
+@pytest.mark.parametrize("H", [100, 128])
+def test_gpu_cluster_kernel_short_and_empty_splits(fmt, H):
+    """V3.2 rows at 65-128 heads with the 64-head tile (on Hopper with an sm_90a build and
+    MLA_EXT_CLUSTER=1 in the environment: the 2-block cluster kernel) where splits walk no tile at all (lengths 0, or all
+    rows past a split's end), one partial tile (1, 63 rows), exactly one or two tiles (64, 128)
+    and one row more (65, 129), with invalid rows inside, against the float64 reference on
+    poisoned outputs and workspace: automatic and 1-7 splits. Where the profiler names kernels
+    and the cluster kernel is expected, it is the one that ran."""
+    g = torch.Generator().manual_seed(H + len(fmt))
+    T, W, ps = 12, 700, 64
+    num_pages = -(-W * T // ps) + 2
+    idx, _ = make_indices(g, T, W, num_pages * ps, "scattered", None)
+    lengths = torch.tensor([0, 1, 63, 64, 65, 128, 129, 0, 700, 300, 2, 0], dtype=torch.int32)
+    cache = make_cache(g, fmt, 576, num_pages, ps, idx, "cuda")
+    q = torch.randn(T, H, 576, generator=g).to(torch.bfloat16)
+    sink = make_sink(g, H, "random")
+    memo = {}
+    for S in (0, 1, 3, 7):
+        with gpu_path(head_tile=64):
+            names = _split_kernel_names(lambda: run_check(q, cache, idx, fmt=fmt, scale=576 ** -0.5, device="cuda",
+                                                          num_splits=S, lengths=lengths, sink=sink, memo=memo))
+        if names and _wgmma_kernel_expected() and _asym_on() and _cluster_on():
+            assert any("decode_split_cluster_kernel" in n for n in names), (S, names)
 
 
 @requires_gpu

@@ -179,9 +179,10 @@ struct Cfg {
   // ratios: Gather's EXPK).
   static constexpr int kScaleRows = ASYM ? 8 : 4;
   static constexpr size_t vmOff = scOff + (SCALED ? size_t(kStages) * kScaleRows * BN * 4 : 0);
-  // ASYM fp8_ds_mla: 4 mbarriers (the 2-block cluster kernel's FULL[2] and EMPTY[2], decode_body's CL).
+  // ASYM fp8_ds_mla: 6 mbarriers (used by the 2-block cluster kernel only: FULLR[2], EMPTYR[2] and
+  // LANDED[2], decode_body's CL).
   static constexpr size_t mbOff = vmOff + (ASYM ? size_t(kMetaSlots) * 8 : 0);
-  static constexpr size_t bytes = mbOff + (ASYM && SCALED ? 32 : 0) + kAlignPad;
+  static constexpr size_t bytes = mbOff + (ASYM && SCALED ? 48 : 0) + kAlignPad;
   static constexpr int TPR = kThreads / HTp;  // softmax threads per head row
   static constexpr int CPT = BN / TPR;        // softmax columns per thread
 };
@@ -1468,14 +1469,22 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
   // peer's stage (cp.async.bulk: 9 x 4 KB of K, 7 x 128 B of scales) completing on the peer's
   // FULLR[s], once the peer's 8 warps have released that stage (this block's EMPTYR[s]).
   // Warpgroup 0 gathers nothing: its store phase leaves the Q.K -> softmax -> P.V chain.
+  // The copy's completion is seen only by the receiver (FULLR), so the receiver's copying
+  // thread, once its own copy is issued, waits for the incoming one and passes that back (the
+  // sender's LANDED[s]); warpgroup 0 waits for it before writing P over the stage's RoPE block,
+  // part of the copy's source, and warpgroup 1's next store into the stage comes after that
+  // (DONE).
   const uint32_t crank = CL ? cluster_rank() : 0u, peer = crank ^ 1u;
-  const uint32_t mbar = smem_addr(smem + C::mbOff);  // FULL[s] at mbar + 8 s, EMPTY[s] at mbar + 16 + 8 s
+  // FULLR[s] at mbar + 8 s, EMPTYR[s] at mbar + 16 + 8 s, LANDED[s] at mbar + 32 + 8 s
+  const uint32_t mbar = smem_addr(smem + C::mbOff);
   if constexpr (CL) {
     if (tid == 0) {
       mbar_init(mbar, 1);        // FULLR[s]: the peer's rows (1 arrival + their bytes)
       mbar_init(mbar + 8, 1);
       mbar_init(mbar + 16, 8);   // EMPTYR[s]: the peer's 8 warps are done with its stage s
       mbar_init(mbar + 24, 8);
+      mbar_init(mbar + 32, 1);   // LANDED[s]: this block's rows copied into the peer's stage s
+      mbar_init(mbar + 40, 1);
       fence_mbar_init();
     }
     cluster_sync();  // barriers initialised, the peer running
@@ -1565,8 +1574,12 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
         }
       }
       __syncthreads();  // K tile 0 + addresses of tile 1 (ASYM: and 2) visible
-      if constexpr (CL) {  // tile 0's rows of this block to the peer
-        if (tid == 128) copy_rows_cl(0, c32);
+      if constexpr (CL) {  // tile 0's rows of this block to the peer; the peer's landed (LANDED)
+        if (tid == 128) {
+          copy_rows_cl(0, c32);
+          mbar_wait_cta(mbar, 0u);
+          mbar_arrive_remote_cta(cluster_map(mbar + 32, peer));
+        }
       }
       if (!ASYM && ntiles > 1) g.load(meta_d + BN, meta_s + BN, tid);
     }
@@ -1612,8 +1625,9 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
     // 2-block cluster): warpgroup 1 alone gathers this block's 32 rows of every tile (rows 32 r ..;
     // the gh, store and FULL steps above, rows shifted by c32) and one of its threads copies them
     // into the peer's stage (send_rows_cl); warpgroup 0 stores nothing and waits on FULLR (the
-    // peer's rows) beside FULL at the top of each tile; every warp releases a stage to the peer
-    // (EMPTYR) where it arrives on DONE / FREE. H200: -3..-9% at 128 heads x 16-512 tokens.
+    // peer's rows) beside FULL at the top of each tile, and on LANDED (this block's rows arrived
+    // in the peer) before writing P; every warp releases a stage to the peer (EMPTYR) where it
+    // arrives on DONE / FREE. Off by default (decode_use_cluster).
     constexpr int kFull = 1, kPrdy = 3, kFree = 5, kDone = 7;
     constexpr int kWg1 = 11;  // CL: warpgroup 1 alone
     auto ksc_of = [&](int st) -> float* { return ksc + (SC ? st * C::kScaleRows * BN : 0); };
@@ -1831,7 +1845,9 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
           rle[hf] = rle[hf] * alpha[hf] + lsum_exact;
           rm[hf] = m_new;
         }
-        // P and alpha of tile j for warpgroup 1 (P in the swizzled K-major tile).
+        // P and alpha of tile j for warpgroup 1 (P in the swizzled K-major tile). CL: P goes
+        // over the stage's RoPE block, which this block's copy of tile j reads: once it landed.
+        if constexpr (CL) mbar_wait_cta(mbar + 32 + 8 * cur, uint32_t(j >> 1) & 1u);
         uint16_t* const Pj = p_of(cur);
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
@@ -1953,6 +1969,10 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
           named_bar_arrive(kFull + nxt, 2 * 128);
           send_rows_cl(nxt, j + 1);
           if (j + 2 < NT && !(two && j == ntiles - 1)) load_half((j + 2) & 3);
+          if (CL && tid == 128) {  // the peer's rows of tile j + 1 landed here: tell the peer (its LANDED)
+            mbar_wait_cta(mbar + 8 * nxt, uint32_t((j + 1) >> 1) & 1u);
+            mbar_arrive_remote_cta(cluster_map(mbar + 32 + 8 * nxt, peer));
+          }
         }
         named_bar_sync(kPrdy + cur, 2 * 128);  // P(j), alpha(j)
         if (two && j == ntiles - 1 && ntiles < NT) {
@@ -3147,11 +3167,14 @@ inline bool decode_use_asym() {
 }
 // Whether V3.2's asymmetric kernel runs as 2-block clusters at two head groups (65-128 heads;
 // decode_body's CL: each block gathers and dequantises half of every tile and copies it into
-// the peer's shared memory): the default, unless the environment variable MLA_EXT_CLUSTER
-// (read once) is "0". H200, same-run A/B at 128 heads x 16 / 64 / 128 / 512 tokens:
-// -3.1 / -9.0 / -7.9 / -6.4% (benchmarks/RESULTS.md, forty-fourth session).
+// the peer's shared memory): only with the environment variable MLA_EXT_CLUSTER (read once)
+// set to a nonzero integer. Off by default until the race-free form is measured: the form
+// without the LANDED barriers ran -3.1 / -9.0 / -7.9 / -6.4% at 128 heads x 16 / 64 / 128 /
+// 512 tokens on the H200, but could overwrite its copy's source before the copy read it;
+// LANDED passed on by warpgroup 0 measured +10% against that; this form (LANDED passed on by
+// the copying thread) has not run yet (benchmarks/RESULTS.md, forty-fourth session).
 inline bool decode_use_cluster() {
-  static const bool on = env_int("MLA_EXT_CLUSTER", 1) != 0;
+  static const bool on = env_int("MLA_EXT_CLUSTER", 0) != 0;
   return on;
 }
 template <int DQK, KvFormat F>
@@ -3245,7 +3268,11 @@ inline Status launch_split_mt(int mt, bool wg, const DecodeArgs& a, uint32_t blo
         // split maps, unless MLA_EXT_ASYM=0 (decode_use_asym).
         if constexpr (kv_layout(F) == KvFormat::kFP8DsMla && DQK == 576 && !BAL) {
           if (wg && decode_use_asym()) {
-            if (a.head_groups == 2 && decode_use_cluster()) return launch_split_cluster<DQK, F>(a, blocks, stream);
+            if (a.head_groups == 2 && decode_use_cluster()) {
+              // (kUnsupported without cluster launches, CUDA < 12.3: the one-block kernel)
+              const Status st = launch_split_cluster<DQK, F>(a, blocks, stream);
+              if (st != Status::kUnsupported) return st;
+            }
             return launch_split<4, DQK, F, MMA, false, true, true>(a, blocks, stream);
           }
         }
