@@ -2319,16 +2319,13 @@ def test_gpu_cluster_switch_bit_identical(tmp_path):
         assert torch.equal(lse.view(torch.int32), l0.view(torch.int32)), key
 
 
-@requires_gpu
-@pytest.mark.parametrize("fmt", ["fp8_ds_mla", "fp8_ds_mla_fnuz"])
-@pytest.mark.parametrize("H", [100, 128])
-def test_gpu_cluster_kernel_short_and_empty_splits(fmt, H):
+def _cluster_edge_cases(fmt, H):
     """V3.2 rows at 65-128 heads with the 64-head tile (on Hopper with an sm_90a build and
-    MLA_EXT_CLUSTER=1 in the environment: the 2-block cluster kernel) where splits walk no tile at all (lengths 0, or all
-    rows past a split's end), one partial tile (1, 63 rows), exactly one or two tiles (64, 128)
-    and one row more (65, 129), with invalid rows inside, against the float64 reference on
-    poisoned outputs and workspace: automatic and 1-7 splits. Where the profiler names kernels
-    and the cluster kernel is expected, it is the one that ran."""
+    MLA_EXT_CLUSTER=1: the 2-block cluster kernel) where splits walk no tile at all (lengths 0,
+    or all rows past a split's end), one partial tile (1, 63 rows), exactly one or two tiles
+    (64, 128) and one row more (65, 129), with invalid rows inside, against the float64
+    reference on poisoned outputs and workspace: automatic and 1-7 splits. Where the profiler
+    names kernels and the cluster kernel is expected, it is the one that ran."""
     g = torch.Generator().manual_seed(H + len(fmt))
     T, W, ps = 12, 700, 64
     num_pages = -(-W * T // ps) + 2
@@ -2344,6 +2341,25 @@ def test_gpu_cluster_kernel_short_and_empty_splits(fmt, H):
                                                           num_splits=S, lengths=lengths, sink=sink, memo=memo))
         if names and _wgmma_kernel_expected() and _asym_on() and _cluster_on():
             assert any("decode_split_cluster_kernel" in n for n in names), (S, names)
+
+
+@requires_gpu
+@pytest.mark.parametrize("fmt", ["fp8_ds_mla", "fp8_ds_mla_fnuz"])
+@pytest.mark.parametrize("H", [100, 128])
+def test_gpu_short_and_empty_splits_at_two_head_groups(fmt, H):
+    """_cluster_edge_cases in this process (the default: two independent 64-head blocks, unless
+    MLA_EXT_CLUSTER is set)."""
+    _cluster_edge_cases(fmt, H)
+
+
+@requires_gpu
+def test_gpu_cluster_kernel_short_and_empty_splits():
+    """_cluster_edge_cases for both V3.2 formats at 100 and 128 heads in a fresh process with
+    MLA_EXT_CLUSTER=1 (the switch is read once per process): the 2-block cluster kernel."""
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import test_sparse_mla_decode as m; "
+            "[m._cluster_edge_cases(f, h) for f in ('fp8_ds_mla', 'fp8_ds_mla_fnuz') for h in (100, 128)]")
+    env = dict(os.environ, MLA_EXT_CLUSTER="1")
+    subprocess.run([sys.executable, "-c", code, os.path.dirname(os.path.abspath(__file__))], check=True, env=env)
 
 
 @requires_gpu

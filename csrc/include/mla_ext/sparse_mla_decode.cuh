@@ -1470,8 +1470,8 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
   // FULLR[s], once the peer's 8 warps have released that stage (this block's EMPTYR[s]).
   // Warpgroup 0 gathers nothing: its store phase leaves the Q.K -> softmax -> P.V chain.
   // The copy's completion is seen only by the receiver (FULLR), so the receiver's copying
-  // thread, once its own copy is issued, waits for the incoming one and passes that back (the
-  // sender's LANDED[s]); warpgroup 0 waits for it before writing P over the stage's RoPE block,
+  // thread, once its own copy and the next loads are issued (in the loop: once its warpgroup's
+  // P.V is issued), waits for the incoming one and passes that back (the sender's LANDED[s]); warpgroup 0 waits for it before writing P over the stage's RoPE block,
   // part of the copy's source, and warpgroup 1's next store into the stage comes after that
   // (DONE).
   const uint32_t crank = CL ? cluster_rank() : 0u, peer = crank ^ 1u;
@@ -1575,11 +1575,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
       }
       __syncthreads();  // K tile 0 + addresses of tile 1 (ASYM: and 2) visible
       if constexpr (CL) {  // tile 0's rows of this block to the peer; the peer's landed (LANDED)
-        if (tid == 128) {
-          copy_rows_cl(0, c32);
-          mbar_wait_cta(mbar, 0u);
-          mbar_arrive_remote_cta(cluster_map(mbar + 32, peer));
-        }
+        if (tid == 128) copy_rows_cl(0, c32);
       }
       if (!ASYM && ntiles > 1) g.load(meta_d + BN, meta_s + BN, tid);
     }
@@ -1663,6 +1659,10 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
       }
     };
     if (NT > 1) load_half(1);
+    if (CL && tid == 128 && NT > 0) {  // the peer's rows of tile 0 landed here: tell the peer (its LANDED)
+      mbar_wait_cta(mbar, 0u);
+      mbar_arrive_remote_cta(cluster_map(mbar + 32, peer));
+    }
     float rm[2] = {neg_inf(), neg_inf()}, rl[2] = {0.f, 0.f}, rle[2] = {0.f, 0.f};  // warpgroup 0's rows
     // Two-token blocks: after token t's last tile each warpgroup writes its half of
     // token t's output (value dims 256 wg ..) straight from the fragments, scaled by
@@ -1969,10 +1969,6 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
           named_bar_arrive(kFull + nxt, 2 * 128);
           send_rows_cl(nxt, j + 1);
           if (j + 2 < NT && !(two && j == ntiles - 1)) load_half((j + 2) & 3);
-          if (CL && tid == 128) {  // the peer's rows of tile j + 1 landed here: tell the peer (its LANDED)
-            mbar_wait_cta(mbar + 8 * nxt, uint32_t((j + 1) >> 1) & 1u);
-            mbar_arrive_remote_cta(cluster_map(mbar + 32 + 8 * nxt, peer));
-          }
         }
         named_bar_sync(kPrdy + cur, 2 * 128);  // P(j), alpha(j)
         if (two && j == ntiles - 1 && ntiles < NT) {
@@ -2038,6 +2034,12 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
                                 wg_desc_add(vd0, uint32_t(kk * 16 * 128)));
         }
         wg_commit();
+        // CL: while the P.V runs, the peer's rows of tile j + 1 landed here: tell the peer (its
+        // LANDED; not before PRDY, so that this warpgroup's P.V never waits for the peer's copy).
+        if (CL && tid == 128 && j + 1 < NT) {
+          mbar_wait_cta(mbar + 8 * nxt, uint32_t((j + 1) >> 1) & 1u);
+          mbar_arrive_remote_cta(cluster_map(mbar + 32 + 8 * nxt, peer));
+        }
         wg_wait_all();
         wg_fence_operands(*reinterpret_cast<float(*)[128]>(acc));
         if (j + 2 < NT) {  // stage cur free for tile j + 2
