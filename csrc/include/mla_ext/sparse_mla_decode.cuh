@@ -1470,10 +1470,10 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
   // FULLR[s], once the peer's 8 warps have released that stage (this block's EMPTYR[s]).
   // Warpgroup 0 gathers nothing: its store phase leaves the Q.K -> softmax -> P.V chain.
   // The copy's completion is seen only by the receiver (FULLR), so the receiver's copying
-  // thread, once its own copy and the next loads are issued (in the loop: once its warpgroup's
-  // P.V is issued), waits for the incoming one and passes that back (the sender's LANDED[s]); warpgroup 0 waits for it before writing P over the stage's RoPE block,
-  // part of the copy's source, and warpgroup 1's next store into the stage comes after that
-  // (DONE).
+  // thread, once its own copy and the next loads are issued (in the loop: once its
+  // warpgroup's P.V is issued), waits for the incoming one and passes that back (the sender's
+  // LANDED[s]); warpgroup 0 waits for it before writing P over the stage's RoPE block, part of
+  // the copy's source, and warpgroup 1's next store into the stage comes after that (DONE).
   const uint32_t crank = CL ? cluster_rank() : 0u, peer = crank ^ 1u;
   // FULLR[s] at mbar + 8 s, EMPTYR[s] at mbar + 16 + 8 s, LANDED[s] at mbar + 32 + 8 s
   const uint32_t mbar = smem_addr(smem + C::mbOff);
