@@ -2814,7 +2814,7 @@ __global__ void __launch_bounds__(kThreads,
 }
 
 // The asymmetric fp8_ds_mla kernel as 2-block clusters, the pair being a (token, split)'s two
-// head groups (decode_body's CL; launch_split_cluster). Launched on Hopper only.
+// head groups (decode_body's CL; launch_split's CL). Launched on Hopper only.
 template <int DQK, KvFormat F>
 __global__ void __launch_bounds__(kThreads, 1) decode_split_cluster_kernel(const DecodeArgs a) {
   wait_for_prior_grids();
@@ -3129,8 +3129,9 @@ inline Status launch_reduce(const ReduceArgs& r, uint32_t rows, gpuStream_t stre
   return launch_kernel(pdl, kernel, dim3(rows, CH), dim3((kReduceThreads / CH) * groups), 0, stream, r);
 }
 
+// CL: the asymmetric fp8_ds_mla kernel as 2-block clusters (decode_split_cluster_kernel).
 template <int MT, int DQK, KvFormat F, bool MMA, bool BAL, bool WG = false, bool ASYM = false, bool TWO = false,
-          bool QREG = false, bool ANCH = false>
+          bool QREG = false, bool ANCH = false, bool CL = false>
 inline Status launch_split(const DecodeArgs& a, uint32_t blocks, gpuStream_t stream) {
   constexpr bool kSc = kv_layout(F) == KvFormat::kFP8DsMla;
   // WG: room for either body of the kernel (decode_split_mma_kernel).
@@ -3144,13 +3145,15 @@ inline Status launch_split(const DecodeArgs& a, uint32_t blocks, gpuStream_t str
   static PerDevice<bool> done;
   static PerDevice<signed char> pdl_cache;
   void (*kernel)(DecodeArgs);
-  if constexpr (MMA)
+  if constexpr (CL)
+    kernel = decode_split_cluster_kernel<DQK, F>;
+  else if constexpr (MMA)
     kernel = decode_split_mma_kernel<MT, DQK, F, BAL, WG, ASYM, TWO, QREG, ANCH>;
   else
     kernel = decode_split_portable_kernel<MT, DQK, F, BAL, ANCH>;
   if (!ensure_smem(done, reinterpret_cast<const void*>(kernel), kBytes)) return Status::kLaunchFailed;
   const bool pdl = use_pdl(kPdlDecodeSplit, pdl_cache, kernel);
-  return launch_kernel(pdl, kernel, dim3(blocks), dim3(kThreads), kBytes, stream, a);
+  return launch_kernel_ex(pdl, CL ? 2u : 1u, kernel, dim3(blocks), dim3(kThreads), kBytes, stream, a);
 }
 
 // Whether the 64-head tile of the FP8 rows (V4; V3.2 since the forty-first session: -34..-40%
@@ -3178,19 +3181,6 @@ inline bool decode_use_asym() {
 inline bool decode_use_cluster() {
   static const bool on = env_int("MLA_EXT_CLUSTER", 0) != 0;
   return on;
-}
-template <int DQK, KvFormat F>
-inline Status launch_split_cluster(const DecodeArgs& a, uint32_t blocks, gpuStream_t stream) {
-  using CW = Cfg<4, DQK, true, true, true, true, true>;
-  using CM = Cfg<4, DQK, true, true>;
-  constexpr size_t kBytes = CW::bytes > CM::bytes ? CW::bytes : CM::bytes;
-  if (a.smem_limit != 0 && kBytes > a.smem_limit) return Status::kUnsupported;
-  static PerDevice<bool> done;
-  static PerDevice<signed char> pdl_cache;
-  void (*kernel)(DecodeArgs) = decode_split_cluster_kernel<DQK, F>;
-  if (!ensure_smem(done, reinterpret_cast<const void*>(kernel), kBytes)) return Status::kLaunchFailed;
-  const bool pdl = use_pdl(kPdlDecodeSplit, pdl_cache, kernel);
-  return launch_kernel_ex(pdl, 2u, kernel, dim3(blocks), dim3(kThreads), kBytes, stream, a);
 }
 
 // Whether the 16-head V4 kernel holds its Q fragments in registers (decode_body's QREG):
@@ -3272,7 +3262,8 @@ inline Status launch_split_mt(int mt, bool wg, const DecodeArgs& a, uint32_t blo
           if (wg && decode_use_asym()) {
             if (a.head_groups == 2 && decode_use_cluster()) {
               // (kUnsupported without cluster launches, CUDA < 12.3: the one-block kernel)
-              const Status st = launch_split_cluster<DQK, F>(a, blocks, stream);
+              const Status st =
+                  launch_split<4, DQK, F, MMA, false, true, true, false, false, false, true>(a, blocks, stream);
               if (st != Status::kUnsupported) return st;
             }
             return launch_split<4, DQK, F, MMA, false, true, true>(a, blocks, stream);
