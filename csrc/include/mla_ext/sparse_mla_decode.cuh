@@ -179,10 +179,10 @@ struct Cfg {
   // ratios: Gather's EXPK).
   static constexpr int kScaleRows = ASYM ? 8 : 4;
   static constexpr size_t vmOff = scOff + (SCALED ? size_t(kStages) * kScaleRows * BN * 4 : 0);
-  // ASYM fp8_ds_mla: 6 mbarriers (used by the 2-block cluster kernel only: FULLR[2], EMPTYR[2] and
-  // LANDED[2], decode_body's CL).
+  // ASYM fp8_ds_mla: 4 mbarriers (used by the 2-block cluster kernel only: FULLR[2] and
+  // EMPTYR[2], decode_body's CL).
   static constexpr size_t mbOff = vmOff + (ASYM ? size_t(kMetaSlots) * 8 : 0);
-  static constexpr size_t bytes = mbOff + (ASYM && SCALED ? 48 : 0) + kAlignPad;
+  static constexpr size_t bytes = mbOff + (ASYM && SCALED ? 32 : 0) + kAlignPad;
   static constexpr int TPR = kThreads / HTp;  // softmax threads per head row
   static constexpr int CPT = BN / TPR;        // softmax columns per thread
 };
@@ -1465,17 +1465,18 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
 
   // CL (2-block clusters): rank r of the pair gathers rows 32 r .. 32 r + 31 of every tile,
   // all by its warpgroup 1 (the 256-thread row-quarter dealing's virtual threads 128 r ..
-  // 128 r + 127), into its own stage; one thread of warpgroup 1 then copies them on to the
-  // peer's stage (cp.async.bulk: 9 x 4 KB of K, 7 x 128 B of scales) completing on the peer's
-  // FULLR[s], once the peer's 8 warps have released that stage (this block's EMPTYR[s]).
+  // 128 r + 127), into its own stage; one thread of warpgroup 1 then copies their value dims
+  // 0-511 and scale rows on to the peer's stage (cp.async.bulk: 8 x 4 KB of K, 7 x 128 B of
+  // scales) completing on the peer's FULLR[s]. The RoPE dims (512-575, the block that P
+  // overwrites after Q.K) are not copied: warpgroup 1 loads those of the peer's 32 rows as well
+  // (2 x 16 B per thread), so that no copy reads the block P goes to. A copy's completion is
+  // seen only by the receiver (FULLR), so the sender learns that its source was read from the
+  // peer's release of the stage (this block's EMPTYR[s], arrived by the peer's 8 warps once done
+  // with the tile, hence after its FULLR): warpgroup 1 waits for it before storing the next
+  // tile into the stage, and its copy into the peer's stage needs the same release.
   // Warpgroup 0 gathers nothing: its store phase leaves the Q.K -> softmax -> P.V chain.
-  // The copy's completion is seen only by the receiver (FULLR), so the receiver's copying
-  // thread, once its own copy and the next loads are issued (in the loop: once its
-  // warpgroup's P.V is issued), waits for the incoming one and passes that back (the sender's
-  // LANDED[s]); warpgroup 0 waits for it before writing P over the stage's RoPE block, part of
-  // the copy's source, and warpgroup 1's next store into the stage comes after that (DONE).
   const uint32_t crank = CL ? cluster_rank() : 0u, peer = crank ^ 1u;
-  // FULLR[s] at mbar + 8 s, EMPTYR[s] at mbar + 16 + 8 s, LANDED[s] at mbar + 32 + 8 s
+  // FULLR[s] at mbar + 8 s, EMPTYR[s] at mbar + 16 + 8 s
   const uint32_t mbar = smem_addr(smem + C::mbOff);
   if constexpr (CL) {
     if (tid == 0) {
@@ -1483,22 +1484,20 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
       mbar_init(mbar + 8, 1);
       mbar_init(mbar + 16, 8);   // EMPTYR[s]: the peer's 8 warps are done with its stage s
       mbar_init(mbar + 24, 8);
-      mbar_init(mbar + 32, 1);   // LANDED[s]: this block's rows copied into the peer's stage s
-      mbar_init(mbar + 40, 1);
       fence_mbar_init();
     }
     cluster_sync();  // barriers initialised, the peer running
   }
-  // CL: rows 32 r .. 32 r + 31 of this block's stage st (K and scale rows) to the peer's stage st,
-  // completing on the peer's FULLR[st]. One thread, after the rows' stores and proxy fences.
+  // CL: rows 32 r .. 32 r + 31 of this block's stage st (value dims and scale rows) to the peer's
+  // stage st, completing on the peer's FULLR[st]. One thread, after the rows' stores and proxy fences.
   auto copy_rows_cl = [&](int st, int row0) {
     if constexpr (CL) {
       const uint32_t fr = cluster_map(mbar + 8 * st, peer);
       constexpr uint32_t kRowBytes = 32 * 128, kScBytes = 32 * 4;
-      mbar_arrive_expect_tx_remote(fr, 9 * kRowBytes + 7 * kScBytes);
+      mbar_arrive_expect_tx_remote(fr, 8 * kRowBytes + 7 * kScBytes);
       const uint32_t kb = smem_addr(Ks + st * (C::kStageBytes / 2)) + uint32_t(row0 * 128);
 #pragma unroll
-      for (int b = 0; b < 9; ++b) {
+      for (int b = 0; b < 8; ++b) {
         const uint32_t src = kb + uint32_t(b * BN * 128);
         bulk_copy_to_peer(cluster_map(src, peer), src, kRowBytes, fr);
       }
@@ -1515,6 +1514,29 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
   // tile shifted by c32 rows (row addresses, K rows, scale rows and the live count), so that its
   // row arithmetic stays the committed kernel's (a rank-dependent dealing spilled registers).
   const int c32 = CL ? int(32 * crank) : 0;
+  // CL (warpgroup 1, virtual thread vt = tid - 128): RoPE chunks 2 q, 2 q + 1 of the peer's row
+  // 32 (r ^ 1) + row (row, q: vt's row quarter), loaded with the thread's own rows of the tile
+  // (row addresses of slot `slot`) and stored beside them into the stage at K (zeros past `live`).
+  uint4 rope_peer[CL ? 2 : 1];
+  auto load_rope_peer = [&](int slot, int vt) {
+    if constexpr (CL) {
+      const int row = G::quarter_row(vt) + 32 * int(peer), q = vt & 3;
+      const uint8_t* const d = meta_d[slot * BN + row];
+#pragma unroll
+      for (int k = 0; k < 2; ++k)
+        rope_peer[k] = d != nullptr ? *reinterpret_cast<const uint4*>(d + G::FT::kRopeByte + 16 * G::rope_chunk(q, k, row))
+                                    : make_uint4(0u, 0u, 0u, 0u);
+    }
+  };
+  auto store_rope_peer = [&](uint16_t* K, int vt, int live) {
+    if constexpr (CL) {
+      const int row = G::quarter_row(vt) + 32 * int(peer), q = vt & 3;
+#pragma unroll
+      for (int k = 0; k < 2; ++k)
+        st_shared16(swz_chunk<true, BN>(K, 0, row, G::FT::kRopeDim / 8 + G::rope_chunk(q, k, row)),
+                    row >= live ? make_uint4(0u, 0u, 0u, 0u) : rope_peer[k]);
+    }
+  };
   int32_t idx_next = -1, idx_next2 = -1;
   if (NT > 0) {
     if (tid < BN) {
@@ -1526,7 +1548,10 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
     }
     __syncthreads();
     if constexpr (CL) {
-      if (tid >= 128) g.load(meta_d + c32, meta_s + c32, tid - 128);
+      if (tid >= 128) {
+        g.load(meta_d + c32, meta_s + c32, tid - 128);
+        load_rope_peer(0, tid - 128);
+      }
     } else {
       g.load(meta_d, meta_s, tid);
     }
@@ -1557,7 +1582,10 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
   if constexpr (kPipe) {
     if (NT > 0) {
       if constexpr (CL) {
-        if (tid >= 128) g.template store_swizzled<kWholeK>(Ks + c32 * 64, ksc + c32, tid - 128, live_rows(0) - c32);
+        if (tid >= 128) {
+          g.template store_swizzled<kWholeK>(Ks + c32 * 64, ksc + c32, tid - 128, live_rows(0) - c32);
+          store_rope_peer(Ks, tid - 128, live_rows(0));
+        }
       } else {
         g.template store_swizzled<kWholeK>(Ks, ksc, tid, live_rows(0));
       }
@@ -1574,7 +1602,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
         }
       }
       __syncthreads();  // K tile 0 + addresses of tile 1 (ASYM: and 2) visible
-      if constexpr (CL) {  // tile 0's rows of this block to the peer; the peer's landed (LANDED)
+      if constexpr (CL) {  // tile 0's rows of this block to the peer
         if (tid == 128) copy_rows_cl(0, c32);
       }
       if (!ASYM && ntiles > 1) g.load(meta_d + BN, meta_s + BN, tid);
@@ -1620,10 +1648,11 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
     // CL (V3.2 at 65-128 heads: the pair of blocks of a (token, split)'s two head groups as a
     // 2-block cluster): warpgroup 1 alone gathers this block's 32 rows of every tile (rows 32 r ..;
     // the gh, store and FULL steps above, rows shifted by c32) and one of its threads copies them
-    // into the peer's stage (send_rows_cl); warpgroup 0 stores nothing and waits on FULLR (the
-    // peer's rows) beside FULL at the top of each tile, and on LANDED (this block's rows arrived
-    // in the peer) before writing P; every warp releases a stage to the peer (EMPTYR) where it
-    // arrives on DONE / FREE. Off by default (decode_use_cluster).
+    // (but their RoPE dims) into the peer's stage (send_rows_cl), and it loads and stores the
+    // RoPE dims of the peer's 32 rows itself; warpgroup 1 waits for the peer's release of the
+    // stage (EMPTYR) before storing into it; warpgroup 0 stores nothing and waits on FULLR (the
+    // peer's rows) beside FULL at the top of each tile; every warp releases a stage to the peer
+    // (EMPTYR) where it arrives on DONE / FREE. Off by default (decode_use_cluster).
     constexpr int kFull = 1, kPrdy = 3, kFree = 5, kDone = 7;
     constexpr int kWg1 = 11;  // CL: warpgroup 1 alone
     auto ksc_of = [&](int st) -> float* { return ksc + (SC ? st * C::kScaleRows * BN : 0); };
@@ -1637,18 +1666,25 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
     G gh;
     const int vt = wg == 0 ? tid + 128 : tid - 128;  // virtual thread of the 256-thread dealing
     auto load_half = [&](int slot) {
-      if (!CL || wg == 1) gh.load(meta_d + slot * BN + c32, meta_s + slot * BN + c32, vt);
+      if (!CL || wg == 1) {
+        gh.load(meta_d + slot * BN + c32, meta_s + slot * BN + c32, vt);
+        load_rope_peer(slot, vt);
+      }
+    };
+    // CL (warpgroup 1): before storing tile tl into stage st (tl >= 2), the peer's release of its
+    // stage st (there: tile tl - 2), which both lets this block's copy overwrite the peer's stage
+    // and says that the copy of tile tl - 2 out of this block's stage st has been read.
+    auto wait_peer_release_cl = [&](int st, int tl) {
+      if constexpr (CL) {
+        if (tl >= 2) mbar_wait_cta(mbar + 16 + 8 * st, uint32_t((tl - 2) >> 1) & 1u);
+      }
     };
     // CL (warpgroup 1): after the block's rows of a tile are in stage st (and proxy-fenced): all
-    // its threads' stores done (warpgroup barrier), then one thread waits until the peer has
-    // released its stage st (there: tile tl - 2) and copies the rows of tile tl there.
-    auto send_rows_cl = [&](int st, int tl) {
+    // its threads' stores done (warpgroup barrier), then one thread copies them to the peer.
+    auto send_rows_cl = [&](int st) {
       if constexpr (CL) {
         named_bar_sync(kWg1, 128);
-        if (tid == 128) {
-          if (tl >= 2) mbar_wait_cta(mbar + 16 + 8 * st, uint32_t((tl - 2) >> 1) & 1u);
-          copy_rows_cl(st, c32);
-        }
+        if (tid == 128) copy_rows_cl(st, c32);
       }
     };
     // CL: this warp is done with the tile in stage st: the peer may copy into this block's
@@ -1659,10 +1695,6 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
       }
     };
     if (NT > 1) load_half(1);
-    if (CL && tid == 128 && NT > 0) {  // the peer's rows of tile 0 landed here: tell the peer (its LANDED)
-      mbar_wait_cta(mbar, 0u);
-      mbar_arrive_remote_cta(cluster_map(mbar + 32, peer));
-    }
     float rm[2] = {neg_inf(), neg_inf()}, rl[2] = {0.f, 0.f}, rle[2] = {0.f, 0.f};  // warpgroup 0's rows
     // Two-token blocks: after token t's last tile each warpgroup writes its half of
     // token t's output (value dims 256 wg ..) straight from the fragments, scaled by
@@ -1845,9 +1877,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
           rle[hf] = rle[hf] * alpha[hf] + lsum_exact;
           rm[hf] = m_new;
         }
-        // P and alpha of tile j for warpgroup 1 (P in the swizzled K-major tile). CL: P goes
-        // over the stage's RoPE block, which this block's copy of tile j reads: once it landed.
-        if constexpr (CL) mbar_wait_cta(mbar + 32 + 8 * cur, uint32_t(j >> 1) & 1u);
+        // P and alpha of tile j for warpgroup 1 (P in the swizzled K-major tile).
         uint16_t* const Pj = p_of(cur);
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
@@ -1963,11 +1993,13 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
         // this half of tile j + 2 (addresses published by DONE or the prologue).
         if (j + 1 < NT) {
           if (j > 0) named_bar_sync(kDone + nxt, 2 * 128);
+          wait_peer_release_cl(nxt, j + 1);
           gh.template store_swizzled<kWholeK>(Ks + nxt * (C::kStageBytes / 2) + c32 * 64, ksc_of(nxt) + c32, vt,
                                               live_rows(j + 1) - c32);
+          store_rope_peer(Ks + nxt * (C::kStageBytes / 2), vt, live_rows(j + 1));
           fence_proxy_async();
           named_bar_arrive(kFull + nxt, 2 * 128);
-          send_rows_cl(nxt, j + 1);
+          send_rows_cl(nxt);
           if (j + 2 < NT && !(two && j == ntiles - 1)) load_half((j + 2) & 3);
         }
         named_bar_sync(kPrdy + cur, 2 * 128);  // P(j), alpha(j)
@@ -2034,12 +2066,6 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
                                 wg_desc_add(vd0, uint32_t(kk * 16 * 128)));
         }
         wg_commit();
-        // CL: while the P.V runs, the peer's rows of tile j + 1 landed here: tell the peer (its
-        // LANDED; not before PRDY, so that this warpgroup's P.V never waits for the peer's copy).
-        if (CL && tid == 128 && j + 1 < NT) {
-          mbar_wait_cta(mbar + 8 * nxt, uint32_t((j + 1) >> 1) & 1u);
-          mbar_arrive_remote_cta(cluster_map(mbar + 32 + 8 * nxt, peer));
-        }
         wg_wait_all();
         wg_fence_operands(*reinterpret_cast<float(*)[128]>(acc));
         if (j + 2 < NT) {  // stage cur free for tile j + 2
@@ -3173,11 +3199,11 @@ inline bool decode_use_asym() {
 // Whether V3.2's asymmetric kernel runs as 2-block clusters at two head groups (65-128 heads;
 // decode_body's CL: each block gathers and dequantises half of every tile and copies it into
 // the peer's shared memory): only with the environment variable MLA_EXT_CLUSTER (read once)
-// set to a nonzero integer. Off by default until the race-free form is measured: the form
-// without the LANDED barriers ran -3.1 / -9.0 / -7.9 / -6.4% at 128 heads x 16 / 64 / 128 /
-// 512 tokens on the H200, but could overwrite its copy's source before the copy read it;
-// LANDED passed on by warpgroup 0 measured +10% against that; this form (LANDED passed on by
-// the copying thread) has not run yet (benchmarks/RESULTS.md, forty-fourth session).
+// set to a nonzero integer. Off by default until this form is measured: the first form (RoPE
+// rows copied too) ran -3.1 / -9.0 / -7.9 / -6.4% at 128 heads x 16 / 64 / 128 / 512 tokens on
+// the H200, but could overwrite its copy's source (P over the RoPE block) before the copy read
+// it; ordering that by a LANDED barrier per stage cost +10..+15% (benchmarks/RESULTS.md,
+// forty-fourth and forty-fifth sessions).
 inline bool decode_use_cluster() {
   static const bool on = env_int("MLA_EXT_CLUSTER", 0) != 0;
   return on;
