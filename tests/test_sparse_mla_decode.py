@@ -1709,7 +1709,7 @@ def _split_kernel_names(fn):
 
 
 def _switch_on(var, env=None, default=True):
-    """Whether a switch (MLA_EXT_ASYM: default on, MLA_EXT_CLUSTER: default off) is on with the
+    """Whether a switch (MLA_EXT_ASYM, MLA_EXT_CLUSTER: both default on) is on with the
     value `env` (None: this process's environment), as the extension reads it (strtol): unset or
     empty -> `default`, 0 or text that is not a number -> no, any other integer -> yes."""
     v = (os.environ.get(var, "") if env is None else env).strip()
@@ -1729,8 +1729,8 @@ def _asym_on(env=None):
 
 def _cluster_on(env=None):
     """Whether V3.2's asymmetric 64-head kernel runs as 2-block clusters at 65-128 heads under
-    MLA_EXT_CLUSTER = `env` (_switch_on; off unless set)."""
-    return _switch_on("MLA_EXT_CLUSTER", env, default=False)
+    MLA_EXT_CLUSTER = `env` (_switch_on)."""
+    return _switch_on("MLA_EXT_CLUSTER", env)
 
 
 def _asym_expected(fmt):
@@ -2292,11 +2292,11 @@ def test_gpu_asym_switch_both_kernels(tmp_path):
 
 @requires_gpu
 def test_gpu_cluster_switch_bit_identical(tmp_path):
-    """V3.2 rows (fp8_ds_mla and its fnuz twin) at 65-128 heads with MLA_EXT_CLUSTER=0 and unset
-    (the default: two independent 64-head blocks per (token, split), each gathering every row)
-    and =1 (the two blocks as a 2-block cluster, each gathering half of every tile and copying it
-    into the other's shared memory): each against the float64 reference, and the cluster kernel
-    bit-identical to the other (the same products in the same order; only who stores each row
+    """V3.2 rows (fp8_ds_mla and its fnuz twin) at 65-128 heads with MLA_EXT_CLUSTER=0 (two
+    independent 64-head blocks per (token, split), each gathering every row), =1 and unset (the
+    default: the two blocks as a 2-block cluster, each gathering half of every tile and copying
+    it into the other's shared memory): each against the float64 reference, and the cluster
+    kernel bit-identical to the other (the same products in the same order; only who stores each row
     differs). Splits of 1-32 tiles, short index sets (contexts from 300: tiles of invalid rows
     and partial tiles), partial second head groups (65, 100 heads), 1-40 tokens. Each in its own
     process: the switch is read once. Where the profiler names kernels, the kernel's name shows
@@ -2320,12 +2320,12 @@ def test_gpu_cluster_switch_bit_identical(tmp_path):
 
 
 def _cluster_edge_cases(fmt, H):
-    """V3.2 rows at 65-128 heads with the 64-head tile (on Hopper with an sm_90a build and
-    MLA_EXT_CLUSTER=1: the 2-block cluster kernel) where splits walk no tile at all (lengths 0,
+    """V3.2 rows at 65-128 heads with the 64-head tile (on Hopper with an sm_90a build, unless
+    MLA_EXT_CLUSTER=0: the 2-block cluster kernel) where splits walk no tile at all (lengths 0,
     or all rows past a split's end), one partial tile (1, 63 rows), exactly one or two tiles
     (64, 128) and one row more (65, 129), with invalid rows inside, against the float64
     reference on poisoned outputs and workspace: automatic and 1-7 splits. Where the profiler
-    names kernels and the cluster kernel is expected, it is the one that ran."""
+    names kernels, the cluster kernel ran exactly where it is expected (_cluster_on)."""
     g = torch.Generator().manual_seed(H + len(fmt))
     T, W, ps = 12, 700, 64
     num_pages = -(-W * T // ps) + 2
@@ -2339,26 +2339,26 @@ def _cluster_edge_cases(fmt, H):
         with gpu_path(head_tile=64):
             names = _split_kernel_names(lambda: run_check(q, cache, idx, fmt=fmt, scale=576 ** -0.5, device="cuda",
                                                           num_splits=S, lengths=lengths, sink=sink, memo=memo))
-        if names and _wgmma_kernel_expected() and _asym_on() and _cluster_on():
-            assert any("decode_split_cluster_kernel" in n for n in names), (S, names)
+        if names and _wgmma_kernel_expected() and _asym_on():
+            assert any("decode_split_cluster_kernel" in n for n in names) == _cluster_on(), (S, names)
 
 
 @requires_gpu
 @pytest.mark.parametrize("fmt", ["fp8_ds_mla", "fp8_ds_mla_fnuz"])
 @pytest.mark.parametrize("H", [100, 128])
 def test_gpu_short_and_empty_splits_at_two_head_groups(fmt, H):
-    """_cluster_edge_cases in this process (the default: two independent 64-head blocks, unless
-    MLA_EXT_CLUSTER is set)."""
+    """_cluster_edge_cases in this process (the default: the 2-block cluster kernel, unless
+    MLA_EXT_CLUSTER=0 is set)."""
     _cluster_edge_cases(fmt, H)
 
 
 @requires_gpu
-def test_gpu_cluster_kernel_short_and_empty_splits():
+def test_gpu_one_block_kernel_short_and_empty_splits():
     """_cluster_edge_cases for both V3.2 formats at 100 and 128 heads in a fresh process with
-    MLA_EXT_CLUSTER=1 (the switch is read once per process): the 2-block cluster kernel."""
+    MLA_EXT_CLUSTER=0 (the switch is read once per process): two independent 64-head blocks."""
     code = ("import sys; sys.path.insert(0, sys.argv[1]); import test_sparse_mla_decode as m; "
             "[m._cluster_edge_cases(f, h) for f in ('fp8_ds_mla', 'fp8_ds_mla_fnuz') for h in (100, 128)]")
-    env = dict(os.environ, MLA_EXT_CLUSTER="1")
+    env = dict(os.environ, MLA_EXT_CLUSTER="0")
     subprocess.run([sys.executable, "-c", code, os.path.dirname(os.path.abspath(__file__))], check=True, env=env)
 
 

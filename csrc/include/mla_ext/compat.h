@@ -425,4 +425,51 @@ inline Status launch_kernel(bool programmatic, void (*kernel)(KArgs...), dim3 gr
   return launch_kernel_ex(programmatic, 1u, kernel, grid, block, smem, stream, args...);
 }
 
+// Whether `kernel` (its dynamic shared memory attribute already set) can run as clusters of
+// cluster_x blocks of `block` threads and `smem` bytes each on the current device: asked once
+// per device (cudaOccupancyMaxActiveClusters > 0; a failed query counts as no, its error
+// cleared). A partition of the GPU (MPS, green contexts) may leave no room for a cluster of
+// such blocks; the launcher then takes a kernel without clusters. CUDA >= 12.3 only
+// (launch_kernel_ex's cluster launches); false elsewhere.
+template <typename... KArgs>
+inline bool cluster_fits(PerDevice<signed char>& cache, void (*kernel)(KArgs...), unsigned cluster_x, dim3 block,
+                         size_t smem) {
+#if defined(MLA_EXT_CUDA) && defined(CUDART_VERSION) && CUDART_VERSION >= 12030
+  int dev = 0;
+  if (mlaGetDevice(&dev) != MLA_EXT_GPU_SUCCESS || dev < 0 || dev >= 64) {
+    (void)mlaGetLastError();
+    return false;
+  }
+  signed char c = cache.get(dev);
+  if (c == 0) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(cluster_x);
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cudaLaunchAttribute attr;
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = cluster_x;
+    attr.val.clusterDim.y = 1;
+    attr.val.clusterDim.z = 1;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    int n = 0;
+    if (cudaOccupancyMaxActiveClusters(&n, reinterpret_cast<const void*>(kernel), &cfg) != cudaSuccess) {
+      (void)cudaGetLastError();
+      n = 0;
+    }
+    c = n > 0 ? 1 : -1;
+    cache.set(dev, c);
+  }
+  return c > 0;
+#else
+  (void)cache;
+  (void)kernel;
+  (void)cluster_x;
+  (void)block;
+  (void)smem;
+  return false;
+#endif
+}
+
 }  // namespace mla_ext

@@ -3178,6 +3178,10 @@ inline Status launch_split(const DecodeArgs& a, uint32_t blocks, gpuStream_t str
   else
     kernel = decode_split_portable_kernel<MT, DQK, F, BAL, ANCH>;
   if (!ensure_smem(done, reinterpret_cast<const void*>(kernel), kBytes)) return Status::kLaunchFailed;
+  if constexpr (CL) {  // no room for a 2-block cluster (a partition of the GPU): the caller's fallback
+    static PerDevice<signed char> fits;
+    if (!cluster_fits(fits, kernel, 2u, dim3(kThreads), kBytes)) return Status::kUnsupported;
+  }
   const bool pdl = use_pdl(kPdlDecodeSplit, pdl_cache, kernel);
   return launch_kernel_ex(pdl, CL ? 2u : 1u, kernel, dim3(blocks), dim3(kThreads), kBytes, stream, a);
 }
@@ -3198,14 +3202,13 @@ inline bool decode_use_asym() {
 }
 // Whether V3.2's asymmetric kernel runs as 2-block clusters at two head groups (65-128 heads;
 // decode_body's CL: each block gathers and dequantises half of every tile and copies it into
-// the peer's shared memory): only with the environment variable MLA_EXT_CLUSTER (read once)
-// set to a nonzero integer. Off by default until this form is measured: the first form (RoPE
-// rows copied too) ran -3.1 / -9.0 / -7.9 / -6.4% at 128 heads x 16 / 64 / 128 / 512 tokens on
-// the H200, but could overwrite its copy's source (P over the RoPE block) before the copy read
-// it; ordering that by a LANDED barrier per stage cost +10..+15% (benchmarks/RESULTS.md,
-// forty-fourth and forty-fifth sessions).
+// the peer's shared memory): unless the environment variable MLA_EXT_CLUSTER (read once) is
+// "0". H200, same build, three alternating rounds (benchmarks/RESULTS.md, forty-fifth
+// session): V3.2 at 128 heads x 1 / 4 / 16 / 64 / 128 / 512 tokens -1.6 / -4.0 / -3.4 / -6.8 /
+// -5.8 / -5.8% against the one-block kernel; outputs bit-identical. (The forty-fourth session's
+// forms copied the RoPE rows too, which P overwrites: racy, or +10..+15% with a LANDED barrier.)
 inline bool decode_use_cluster() {
-  static const bool on = env_int("MLA_EXT_CLUSTER", 0) != 0;
+  static const bool on = env_int("MLA_EXT_CLUSTER", 1) != 0;
   return on;
 }
 
@@ -3287,7 +3290,8 @@ inline Status launch_split_mt(int mt, bool wg, const DecodeArgs& a, uint32_t blo
         if constexpr (kv_layout(F) == KvFormat::kFP8DsMla && DQK == 576 && !BAL) {
           if (wg && decode_use_asym()) {
             if (a.head_groups == 2 && decode_use_cluster()) {
-              // (kUnsupported without cluster launches, CUDA < 12.3: the one-block kernel)
+              // (kUnsupported without cluster launches, CUDA < 12.3, or without room for a
+              // 2-block cluster: the one-block kernel)
               const Status st =
                   launch_split<4, DQK, F, MMA, false, true, true, false, false, false, true>(a, blocks, stream);
               if (st != Status::kUnsupported) return st;
