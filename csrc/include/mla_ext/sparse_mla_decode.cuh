@@ -1652,7 +1652,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
     // RoPE dims of the peer's 32 rows itself; warpgroup 1 waits for the peer's release of the
     // stage (EMPTYR) before storing into it; warpgroup 0 stores nothing and waits on FULLR (the
     // peer's rows) beside FULL at the top of each tile; every warp releases a stage to the peer
-    // (EMPTYR) where it arrives on DONE / FREE. Off by default (decode_use_cluster).
+    // (EMPTYR) where it arrives on DONE / FREE. The default (decode_use_cluster).
     constexpr int kFull = 1, kPrdy = 3, kFree = 5, kDone = 7;
     constexpr int kWg1 = 11;  // CL: warpgroup 1 alone
     auto ksc_of = [&](int st) -> float* { return ksc + (SC ? st * C::kScaleRows * BN : 0); };
