@@ -1574,14 +1574,16 @@ a, a_lse = torch.randn(2, 4, 64, device="cuda"), torch.randn(2, 4, device="cuda"
 merged = torch.empty_like(a)
 results = []
 # Two different split kernels (16-head tiles of d_qk 512 and 576, 96 and 110 KB of shared memory:
-# each raises its limit on its first call), the second with the reduce.
-for fmt, d_qk, S in (("fp8_ds_mla_v4", 512, 1), ("fp8_ds_mla", 576, 4)):
+# each raises its limit on its first call), the second with the reduce; then V3.2 at 128 heads
+# (on Hopper with an sm_90a build: the 2-block cluster kernel, whose first call also asks
+# whether a cluster fits).
+for fmt, d_qk, S, H in (("fp8_ds_mla_v4", 512, 1, 16), ("fp8_ds_mla", 576, 4, 16), ("fp8_ds_mla", 576, 2, 128)):
     idx, lengths = make_indices(g, 3, 300, 20 * 64, "scattered", "random")
     cache = make_cache(g, fmt, d_qk, 20, 64, idx, "cuda")
-    q = torch.randn(3, 16, d_qk, generator=g).to(torch.bfloat16).cuda()
+    q = torch.randn(3, H, d_qk, generator=g).to(torch.bfloat16).cuda()
     idx, lengths = idx.cuda(), lengths.cuda()
     kw = dict(kv_format=fmt, softmax_scale=0.07, lengths=lengths, num_splits=S)
-    out, lse, ws = poisoned_buffers(3, 16, S, "cuda")
+    out, lse, ws = poisoned_buffers(3, H, S, "cuda")
     torch.cuda.synchronize()
     lib = loaded_cuda_runtime()
     err = leave_runtime_error_pending(lib)
@@ -1590,7 +1592,7 @@ for fmt, d_qk, S in (("fp8_ds_mla_v4", 512, 1), ("fp8_ds_mla", 576, 4)):
     mla_ext.sparse_mla_decode(q, cache, idx, output=out, workspace=ws, lse=lse, **kw)
     still = lib.cudaPeekAtLastError()
     lib.cudaGetLastError()
-    again, lse2, _ = poisoned_buffers(3, 16, S, "cuda")
+    again, lse2, _ = poisoned_buffers(3, H, S, "cuda")
     mla_ext.sparse_mla_decode(q, cache, idx, output=again, workspace=ws, lse=lse2, **kw)
     results.append(f"S={S}: pending {err} -> {still}, same result {torch.equal(out, again) and torch.equal(lse, lse2)}")
 print("; ".join(results))
@@ -1599,9 +1601,10 @@ print("; ".join(results))
 
 @requires_gpu
 def test_gpu_pending_runtime_error_kept_by_first_calls():
-    """In a fresh process, the first merge call and the first calls of two decode split kernels
-    (one split of the V4 16-head tile, then four of the V3.2 one with the reduce: each kernel raises
-    its shared-memory limit on its first call) leave an error the caller left pending as it was. The
+    """In a fresh process, the first merge call and the first calls of three decode split kernels
+    (one split of the V4 16-head tile, then four of the V3.2 one with the reduce, then two of V3.2
+    at 128 heads, the cluster kernel on Hopper: each kernel raises its shared-memory limit on its
+    first call) leave an error the caller left pending as it was. The
     CUDA runtime's cudaFuncSetAttribute clears a pending error even when it succeeds (H200, CUDA
     13.0), so the launcher sets that attribute through the driver (compat.h, set_max_dynamic_smem;
     builds with CUDA 11.3+ headers). The results equal a second call's."""
@@ -1618,11 +1621,11 @@ def test_gpu_pending_runtime_error_kept_by_first_calls():
                        text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     line = r.stdout.strip().splitlines()[-1]
-    m = re.fullmatch(r"S=1: pending (\d+) -> (\d+), same result (\w+); S=4: pending (\d+) -> (\d+), same result (\w+)",
-                     line)
+    m = re.fullmatch(r"S=1: pending (\d+) -> (\d+), same result (\w+); S=4: pending (\d+) -> (\d+), same result (\w+); "
+                     r"S=2: pending (\d+) -> (\d+), same result (\w+)", line)
     assert m, line
-    assert m[1] != "0" and m[1] == m[2] and m[4] == m[5] == m[1], line
-    assert m[3] == m[6] == "True", line
+    assert m[1] != "0" and m[1] == m[2] and m[4] == m[5] == m[1] and m[7] == m[8] == m[1], line
+    assert m[3] == m[6] == m[9] == "True", line
 
 
 @requires_gpu

@@ -120,6 +120,17 @@ struct PerDevice {
   void set(int dev, T v) { slot[dev].store(v, std::memory_order_release); }
 };
 
+// The current device's index as a PerDevice slot, or -1 where the runtime does not say (its
+// error cleared) or the index is past the 64 slots.
+inline int current_device_slot() {
+  int dev = 0;
+  if (mlaGetDevice(&dev) != MLA_EXT_GPU_SUCCESS) {
+    (void)mlaGetLastError();
+    return -1;
+  }
+  return dev >= 0 && dev < 64 ? dev : -1;
+}
+
 // Attribute `attr` of device `dev`, read once per device (launchers ask on
 // every launch); 0 when the runtime does not say (its error is cleared).
 template <typename Attr>
@@ -327,11 +338,8 @@ template <typename K>
 inline bool use_pdl(int bit, PerDevice<signed char>& cache, K* kernel) {
 #if defined(MLA_EXT_CUDA) && defined(CUDART_VERSION) && CUDART_VERSION >= 12030
   if ((pdl_mask() & bit) == 0) return false;
-  int dev = 0;
-  if (mlaGetDevice(&dev) != MLA_EXT_GPU_SUCCESS || dev < 0 || dev >= 64) {
-    (void)mlaGetLastError();
-    return false;
-  }
+  const int dev = current_device_slot();
+  if (dev < 0) return false;
   signed char c = cache.get(dev);
   if (c == 0) {
     static const int driver = [] {
@@ -435,11 +443,8 @@ template <typename... KArgs>
 inline bool cluster_fits(PerDevice<signed char>& cache, void (*kernel)(KArgs...), unsigned cluster_x, dim3 block,
                          size_t smem) {
 #if defined(MLA_EXT_CUDA) && defined(CUDART_VERSION) && CUDART_VERSION >= 12030
-  int dev = 0;
-  if (mlaGetDevice(&dev) != MLA_EXT_GPU_SUCCESS || dev < 0 || dev >= 64) {
-    (void)mlaGetLastError();
-    return false;
-  }
+  const int dev = current_device_slot();
+  if (dev < 0) return false;
   signed char c = cache.get(dev);
   if (c == 0) {
     cudaLaunchConfig_t cfg = {};
