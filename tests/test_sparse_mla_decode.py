@@ -1711,13 +1711,13 @@ def _split_kernel_names(fn):
     return [e.key for e in prof.key_averages() if "decode_split" in e.key]
 
 
-def _switch_on(var, env=None, default=True):
+def _switch_on(var, env=None):
     """Whether a switch (MLA_EXT_ASYM, MLA_EXT_CLUSTER: both default on) is on with the
     value `env` (None: this process's environment), as the extension reads it (strtol): unset or
-    empty -> `default`, 0 or text that is not a number -> no, any other integer -> yes."""
+    empty -> yes, 0 or text that is not a number -> no, any other integer -> yes."""
     v = (os.environ.get(var, "") if env is None else env).strip()
     if v == "":
-        return default
+        return True
     try:
         return int(v, 0) != 0
     except ValueError:

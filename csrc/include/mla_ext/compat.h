@@ -385,6 +385,17 @@ inline void fill_kernel_argv(void** argv, Tuple& params, std::index_sequence<I..
 // runtime copies each parameter from the address given).
 // cluster_x > 1 (CUDA, sm_90+): thread-block clusters of cluster_x consecutive blocks along x
 // (the grid's x a multiple of it); elsewhere kUnsupported, nothing launched.
+#if defined(MLA_EXT_CUDA) && defined(CUDART_VERSION) && CUDART_VERSION >= 12030
+// The launch attribute of clusters of cluster_x blocks along x.
+inline cudaLaunchAttribute cluster_dim_attribute(unsigned cluster_x) {
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = cluster_x;
+  attr.val.clusterDim.y = 1;
+  attr.val.clusterDim.z = 1;
+  return attr;
+}
+#endif
 template <typename... KArgs, typename... Args>
 inline Status launch_kernel_ex(bool programmatic, unsigned cluster_x, void (*kernel)(KArgs...), dim3 grid, dim3 block,
                                size_t smem, gpuStream_t stream, const Args&... args) {
@@ -407,13 +418,7 @@ inline Status launch_kernel_ex(bool programmatic, unsigned cluster_x, void (*ker
       attr[n].val.programmaticStreamSerializationAllowed = 1;
       ++n;
     }
-    if (cluster_x > 1) {
-      attr[n].id = cudaLaunchAttributeClusterDimension;
-      attr[n].val.clusterDim.x = cluster_x;
-      attr[n].val.clusterDim.y = 1;
-      attr[n].val.clusterDim.z = 1;
-      ++n;
-    }
+    if (cluster_x > 1) attr[n++] = cluster_dim_attribute(cluster_x);
     cfg.attrs = attr;
     cfg.numAttrs = n;
     err = cudaLaunchKernelExC(&cfg, reinterpret_cast<const void*>(kernel), argv);
@@ -451,11 +456,7 @@ inline bool cluster_fits(PerDevice<signed char>& cache, void (*kernel)(KArgs...)
     cfg.gridDim = dim3(cluster_x);
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
-    cudaLaunchAttribute attr;
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = cluster_x;
-    attr.val.clusterDim.y = 1;
-    attr.val.clusterDim.z = 1;
+    cudaLaunchAttribute attr = cluster_dim_attribute(cluster_x);
     cfg.attrs = &attr;
     cfg.numAttrs = 1;
     int n = 0;

@@ -1476,23 +1476,25 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
   // tile into the stage, and its copy into the peer's stage needs the same release.
   // Warpgroup 0 gathers nothing: its store phase leaves the Q.K -> softmax -> P.V chain.
   const uint32_t crank = CL ? cluster_rank() : 0u, peer = crank ^ 1u;
-  // FULLR[s] at mbar + 8 s, EMPTYR[s] at mbar + 16 + 8 s
   const uint32_t mbar = smem_addr(smem + C::mbOff);
+  auto fullr = [&](int st) { return mbar + uint32_t(8 * st); };        // FULLR[st]
+  auto emptyr = [&](int st) { return mbar + uint32_t(16 + 8 * st); };  // EMPTYR[st]
   if constexpr (CL) {
     if (tid == 0) {
-      mbar_init(mbar, 1);        // FULLR[s]: the peer's rows (1 arrival + their bytes)
-      mbar_init(mbar + 8, 1);
-      mbar_init(mbar + 16, 8);   // EMPTYR[s]: the peer's 8 warps are done with its stage s
-      mbar_init(mbar + 24, 8);
+      for (int st = 0; st < 2; ++st) {
+        mbar_init(fullr(st), 1);   // the peer's rows (1 arrival + their bytes)
+        mbar_init(emptyr(st), 8);  // the peer's 8 warps are done with its stage st
+      }
       fence_mbar_init();
     }
     cluster_sync();  // barriers initialised, the peer running
   }
   // CL: rows 32 r .. 32 r + 31 of this block's stage st (value dims and scale rows) to the peer's
   // stage st, completing on the peer's FULLR[st]. One thread, after the rows' stores and proxy fences.
-  auto copy_rows_cl = [&](int st, int row0) {
+  auto copy_rows_cl = [&](int st) {
     if constexpr (CL) {
-      const uint32_t fr = cluster_map(mbar + 8 * st, peer);
+      const int row0 = int(32 * crank);
+      const uint32_t fr = cluster_map(fullr(st), peer);
       constexpr uint32_t kRowBytes = 32 * 128, kScBytes = 32 * 4;
       mbar_arrive_expect_tx_remote(fr, 8 * kRowBytes + 7 * kScBytes);
       const uint32_t kb = smem_addr(Ks + st * (C::kStageBytes / 2)) + uint32_t(row0 * 128);
@@ -1603,7 +1605,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
       }
       __syncthreads();  // K tile 0 + addresses of tile 1 (ASYM: and 2) visible
       if constexpr (CL) {  // tile 0's rows of this block to the peer
-        if (tid == 128) copy_rows_cl(0, c32);
+        if (tid == 128) copy_rows_cl(0);
       }
       if (!ASYM && ntiles > 1) g.load(meta_d + BN, meta_s + BN, tid);
     }
@@ -1676,7 +1678,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
     // and says that the copy of tile tl - 2 out of this block's stage st has been read.
     auto wait_peer_release_cl = [&](int st, int tl) {
       if constexpr (CL) {
-        if (tl >= 2) mbar_wait_cta(mbar + 16 + 8 * st, uint32_t((tl - 2) >> 1) & 1u);
+        if (tl >= 2) mbar_wait_cta(emptyr(st), uint32_t((tl - 2) >> 1) & 1u);
       }
     };
     // CL (warpgroup 1): after the block's rows of a tile are in stage st (and proxy-fenced): all
@@ -1684,14 +1686,14 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
     auto send_rows_cl = [&](int st) {
       if constexpr (CL) {
         named_bar_sync(kWg1, 128);
-        if (tid == 128) copy_rows_cl(st, c32);
+        if (tid == 128) copy_rows_cl(st);
       }
     };
     // CL: this warp is done with the tile in stage st: the peer may copy into this block's
     // stage st (the peer's EMPTYR[st]).
     auto release_stage_cl = [&](int st) {
       if constexpr (CL) {
-        if (lane == 0) mbar_arrive_remote_cta(cluster_map(mbar + 16 + 8 * st, peer));
+        if (lane == 0) mbar_arrive_remote_cta(cluster_map(emptyr(st), peer));
       }
     };
     if (NT > 1) load_half(1);
@@ -1776,7 +1778,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
       for (int j = 0; j < NT; ++j) {
         const int cur = j & 1, nxt = cur ^ 1;
         if (j > 0) named_bar_sync(kFull + cur, 2 * 128);  // warpgroup 1's half of tile j
-        if constexpr (CL) mbar_wait_cta(mbar + 8 * cur, uint32_t(j >> 1) & 1u);  // the peer's rows of tile j
+        if constexpr (CL) mbar_wait_cta(fullr(cur), uint32_t(j >> 1) & 1u);  // the peer's rows of tile j
         if (two && j == ntiles && j > 0) named_bar_sync(kQrdy, 2 * 128);  // token t + 1's Q
         const uint32_t ks0 = smem_addr(Ks + cur * (C::kStageBytes / 2));
         const uint64_t kd0 = wg_desc(ks0, 16, 1024), vd0 = wg_desc(ks0, uint32_t(BN * 128), 1024);
