@@ -2453,6 +2453,50 @@ def capture_decode_graph(q, cache, idx, kw):
     return graph
 
 
+_GRAPH_FIRST_CALL_SCRIPT = r"""
+import sys
+sys.path[:0] = sys.argv[1:3]  # the parent's mla_ext, then the tests directory
+import torch
+import mla_ext
+from test_sparse_mla_decode import make_cache, make_indices, poisoned_buffers
+
+g = torch.Generator().manual_seed(5)
+T, H, W, fmt, ps, num_pages = 6, 128, 700, "fp8_ds_mla", 64, 80
+idx, lengths = make_indices(g, T, W, num_pages * ps, "scattered", "random")
+cache = make_cache(g, fmt, 576, num_pages, ps, idx, "cuda")
+q = torch.randn(T, H, 576, generator=g).to(torch.bfloat16).cuda()
+idx, lengths = idx.cuda(), lengths.cuda()
+out, lse, ws = poisoned_buffers(T, H, 0, "cuda")
+kw = dict(kv_format=fmt, softmax_scale=576 ** -0.5, lengths=lengths)
+side = torch.cuda.Stream()
+side.wait_stream(torch.cuda.current_stream())
+graph = torch.cuda.CUDAGraph()
+with torch.cuda.stream(side):
+    with torch.cuda.graph(graph, stream=side):  # the process's first decode call
+        mla_ext.sparse_mla_decode(q, cache, idx, output=out, workspace=ws, lse=lse, **kw)
+torch.cuda.current_stream().wait_stream(side)
+graph.replay()
+again, lse2, ws2 = poisoned_buffers(T, H, 0, "cuda")
+mla_ext.sparse_mla_decode(q, cache, idx, output=again, workspace=ws2, lse=lse2, **kw)
+torch.cuda.synchronize()
+print(f"same result {torch.equal(out, again) and torch.equal(lse, lse2)}, nan {bool(out.isnan().any())}")
+"""
+
+
+@requires_gpu
+def test_gpu_first_call_inside_graph_capture():
+    """In a fresh process, the first decode call is captured into a CUDA graph (no warm-up call):
+    V3.2 at 128 heads, which on Hopper runs the 2-block cluster kernel, whose first call sets its
+    shared-memory limit and asks whether a cluster fits. The replayed graph writes what an eager
+    call writes, bit for bit, and every output element."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(mla_ext.__file__)))
+    r = subprocess.run([sys.executable, "-c", _GRAPH_FIRST_CALL_SCRIPT, package_root, here], capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.strip().splitlines()[-1] == "same result True, nan False", r.stdout[-1000:]
+
+
 @requires_gpu
 def test_gpu_cuda_graph_replay_with_new_indices():
     g = torch.Generator().manual_seed(23)
