@@ -1561,6 +1561,17 @@ def test_gpu_pending_runtime_error_left_to_the_caller(S):
     assert torch.equal(out, out2) and torch.equal(lse, lse2)
 
 
+def _fresh_process_last_line(script):
+    """Run `script` in a fresh Python process with this mla_ext and the tests directory as its
+    argv[1:3]; assert it exits 0 and return the last line it printed."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(mla_ext.__file__)))
+    r = subprocess.run([sys.executable, "-c", script, package_root, here], capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r.stdout.strip().splitlines()[-1]
+
+
 _FIRST_CALLS_SCRIPT = r"""
 import sys
 sys.path[:0] = sys.argv[1:3]  # the parent's mla_ext, then the tests directory
@@ -1615,12 +1626,7 @@ def test_gpu_pending_runtime_error_kept_by_first_calls():
     cuda = _build_info().get("cuda_version") or "0.0"
     if tuple(int(x) for x in cuda.split(".")[:2]) < (11, 3):
         pytest.skip(f"built with CUDA {cuda}: the launcher keeps cudaFuncSetAttribute")
-    here = os.path.dirname(os.path.abspath(__file__))
-    package_root = os.path.dirname(os.path.dirname(os.path.abspath(mla_ext.__file__)))
-    r = subprocess.run([sys.executable, "-c", _FIRST_CALLS_SCRIPT, package_root, here], capture_output=True,
-                       text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    line = r.stdout.strip().splitlines()[-1]
+    line = _fresh_process_last_line(_FIRST_CALLS_SCRIPT)
     m = re.fullmatch(r"S=1: pending (\d+) -> (\d+), same result (\w+); S=4: pending (\d+) -> (\d+), same result (\w+); "
                      r"S=2: pending (\d+) -> (\d+), same result (\w+)", line)
     assert m, line
@@ -2489,12 +2495,8 @@ def test_gpu_first_call_inside_graph_capture():
     V3.2 at 128 heads, which on Hopper runs the 2-block cluster kernel, whose first call sets its
     shared-memory limit and asks whether a cluster fits. The replayed graph writes what an eager
     call writes, bit for bit, and every output element."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    package_root = os.path.dirname(os.path.dirname(os.path.abspath(mla_ext.__file__)))
-    r = subprocess.run([sys.executable, "-c", _GRAPH_FIRST_CALL_SCRIPT, package_root, here], capture_output=True,
-                       text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout.strip().splitlines()[-1] == "same result True, nan False", r.stdout[-1000:]
+    line = _fresh_process_last_line(_GRAPH_FIRST_CALL_SCRIPT)
+    assert line == "same result True, nan False", line
 
 
 @requires_gpu
