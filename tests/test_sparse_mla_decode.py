@@ -2028,19 +2028,20 @@ def test_gpu_fp8_every_byte_value_64_head_tile(fmt, d_qk, mma_sync):
 
 
 @requires_gpu
-@pytest.mark.parametrize("mma_sync", [False, True])
-def test_gpu_v32_keys_enter_exactly(mma_sync):
-    """V3.2 (fp32 scales, 64 heads, both tensor-core kernels) on the benchmark's DeepSeek-like
-    inputs, whose scores span ~60 (softmax_scale 0.135): keys must enter the products exactly
-    (e4m3 value, scale applied after). Rounding value x scale to bf16 instead gives lse errors
-    ~0.1 and output errors ~0.02 of max |ref| on these inputs (float64 emulation), so the lse
-    bound below (the CPU's 1e-3) fails for a kernel that rounds keys. Where the warpgroup kernel is
-    expected, the profiler's kernel names show which one ran."""
+@pytest.mark.parametrize("head_tile,mma_sync", [(64, False), (64, True), (16, None), (32, None)])
+def test_gpu_v32_keys_enter_exactly(head_tile, mma_sync):
+    """V3.2 (fp32 scales, 64 heads; the 64-head tile on both tensor-core kernels, and the 16- and
+    32-head mma.sync tiles, whose warps each multiply half of the dims) on the benchmark's
+    DeepSeek-like inputs, whose scores span ~60 (softmax_scale 0.135): keys must enter the
+    products exactly (e4m3 value, scale applied after). Rounding value x scale to bf16 instead
+    gives lse errors ~0.1 and output errors ~0.02 of max |ref| on these inputs (float64
+    emulation), so the lse bound below (the CPU's 1e-3) fails for a kernel that rounds keys. Where
+    the profiler names kernels, they show which one ran."""
     inp = builders.build_decode_inputs("v32", batch=2, num_heads=64, context_len=(3000, 5000), device="cuda",
                                        seed=41)
     T, H = inp.num_tokens, 64
     ref_o, ref_l = inp.reference(dtype=torch.float64)
-    with gpu_path(head_tile=64, mma_sync=mma_sync):
+    with gpu_path(head_tile=head_tile, mma_sync=mma_sync):
         for S in (1, 3):
             out, lse, ws = poisoned_buffers(T, H, S, "cuda")
             mla_ext.sparse_mla_decode(inp.q, inp.kv_cache, inp.indices, output=out, workspace=ws, lse=lse,
@@ -2048,9 +2049,14 @@ def test_gpu_v32_keys_enter_exactly(mma_sync):
             check_out(out, ref_o, inp.kv_format)
             err = (lse.double().cpu() - ref_l.cpu()).abs().max().item()
             assert err <= 1e-3, f"lse error {err:.3g} (splits {S})"
-        _check_64_head_kernel_kind(lambda: mla_ext.sparse_mla_decode(
-            inp.q, inp.kv_cache, inp.indices, output=out, workspace=ws, lse=lse, num_splits=1, **inp.op_kwargs()),
-            mma_sync)
+        run = lambda: mla_ext.sparse_mla_decode(inp.q, inp.kv_cache, inp.indices, output=out, workspace=ws,
+                                                lse=lse, num_splits=1, **inp.op_kwargs())
+        if head_tile == 64:
+            _check_64_head_kernel_kind(run, mma_sync)
+        elif torch.cuda.get_device_capability()[0] >= 8:
+            names = _split_kernel_names(run)
+            mt = str(head_tile // 16)
+            assert all(re.search(r"decode_split_mma_kernel<" + mt + ",", n) for n in names), names
 
 
 @requires_gpu

@@ -153,11 +153,11 @@ struct Cfg {
   static constexpr size_t kOff = 0;
   static constexpr size_t qOff = kOff + kStages * kStageBytes;
   static constexpr size_t qEnd = qOff + (MMA ? size_t(HTp) * KST * 2 : 0);
-  // S partial sums: the 16-head tensor-core tile of the unscaled formats and
-  // the warpgroup tile split Q.K's dims in two halves (decode_body), each with
-  // its own S copy. Two K stages: sOff is stage 1 (the copies of tile j are in
+  // S partial sums: the 16-head mma.sync tile, V3.2's 32-head one and the
+  // warpgroup tile split Q.K's dims in two halves (decode_body), each with its
+  // own S copy. Two K stages: sOff is stage 1 (the copies of tile j are in
   // stage (j + 1) % 2; the balanced map's prologue uses sOff as scratch).
-  static constexpr int kSParts = ((MMA && MT == 1 && !SCALED) || WG) ? 2 : 1;
+  static constexpr int kSParts = ((MMA && MT == 1) || (MMA && SCALED && MT == 2) || WG) ? 2 : 1;
   static constexpr size_t sOff = kStages == 2 ? kOff + kStageBytes : qEnd;
   static_assert(kStages == 1 || size_t(kSParts) * HTp * SST * 4 <= kStageBytes, "S copies fit in a K stage");
   static constexpr size_t pOff = kStages == 2 ? qEnd : sOff + size_t(kSParts) * HTp * SST * 4;
@@ -2150,6 +2150,12 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
     // this halves the k-steps of each warp's dependent chain and the Q
     // fragments every warp reloads from shared memory each tile.
     constexpr bool kHalfK = MMA && MT == 1 && !SC;
+    // kHalfKSc (V3.2's fp8_ds_mla rows in the 16- and 32-head tiles): the same split of the
+    // tile, warp w taking key rows [16 (w % 4), +16) of every head over half of the dims
+    // (dh = w / 4: scale groups 2 dh and 2 dh + 1, then RoPE k-steps 32 + 2 dh, +1), so
+    // each warp reads half of Q per tile instead of all of it: 16 heads, 147 -> 74 KB of
+    // the ~390 KB of shared-memory reads and writes a tile costs, which bound that tile.
+    constexpr bool kHalfKSc = MMA && !WG && SC && MT <= 2;
     if constexpr (WG) {
       // Warpgroup g (threads 128 g ..) multiplies all 64 heads x 64 keys over
       // half of the dims (DQK / 32 k-steps of 16) and writes its own S copy; the
@@ -2216,6 +2222,75 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
           const int col = i * 8 + (lane & 3) * 2;
           *reinterpret_cast<float2*>(Sh + r0 * SST + col) = make_float2(s2[4 * i], s2[4 * i + 1]);
           *reinterpret_cast<float2*>(Sh + (r0 + 8) * SST + col) = make_float2(s2[4 * i + 2], s2[4 * i + 3]);
+        }
+      }
+    } else if constexpr (kHalfKSc) {
+      // Each group's raw product (8 k-steps) times its key rows' scale, the two groups summed,
+      // then the half's two RoPE k-steps accumulated on top, unscaled; into S copy dh.
+      const int warp = tid / 32, lane = tid % 32;
+      const int kg = warp & 3, dh = warp >> 2;
+      const uint32_t qa = smem_addr(Qs + (lane & 15) * KST + (lane >> 4) * 8);
+      const uint32_t kb = smem_addr(Ks + (kg * 16 + ((lane >> 4) & 1) * 8 + (lane & 7)) * KST +
+                                    ((lane >> 3) & 1) * 8);
+      if (kg * 16 < live) {  // (rows past the split's end: the softmax masks their columns)
+        // The half's 18 k-steps (step i: dims 16 (16 dh + i) for i < 16, then RoPE k-step
+        // 32 + 2 dh + i - 16), each step's fragments loaded one step ahead (two register
+        // buffers): loaded and used in the same step, every mma waited for its ldmatrix
+        // (short-scoreboard stalls, 44% of the tile's samples at 16 heads x 128 tokens).
+        uint32_t fa[2][MT][4], fb[2][4];
+        auto load = [&](int b, int i) {
+          const uint32_t off = uint32_t(i < 16 ? (16 * dh + i) * 32 : (32 + 2 * dh + i - 16) * 32);
+          ldsm_x4(fb[b], kb + off);
+#pragma unroll
+          for (int m = 0; m < MT; ++m) ldsm_x4(fa[b][m], qa + uint32_t(m * 16 * KST * 2) + off);
+        };
+        float sacc[MT][2][4], x[MT][2][4];
+        load(0, 0);
+#pragma unroll
+        for (int i = 0; i < 18; ++i) {
+          if (i + 1 < 18) load((i + 1) & 1, i + 1);
+          if (i == 0 || i == 8) {
+#pragma unroll
+            for (int m = 0; m < MT; ++m)
+#pragma unroll
+              for (int n = 0; n < 2; ++n) x[m][n][0] = x[m][n][1] = x[m][n][2] = x[m][n][3] = 0.f;
+          }
+          float(&c)[MT][2][4] = i < 16 ? x : sacc;
+#pragma unroll
+          for (int m = 0; m < MT; ++m) {
+            mma16816(c[m][0], fa[i & 1][m], fb[i & 1][0], fb[i & 1][1]);
+            mma16816(c[m][1], fa[i & 1][m], fb[i & 1][2], fb[i & 1][3]);
+          }
+          if (i == 7 || i == 15) {
+            // columns (key rows) of n-tile n: c[0], c[2] -> col, c[1], c[3] -> col + 1
+            const int h = i >> 3;
+#pragma unroll
+            for (int m = 0; m < MT; ++m)
+#pragma unroll
+              for (int n = 0; n < 2; ++n) {
+                const float2 k2 =
+                    *reinterpret_cast<const float2*>(ksc + (2 * dh + h) * BN + (kg * 2 + n) * 8 + (lane & 3) * 2);
+                float* o = sacc[m][n];
+                const float* v = x[m][n];
+                if (h == 0) {
+                  o[0] = v[0] * k2.x; o[1] = v[1] * k2.y; o[2] = v[2] * k2.x; o[3] = v[3] * k2.y;
+                } else {
+                  o[0] = fmaf(v[0], k2.x, o[0]); o[1] = fmaf(v[1], k2.y, o[1]);
+                  o[2] = fmaf(v[2], k2.x, o[2]); o[3] = fmaf(v[3], k2.y, o[3]);
+                }
+              }
+          }
+        }
+        float* Sh = Ss + dh * (HTp * SST);
+#pragma unroll
+        for (int m = 0; m < MT; ++m) {
+          const int r0 = m * 16 + (lane >> 2);
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            const int col = (kg * 2 + i) * 8 + (lane & 3) * 2;
+            *reinterpret_cast<float2*>(Sh + r0 * SST + col) = make_float2(sacc[m][i][0], sacc[m][i][1]);
+            *reinterpret_cast<float2*>(Sh + (r0 + 8) * SST + col) = make_float2(sacc[m][i][2], sacc[m][i][3]);
+          }
         }
       }
     } else if constexpr (kHalfK) {
@@ -2412,7 +2487,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
       for (int i = 0; i < CPT; ++i) {
         const int col = kPairs ? 8 * (i >> 1) + 2 * ssub + (i & 1) : ssub + TPR * i;
         float x = St[srow * SST + col];
-        if constexpr (kHalfK || WG) x += St[HTp * SST + srow * SST + col];  // the second half's S copy
+        if constexpr (kHalfK || kHalfKSc || WG) x += St[HTp * SST + srow * SST + col];  // the second half's S copy
         x *= a.scale_log2;
         sv[i] = vrow[col] != nullptr ? x : neg_inf();
         lmax = fmaxf(lmax, sv[i]);
