@@ -1584,7 +1584,7 @@ g = torch.Generator().manual_seed(3)
 a, a_lse = torch.randn(2, 4, 64, device="cuda"), torch.randn(2, 4, device="cuda")
 merged = torch.empty_like(a)
 results = []
-# Two different split kernels (16-head tiles of d_qk 512 and 576, 96 and 110 KB of shared memory:
+# Two different split kernels (16-head tiles of d_qk 512 and 576, 96 and 112 KB of shared memory:
 # each raises its limit on its first call), the second with the reduce; then V3.2 at 128 heads
 # (on Hopper with an sm_90a build: the 2-block cluster kernel, whose first call also asks
 # whether a cluster fits).
@@ -1938,7 +1938,7 @@ def test_gpu_balanced_64_head_tile_counts(fmt):
 
 # GPUs with less shared memory per block than the 64-head kernels take (Cfg in
 # sparse_mla_decode.cuh: mma.sync kernels, bytes): 64 heads 162304 (V4) / 178688 (bf16 576) /
-# 207360 (V3.2); 32 heads 115456 / 127744 / 142592; 16 heads 96384 / 106624 / 110208; the
+# 207360 (V3.2); 32 heads 115456 / 127744 / 151296; 16 heads 96384 / 106624 / 114560; the
 # portable kernels <= 48640. Emulated on any GPU with _set_smem_limit plus mma.sync (A100 and
 # sm_86 / sm_89 have no warpgroup MMAs): (limit, format) -> the split kernel expected.
 SMEM_FALLBACK_CASES = [

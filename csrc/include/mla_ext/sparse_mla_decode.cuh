@@ -2643,6 +2643,35 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
       const int kk_end = kSkipRows ? (live + 15) >> 4 : BN / 16;  // 16-row key blocks holding live rows
       const uint32_t pa = smem_addr(Ps + (SC ? (warp >> 1) * HTp * PST : 0) + (lane & 15) * PST + (lane >> 4) * 8);
       const uint32_t vb = smem_addr(Ks + (((lane >> 3) & 1) * 8 + (lane & 7)) * KST + warp * 64 + ((lane >> 4) & 1) * 8);
+      if constexpr (kHalfKSc) {
+        // As Q.K above: step st = (key block kk, 16-column pair np), its V fragments (and at
+        // np = 0 the key block's P fragments) loaded one step ahead. (Past the live key blocks
+        // the loads read rows no product uses.)
+        constexpr int NST = BN / 16 * 4;
+        uint32_t pf[2][MT][4], vf[2][4];
+        auto load = [&](int st) {
+          const int kk = st >> 2, np = st & 3;
+          if (np == 0) {
+#pragma unroll
+            for (int m = 0; m < MT; ++m) ldsm_x4(pf[kk & 1][m], pa + uint32_t((m * 16 * PST + kk * 16) * 2));
+          }
+          ldsm_x4_t(vf[st & 1], vb + uint32_t((kk * 16 * KST + np * 16) * 2));
+        };
+        load(0);
+#pragma unroll
+        for (int st = 0; st < NST; ++st) {
+          if ((st >> 2) >= kk_end) break;
+          if (st + 1 < NST) load(st + 1);
+          const int kk = st >> 2, np = st & 3;
+#pragma unroll
+          for (int m = 0; m < MT; ++m) {
+            mma16816(*reinterpret_cast<float(*)[4]>(acc + (m * 8 + 2 * np) * 4), pf[kk & 1][m], vf[st & 1][0],
+                     vf[st & 1][1]);
+            mma16816(*reinterpret_cast<float(*)[4]>(acc + (m * 8 + 2 * np + 1) * 4), pf[kk & 1][m], vf[st & 1][2],
+                     vf[st & 1][3]);
+          }
+        }
+      } else {
 #pragma unroll
       for (int kk = 0; kk < BN / 16; ++kk) {
         if (kk >= kk_end) break;
@@ -2659,6 +2688,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
             mma16816(*reinterpret_cast<float(*)[4]>(acc + (m * 8 + 2 * np + 1) * 4), af[m], bf[2], bf[3]);
           }
         }
+      }
       }
     } else {
       constexpr int NH4 = HTp / 4;
