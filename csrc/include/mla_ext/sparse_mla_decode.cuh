@@ -905,11 +905,15 @@ struct Gather {
 
   // Only loads here: nothing consumes a loaded value before store(), so every
   // load of the tile is in flight at once (no per-load latency chain).
+  // PART (row-major dealing only): 0 loads the first half of the FP8 units (and
+  // kRowScales' scale), 1 the rest; -1 all of them.
+  template <int PART = -1>
   __device__ __forceinline__ void load(const uint8_t* const* data, const uint8_t* const* scale, int tid) {
     if constexpr (kQuarters) {
+      static_assert(PART < 0, "row quarters load a tile at once");
       load_quarters(data, scale, tid);
     } else {
-      load_units(data, scale, tid);
+      load_units<PART>(data, scale, tid);
     }
   }
   __device__ __forceinline__ void load_quarters(const uint8_t* const* data, const uint8_t* const* scale, int tid) {
@@ -933,9 +937,11 @@ struct Gather {
     for (int k = 0; k < kUR; ++k)
       raw[kUF + k] = *reinterpret_cast<const uint4*>(d + FT::kRopeByte + 16 * rope_chunk(q, k, row));
   }
+  template <int PART>
   __device__ __forceinline__ void load_units(const uint8_t* const* data, const uint8_t* const* scale, int tid) {
+    constexpr int k0 = PART == 1 ? kUF / 2 : 0, k1 = PART == 0 ? kUF / 2 : kUF;
 #pragma unroll
-    for (int k = 0; k < kUF; ++k) {
+    for (int k = k0; k < k1; ++k) {
       raw[k] = make_uint4(0u, 0u, 0u, 0u);
       if (kFp8 && !kRowScales) sraw[kFp8 ? k : 0] = 0u;
       int row, c;
@@ -956,7 +962,7 @@ struct Gather {
       }
     }
 #pragma unroll
-    for (int k = 0; k < kUR; ++k) {
+    for (int k = 0; k < (PART == 0 ? 0 : kUR); ++k) {
       raw[kUF + k] = make_uint4(0u, 0u, 0u, 0u);
       int row, c;
       if (!unit<kUnitsR, kNRd>(tid, k, row, c)) continue;
@@ -964,7 +970,7 @@ struct Gather {
       if (d == nullptr) continue;
       raw[kUF + k] = *reinterpret_cast<const uint4*>(d + FT::kRopeByte + 16 * c);
     }
-    if constexpr (kRowScales) {
+    if constexpr (kRowScales && PART != 1) {
       const uint8_t* d = data[tid >> 2];
       sraw[0] = d != nullptr ? *reinterpret_cast<const uint32_t*>(d + 512 + 4 * (tid & 3)) : 0u;
     }
@@ -2107,6 +2113,10 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
   // tile's products read from shared memory).
   static_assert(!QREG || (MMA && MT == 1 && !SC && !WG), "Q fragments in registers: the kHalfK tile");
   uint32_t qf[QREG ? DQK / 32 : 1][4];
+  // kSplitLoads (V3.2's 16-head tile, 128 registers at two blocks per processor): the next
+  // tile's gather loads leave in two halves, one before Q.K and one after it, so that Q.K
+  // has the other half's 20 registers for its fragments.
+  constexpr bool kSplitLoads = MMA && !WG && SC && MT == 1;
   for (int j = 0; j < ntiles; ++j) {
     const int cur = j & 1, nxt = cur ^ 1;
     // This tile's K stage, and where its S copies go.
@@ -2138,7 +2148,11 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
       }
       __syncthreads();  // K tile + next meta visible
       if (j + 1 < ntiles) {
-        g.load(meta_d + nxt * BN, meta_s + nxt * BN, tid);
+        if constexpr (kSplitLoads) {
+          g.template load<0>(meta_d + nxt * BN, meta_s + nxt * BN, tid);
+        } else {
+          g.load(meta_d + nxt * BN, meta_s + nxt * BN, tid);
+        }
         if (tid < BN) idx_next = load_index(p, t, p_lo + int64_t(j + 2) * BN + tid, em, p_hi);
       }
     }
@@ -2292,6 +2306,9 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
             *reinterpret_cast<float2*>(Sh + (r0 + 8) * SST + col) = make_float2(sacc[m][i][2], sacc[m][i][3]);
           }
         }
+      }
+      if constexpr (kSplitLoads) {
+        if (j + 1 < ntiles) g.template load<1>(meta_d + nxt * BN, meta_s + nxt * BN, tid);
       }
     } else if constexpr (kHalfK) {
       const int warp = tid / 32, lane = tid % 32;
