@@ -2167,8 +2167,10 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
     // kHalfKSc (V3.2's fp8_ds_mla rows in the 16- and 32-head tiles): the same split of the
     // tile, warp w taking key rows [16 (w % 4), +16) of every head over half of the dims
     // (dh = w / 4: scale groups 2 dh and 2 dh + 1, then RoPE k-steps 32 + 2 dh, +1), so
-    // each warp reads half of Q per tile instead of all of it: 16 heads, 147 -> 74 KB of
-    // the ~390 KB of shared-memory reads and writes a tile costs, which bound that tile.
+    // each warp reads half of Q per tile instead of all of it (16 heads: 147 -> 74 KB of
+    // the ~390 KB of shared-memory traffic per tile). H200, 16 heads x 128 tokens: the
+    // shared pipe was 56% busy and the tile waited on ldmatrix results (short scoreboard,
+    // 42% of the warps' cycles), hence also the fragments loaded a step ahead below.
     constexpr bool kHalfKSc = MMA && !WG && SC && MT <= 2;
     if constexpr (WG) {
       // Warpgroup g (threads 128 g ..) multiplies all 64 heads x 64 keys over
@@ -2690,22 +2692,22 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
         }
       } else {
 #pragma unroll
-      for (int kk = 0; kk < BN / 16; ++kk) {
-        if (kk >= kk_end) break;
-        uint32_t af[MT][4];
+        for (int kk = 0; kk < BN / 16; ++kk) {
+          if (kk >= kk_end) break;
+          uint32_t af[MT][4];
 #pragma unroll
-        for (int m = 0; m < MT; ++m) ldsm_x4(af[m], pa + uint32_t((m * 16 * PST + kk * 16) * 2));
+          for (int m = 0; m < MT; ++m) ldsm_x4(af[m], pa + uint32_t((m * 16 * PST + kk * 16) * 2));
 #pragma unroll
-        for (int np = 0; np < 4; ++np) {
-          uint32_t bf[4];
-          ldsm_x4_t(bf, vb + uint32_t((kk * 16 * KST + np * 16) * 2));
+          for (int np = 0; np < 4; ++np) {
+            uint32_t bf[4];
+            ldsm_x4_t(bf, vb + uint32_t((kk * 16 * KST + np * 16) * 2));
 #pragma unroll
-          for (int m = 0; m < MT; ++m) {
-            mma16816(*reinterpret_cast<float(*)[4]>(acc + (m * 8 + 2 * np) * 4), af[m], bf[0], bf[1]);
-            mma16816(*reinterpret_cast<float(*)[4]>(acc + (m * 8 + 2 * np + 1) * 4), af[m], bf[2], bf[3]);
+            for (int m = 0; m < MT; ++m) {
+              mma16816(*reinterpret_cast<float(*)[4]>(acc + (m * 8 + 2 * np) * 4), af[m], bf[0], bf[1]);
+              mma16816(*reinterpret_cast<float(*)[4]>(acc + (m * 8 + 2 * np + 1) * 4), af[m], bf[2], bf[3]);
+            }
           }
         }
-      }
       }
     } else {
       constexpr int NH4 = HTp / 4;
