@@ -2115,7 +2115,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
   uint32_t qf[QREG ? DQK / 32 : 1][4];
   // kSplitLoads (V3.2's 16-head tile, 128 registers at two blocks per processor): the next
   // tile's gather loads leave in two halves, one before Q.K and one after it, so that Q.K
-  // has the other half's 20 registers for its fragments.
+  // has the second half's 24 registers (4 FP8 and 2 RoPE chunks) for its fragments.
   constexpr bool kSplitLoads = MMA && !WG && SC && MT == 1;
   for (int j = 0; j < ntiles; ++j) {
     const int cur = j & 1, nxt = cur ^ 1;
@@ -3590,7 +3590,8 @@ inline Status launch_sparse_mla_decode(const SparseDecodeParams& p, void* worksp
     st = launch_split_fmt<kWarpSize == 32>(mt, wg, a, uint32_t(blocks), stream);  // never the MMA kernel on HIP
     // The tensor-core kernels need 96-226 KB of shared memory per block
     // (Cfg): more than A100s give the 64-head kernels of d_qk 576, or sm_86 /
-    // sm_89 GPUs (99 KB) any kernel above 16 heads (launch_split returns
+    // sm_89 GPUs (99 KB) any kernel above 16 heads and the 16-head ones of
+    // d_qk 576 (bf16 and V3.2 rows; launch_split returns
     // kUnsupported, launching nothing). Smaller head tiles, then the portable
     // kernels (<= 48 KB) take the call; the workspace does not depend on either.
     while (st == Status::kUnsupported && mt > 1) {
