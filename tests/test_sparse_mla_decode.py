@@ -1561,13 +1561,14 @@ def test_gpu_pending_runtime_error_left_to_the_caller(S):
     assert torch.equal(out, out2) and torch.equal(lse, lse2)
 
 
-def _fresh_process_last_line(script):
-    """Run `script` in a fresh Python process with this mla_ext and the tests directory as its
-    argv[1:3]; assert it exits 0 and return the last line it printed."""
+def _fresh_process_last_line(script, env=None):
+    """Run `script` in a fresh Python process (environment `env`, None: this one's) with this
+    mla_ext and the tests directory as its argv[1:3]; assert it exits 0 and return the last line
+    it printed."""
     here = os.path.dirname(os.path.abspath(__file__))
     package_root = os.path.dirname(os.path.dirname(os.path.abspath(mla_ext.__file__)))
     r = subprocess.run([sys.executable, "-c", script, package_root, here], capture_output=True, text=True,
-                       timeout=600)
+                       timeout=600, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     return r.stdout.strip().splitlines()[-1]
 
@@ -2375,10 +2376,10 @@ def test_gpu_short_and_empty_splits_at_two_head_groups(fmt, H):
 def test_gpu_one_block_kernel_short_and_empty_splits():
     """_cluster_edge_cases for both V3.2 formats at 100 and 128 heads in a fresh process with
     MLA_EXT_CLUSTER=0 (the switch is read once per process): two independent 64-head blocks."""
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); import test_sparse_mla_decode as m; "
-            "[m._cluster_edge_cases(f, h) for f in ('fp8_ds_mla', 'fp8_ds_mla_fnuz') for h in (100, 128)]")
-    env = dict(os.environ, MLA_EXT_CLUSTER="0")
-    subprocess.run([sys.executable, "-c", code, os.path.dirname(os.path.abspath(__file__))], check=True, env=env)
+    code = ("import sys; sys.path[:0] = sys.argv[1:3]; import test_sparse_mla_decode as m; "
+            "[m._cluster_edge_cases(f, h) for f in ('fp8_ds_mla', 'fp8_ds_mla_fnuz') for h in (100, 128)]; "
+            "print('done')")
+    assert _fresh_process_last_line(code, env=dict(os.environ, MLA_EXT_CLUSTER="0")) == "done"
 
 
 @requires_gpu

@@ -131,6 +131,20 @@ inline int current_device_slot() {
   return dev >= 0 && dev < 64 ? dev : -1;
 }
 
+// A yes / no property of the current device, asked once per device: ask() returns 1 (yes) or
+// -1 (no), which `cache` keeps, or 0 (no for now, asked again next time). No device index: no.
+template <typename Ask>
+inline bool per_device_answer(PerDevice<signed char>& cache, Ask&& ask) {
+  const int dev = current_device_slot();
+  if (dev < 0) return false;
+  signed char c = cache.get(dev);
+  if (c == 0) {
+    c = ask();
+    if (c != 0) cache.set(dev, c);
+  }
+  return c > 0;
+}
+
 // Attribute `attr` of device `dev`, read once per device (launchers ask on
 // every launch); 0 when the runtime does not say (its error is cleared).
 template <typename Attr>
@@ -338,10 +352,7 @@ template <typename K>
 inline bool use_pdl(int bit, PerDevice<signed char>& cache, K* kernel) {
 #if defined(MLA_EXT_CUDA) && defined(CUDART_VERSION) && CUDART_VERSION >= 12030
   if ((pdl_mask() & bit) == 0) return false;
-  const int dev = current_device_slot();
-  if (dev < 0) return false;
-  signed char c = cache.get(dev);
-  if (c == 0) {
+  return per_device_answer(cache, [&]() -> signed char {
     static const int driver = [] {
       int v = 0;
       if (cudaDriverGetVersion(&v) != cudaSuccess) {
@@ -354,12 +365,10 @@ inline bool use_pdl(int bit, PerDevice<signed char>& cache, K* kernel) {
     cudaFuncAttributes attr;
     if (cc == 0 || cudaFuncGetAttributes(&attr, reinterpret_cast<const void*>(kernel)) != cudaSuccess) {
       (void)cudaGetLastError();
-      return false;
+      return 0;
     }
-    c = driver >= 12030 && cc >= 9 && attr.ptxVersion >= 90 ? 1 : -1;
-    cache.set(dev, c);
-  }
-  return c > 0;
+    return driver >= 12030 && cc >= 9 && attr.ptxVersion >= 90 ? 1 : -1;
+  });
 #else
   (void)bit;
   (void)cache;
@@ -448,10 +457,7 @@ template <typename... KArgs>
 inline bool cluster_fits(PerDevice<signed char>& cache, void (*kernel)(KArgs...), unsigned cluster_x, dim3 block,
                          size_t smem) {
 #if defined(MLA_EXT_CUDA) && defined(CUDART_VERSION) && CUDART_VERSION >= 12030
-  const int dev = current_device_slot();
-  if (dev < 0) return false;
-  signed char c = cache.get(dev);
-  if (c == 0) {
+  return per_device_answer(cache, [&]() -> signed char {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(cluster_x);
     cfg.blockDim = block;
@@ -464,10 +470,8 @@ inline bool cluster_fits(PerDevice<signed char>& cache, void (*kernel)(KArgs...)
       (void)cudaGetLastError();
       n = 0;
     }
-    c = n > 0 ? 1 : -1;
-    cache.set(dev, c);
-  }
-  return c > 0;
+    return n > 0 ? 1 : -1;
+  });
 #else
   (void)cache;
   (void)kernel;
