@@ -2332,22 +2332,32 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
         float c2[2][4];
 #pragma unroll
         for (int i = 0; i < 2; ++i) c2[i][0] = c2[i][1] = c2[i][2] = c2[i][3] = 0.f;
+        // Each k-step's fragments loaded one step ahead (two register buffers, the steps
+        // unrolled), as in kHalfKSc below (V3.2's tile: -3.5..-4.5% from this alone). Here
+        // the unroll-4 loop already overlapped most loads: H200, V4 layers at 8-16 heads x
+        // 1-512 tokens, -0.4% on geometric mean (C4 -0.8%, C128 0; benchmarks/NOTES.md,
+        // forty-seventh session).
         if constexpr (QREG) {
+          uint32_t bf[2][4];
+          ldsm_x4(bf[0], kb);
 #pragma unroll
           for (int kk = 0; kk < KH; ++kk) {
-            uint32_t bf[4];
-            ldsm_x4(bf, kb + kk * 32);
-            mma16816(c2[0], qf[kk], bf[0], bf[1]);
-            mma16816(c2[1], qf[kk], bf[2], bf[3]);
+            if (kk + 1 < KH) ldsm_x4(bf[(kk + 1) & 1], kb + (kk + 1) * 32);
+            mma16816(c2[0], qf[kk], bf[kk & 1][0], bf[kk & 1][1]);
+            mma16816(c2[1], qf[kk], bf[kk & 1][2], bf[kk & 1][3]);
           }
         } else {
-#pragma unroll 4
+          uint32_t af[2][4], bf[2][4];
+          ldsm_x4(af[0], qa);
+          ldsm_x4(bf[0], kb);
+#pragma unroll
           for (int kk = 0; kk < KH; ++kk) {
-            uint32_t af[4], bf[4];
-            ldsm_x4(af, qa + kk * 32);
-            ldsm_x4(bf, kb + kk * 32);
-            mma16816(c2[0], af, bf[0], bf[1]);
-            mma16816(c2[1], af, bf[2], bf[3]);
+            if (kk + 1 < KH) {
+              ldsm_x4(af[(kk + 1) & 1], qa + (kk + 1) * 32);
+              ldsm_x4(bf[(kk + 1) & 1], kb + (kk + 1) * 32);
+            }
+            mma16816(c2[0], af[kk & 1], bf[kk & 1][0], bf[kk & 1][1]);
+            mma16816(c2[1], af[kk & 1], bf[kk & 1][2], bf[kk & 1][3]);
           }
         }
         float* Sh = Ss + dh * (HTp * SST);
