@@ -1,4 +1,5 @@
 """Shared test fixtures: devices (CPU always, CUDA when present), poisoning, tolerances."""
+import os
 import re
 from typing import Optional
 
@@ -115,3 +116,17 @@ def leave_runtime_error_pending(lib) -> int:
     err = lib.cudaSetDevice(1 << 20)
     assert err != 0 and lib.cudaPeekAtLastError() == err
     return err
+
+
+_TEST_TIMES = os.environ.get("MLA_EXT_TEST_TIMES")
+
+
+def pytest_runtest_logreport(report):
+    """With the environment variable MLA_EXT_TEST_TIMES set to a path: one line per test phase
+    (seconds, phase, outcome, test id), appended as each phase ends, so that a GPU run cut off by
+    its time limit (the device calls' 600 s) still says which tests took the time. Written by the
+    controlling process only (with pytest-xdist, workers' reports reach it as they finish)."""
+    if not _TEST_TIMES or os.environ.get("PYTEST_XDIST_WORKER") is not None:
+        return
+    with open(_TEST_TIMES, "a") as f:
+        f.write(f"{report.duration:8.2f} {report.when:8s} {report.outcome:8s} {report.nodeid}\n")
