@@ -2333,7 +2333,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
 #pragma unroll
         for (int i = 0; i < 2; ++i) c2[i][0] = c2[i][1] = c2[i][2] = c2[i][3] = 0.f;
         // Each k-step's fragments loaded one step ahead (two register buffers, the steps
-        // unrolled), as in kHalfKSc below (V3.2's tile: -3.5..-4.5% from this alone). Here
+        // unrolled), as in kHalfKSc above (V3.2's tile: about -3..-5% from this alone). Here
         // the unroll-4 loop already overlapped most loads: H200, V4 layers at 8-16 heads x
         // 1-512 tokens, -0.4% on geometric mean (C4 -0.8%, C128 0; benchmarks/NOTES.md,
         // forty-seventh session).
