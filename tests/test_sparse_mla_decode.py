@@ -2311,6 +2311,39 @@ def test_gpu_asym_switch_both_kernels(tmp_path):
 
 
 @requires_gpu
+def test_gpu_asym16_switch(tmp_path):
+    """The 16-head tile of the FP8 caches with MLA_EXT_ASYM16=1 (asymmetric warpgroups with the
+    products transposed, S^T = K Q^T and O^T = V^T P^T as wgmma m64n16k16; decode_body's A16) and
+    0 (the mma.sync tile, the default): each against the float64 reference, and within rounding of
+    each other (other summation orders, so not bit-identical). Each in its own process: the switch
+    is read once. Where the profiler names kernels and this GPU and build run the warpgroup kernel,
+    the first ran the A16 instance (MT 1, WG and ASYM set) and the second never did."""
+    # V4 window, C4 and C128 rows at 1-16 heads (partial head tiles: 5, 9, 12): the uniform map
+    # (window, C4, C128 at one token) and the balanced map (C128 rows of up to ~1e6 context, 3-6
+    # tokens); one split, several, and automatic (splits of one 64-row tile and of many); V3.2
+    # rows (uniform map) with index sets of 2048 entries and short ones, and the fnuz twins.
+    # (kind, heads, batch, context_len, num_splits, seed[, kv_format])
+    cases = [("v4_swa", 16, 8, (300, 3000), 1, 3), ("v4_c4", 12, 5, (300, 3000), 2, 5),
+             ("v4_c4", 16, 40, (300, 3000), 0, 7), ("v4_c4", 9, 3, (100, 900), 3, 9, "fp8_ds_mla_v4_fnuz"),
+             ("v4_c128", 16, 1, (10**6, 10**6), 0, 11), ("v4_c128", 16, 6, (300, 10**6), 0, 13),
+             ("v4_c128", 5, 3, (300, 10**6), 4, 15), ("v32", 16, 6, (300, 5000), 1, 17),
+             ("v32", 12, 3, (300, 5000), 3, 19), ("v32", 16, 24, (300, 5000), 0, 21),
+             ("v32", 9, 4, (300, 5000), 2, 23, "fp8_ds_mla_fnuz")]
+    results = _run_switch_children(tmp_path, "MLA_EXT_ASYM16", ("1", "0"), "1", cases, "decode_split")
+    a16 = r"decode_split_mma_kernel<1, (?:512|576), [^>]*, (?:true|false), true, true, false, false, false>"
+    for key, (out, lse, ref_o, ref_l, names, fmt) in results["1"].items():
+        o0, l0, _, _, names0, _ = results["0"][key]
+        for o, l_ in ((out, lse), (o0, l0)):
+            check_out(o, ref_o, fmt)
+            check_lse(l_, ref_l, kv_format=fmt)
+        if _wgmma_kernel_expected() and names and names0:
+            assert any(re.search(a16, n) for n in names), (key, names)
+            assert not any(re.search(a16, n) for n in names0), (key, names0)
+        assert ((out.double() - o0.double()).abs().max() / o0.double().abs().max()).item() < 1e-2, key
+        assert (lse.double() - l0.double()).abs().max().item() < 1e-3, key
+
+
+@requires_gpu
 def test_gpu_cluster_switch_bit_identical(tmp_path):
     """V3.2 rows (fp8_ds_mla and its fnuz twin) at 65-128 heads with MLA_EXT_CLUSTER=0 (two
     independent 64-head blocks per (token, split), each gathering every row), =1 and unset (the

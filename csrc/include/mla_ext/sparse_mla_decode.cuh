@@ -137,7 +137,8 @@ MLA_EXT_HD constexpr bool decode_two_stages(KvFormat f, int d_qk, bool wg, bool 
 
 template <int MT, int DQK, bool MMA, bool SCALED = false, bool WG = false, bool STAGES2 = false, bool ASYM = false>
 struct Cfg {
-  static_assert(!WG || (MMA && MT == 4), "the warpgroup layout is for the 64-head tile");
+  static_assert(!WG || (MMA && (MT == 4 || (MT == 1 && ASYM))),
+                "the warpgroup layout: the 64-head tile, or the asymmetric 16-head one");
   static constexpr int HTp = 16 * MT;         // padded head rows
   static constexpr int BN = MMA ? 64 : 32;    // KV rows per tile
   // K / Q row stride (elements): an odd multiple of 16 B (ldmatrix without bank
@@ -182,7 +183,9 @@ struct Cfg {
   // ASYM fp8_ds_mla: 4 mbarriers (used by the 2-block cluster kernel only: FULLR[2] and
   // EMPTYR[2], decode_body's CL).
   static constexpr size_t mbOff = vmOff + (ASYM ? size_t(kMetaSlots) * 8 : 0);
-  static constexpr size_t bytes = mbOff + (ASYM && SCALED ? 32 : 0) + kAlignPad;
+  // ASYM at 16 heads (MT = 1): warpgroup 0's per-head maxima of each warp, [2 tiles][4 warps][HTp].
+  static constexpr size_t rdOff = mbOff + (ASYM && SCALED ? 32 : 0);
+  static constexpr size_t bytes = rdOff + (ASYM && MT == 1 ? size_t(2 * 4 * HTp) * 4 : 0) + kAlignPad;
   static constexpr int TPR = kThreads / HTp;  // softmax threads per head row
   static constexpr int CPT = BN / TPR;        // softmax columns per thread
 };
@@ -729,6 +732,21 @@ __device__ __forceinline__ void wgmma_m64n64k16(float (&d)[32], uint64_t da, uin
 #endif
 }
 
+// D[64 x 16] += A[64 x 16] B[16 x 16]: B K-major (N rows of K); A K-major, or MN-major (TA:
+// K rows of M, transposed). The asymmetric 16-head tile's S^T = K Q^T and O^T = V^T P^T.
+template <bool TA>
+__device__ __forceinline__ void wgmma_m64n16k16(float (&d)[8], uint64_t da, uint64_t db) {
+#if defined(MLA_EXT_DECODE_WGMMA)
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, %11, 0;\n}\n"
+      : MLA_EXT_WG_ACC8(d, 0)
+      : "l"(da), "l"(db), "r"(1), "n"(TA ? 1 : 0));
+#else
+  (void)d; (void)da; (void)db;
+#endif
+}
+
 // D[64 x 256] += A[64 x 16] B[16 x 256]: A K-major, B MN-major (K rows of N, transposed).
 __device__ __forceinline__ void wgmma_m64n256k16_bt(float (&d)[128], uint64_t da, uint64_t db) {
 #if defined(MLA_EXT_DECODE_WGMMA)
@@ -1251,6 +1269,11 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
   static_assert(!ASYM || (WG && DQK == (SC ? 576 : 512) && !(SC && BAL)),
                 "asymmetric warpgroups: the 64-head tile of the V4 rows, or of fp8_ds_mla's (uniform map)");
   static_assert(!TWO || (ASYM && !BAL && !SC), "two-token blocks: the asymmetric V4 kernel, uniform map");
+  // A16: the asymmetric tile at 16 heads (transposed products; the ASYM branch below).
+  constexpr bool A16 = ASYM && MT == 1;
+  static_assert(!A16 || ((kv_layout(F) == KvFormat::kFP8DsMlaV4 || (SC && !BAL)) && !TWO && !CL && !QREG && !ANCH),
+                "the asymmetric 16-head tile: FP8 rows (fp8_ds_mla on the uniform map), one token per block, "
+                "not the anchored map");
   using C = Cfg<MT, DQK, MMA, SC, WG, decode_two_stages(F, DQK, WG, BAL) || ASYM, ASYM>;
   // Warpgroup MMA descriptors by one add per step (wg_desc_add), except in the
   // symmetric kernels of bf16 caches, which then spill (ptxas: 24 -> 124 bytes
@@ -1273,7 +1296,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
   // session).
   constexpr bool kQuartersK =
       MMA && (kv_layout(F) == KvFormat::kFP8DsMlaV4 || (WG && kv_layout(F) == KvFormat::kFP8DsMla));
-  using G = Gather<F, DQK, C::BN, !(SC && MT == 4 && !WG), kWholeK, kQuartersK, WG, MMA && !WG && MT == 1, ASYM && SC>;
+  using G = Gather<F, DQK, C::BN, !(SC && MT == 4 && !WG), kWholeK, kQuartersK, WG, MMA && !WG && MT == 1, ASYM && SC && !A16>;
   constexpr int HTp = C::HTp, BN = C::BN, KST = C::KST, SST = C::SST, PST = C::PST;
   constexpr int TPR = C::TPR, CPT = C::CPT;
   static_assert(!SC || MT > 2 || TPR % 2 == 0, "SC P-pair writes need an even number of threads per softmax row");
@@ -1778,6 +1801,252 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
       named_bar_sync(kInv, 2 * 128);
       write_token_half(inv_s[r0], inv_s[r0 + 8]);
     };
+    if constexpr (A16) {
+      // ---- the asymmetric 16-head tile (A16, sm_90a: V4 rows on either split map but the
+      // anchored one, V3.2 rows on the uniform map; off unless MLA_EXT_ASYM16=1) ----
+      // The 64-head kernel's schedule, stages, barriers and gather halves (above), with the
+      // products transposed so that nothing pads to 64 heads: warpgroup 0 multiplies
+      // S^T = K Q^T (64 key rows x 16 heads, wgmma m64n16k16: A the K stage, B the Q tile, both
+      // K-major) over all 512 dims, runs the online softmax on the fragments (a head's 64 keys
+      // lie across the warpgroup's 128 threads: the per-head maximum over the 4 warps through
+      // shared memory, the sums kept per thread and added once after the loop), writes P^T
+      // (16 heads x 64 keys, one swizzled 128-byte row per head) and alpha, and runs the P.V
+      // of value dims 0-255; warpgroup 1 runs dims 256-511. P.V is O^T = V^T P^T, m64n16k16
+      // with A = V^T (the K stage read MN-major: one 64-dim block of the stage, 16 key rows
+      // per step) and B = P^T: 4 m-tiles x 4 k-steps per warpgroup, O^T in 32 registers.
+      // fp8_ds_mla rows (SC): raw e4m3 keys and [4][BN] scale rows per stage (not Gather's
+      // EXPK), each scale group's Q.K in its own accumulator, and 4 P^T copies (P times each
+      // V group's key scales) in the stage's RoPE block.
+      // Fragment element e of a thread (S^T and each O^T m-tile): row 16 (warp % 4) +
+      // lane / 4 + 8 ((e >> 1) & 1) (a key; for O^T a value dim of the m-tile), column
+      // (head) 8 (e >> 2) + 2 (lane % 4) + (e & 1); the thread's heads hq(q), q = (e & 1) +
+      // 2 (e >> 2).
+      constexpr int kRed = 12;  // warpgroup 0 alone: the per-warp head maxima visible
+      float* const red = reinterpret_cast<float*>(smem + C::rdOff);  // [2][4][HTp]
+      const int c0 = 2 * (lane & 3);
+      auto hq = [&](int q) { return 8 * (q >> 1) + c0 + (q & 1); };
+      auto qof = [](int e) { return (e & 1) + 2 * (e >> 2); };
+      // P^T of the tile in stage st (SC: its 4 copies, 2 KB apart, in the stage's RoPE block,
+      // which nothing reads after Q.K; the stage is not refilled before both P.V are done).
+      auto p16_of = [&](int st) -> uint16_t* {
+        return SC ? Ks + st * (C::kStageBytes / 2) + 8 * BN * 64 : Ps + st * (HTp * PST);
+      };
+      float hm[4], hl[4], hle[4];  // warpgroup 0: its heads' running max, and this thread's sums
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        hm[q] = neg_inf();
+        hl[q] = 0.f;
+        hle[q] = 0.f;
+      }
+      // O^T = O^T * alpha + V^T P^T over this warpgroup's 4 value-dim blocks of stage st (issued, not waited for).
+      auto pv_issue = [&](int st, const float (&al)[4]) {
+#pragma unroll
+        for (int i = 0; i < 32; ++i) acc[i] *= al[qof(i & 7)];
+        // (SC: m-tiles 0-1 and 2-3 are V scale groups 2 wg and 2 wg + 1, each with its P^T copy)
+        const uint64_t pd = wg_desc(smem_addr(p16_of(st) + (SC ? 2 * wg * HTp * 64 : 0)), 16, 1024);
+        const uint64_t vd = wg_desc(smem_addr(Ks + st * (C::kStageBytes / 2)) + uint32_t(wg * 4 * BN * 128),
+                                    uint32_t(BN * 128), 1024);
+        wg_fence_operands(*reinterpret_cast<float(*)[32]>(acc));
+        wg_fence();
+#pragma unroll
+        for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+          for (int kk = 0; kk < BN / 16; ++kk)
+            wgmma_m64n16k16<true>(*reinterpret_cast<float(*)[8]>(acc + 8 * mt),
+                                  wg_desc_add(vd, uint32_t(mt * BN * 128 + kk * 16 * 128)),
+                                  wg_desc_add(pd, uint32_t((SC && mt >= 2 ? HTp * 128 : 0) + kk * 32)));
+        wg_commit();
+      };
+      if (wg == 0) {
+        const uint64_t qd0 = wg_desc(smem_addr(Qs), 16, 1024);
+        for (int j = 0; j < NT; ++j) {
+          const int cur = j & 1, nxt = cur ^ 1;
+          if (j > 0) named_bar_sync(kFull + cur, 2 * 128);  // warpgroup 1's half of tile j
+          const uint64_t kd0 = wg_desc(smem_addr(Ks + cur * (C::kStageBytes / 2)), 16, 1024);
+          auto qk_step = [&](float (&d)[8], int kk) {
+            const uint32_t off = uint32_t((kk & 3) * 32);
+            wgmma_m64n16k16<false>(d, wg_desc_add(kd0, uint32_t((kk >> 2) * BN * 128) + off),
+                                   wg_desc_add(qd0, uint32_t((kk >> 2) * HTp * 128) + off));
+          };
+          float s[8];
+#pragma unroll
+          for (int e = 0; e < 8; ++e) s[e] = 0.f;
+          if constexpr (SC) {
+            // fp8_ds_mla (raw e4m3 keys, exact in bf16): each scale group's 8 k-steps into its
+            // own accumulator, all 36 steps issued together; S^T = sum_g scale_g[key] X_g +
+            // RoPE, the key rows' scales per fragment row.
+            float x[4][8];
+#pragma unroll
+            for (int g4 = 0; g4 < 4; ++g4) {
+#pragma unroll
+              for (int e = 0; e < 8; ++e) x[g4][e] = 0.f;
+              wg_fence_operands(x[g4]);
+            }
+            wg_fence_operands(s);
+            wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < 32; ++kk) qk_step(x[kk >> 3], kk);
+#pragma unroll
+            for (int kk = 32; kk < 36; ++kk) qk_step(s, kk);
+            wg_commit_wait();
+            wg_fence_operands(s);
+            const float* const ks = ksc_of(cur);
+#pragma unroll
+            for (int g4 = 0; g4 < 4; ++g4) {
+              wg_fence_operands(x[g4]);
+              const float sa = ks[g4 * BN + r0], sb = ks[g4 * BN + r0 + 8];
+#pragma unroll
+              for (int e = 0; e < 8; ++e) s[e] = fmaf(x[g4][e], (e >> 1) & 1 ? sb : sa, s[e]);
+            }
+          } else {
+            wg_fence_operands(s);
+            wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < DQK / 16; ++kk) qk_step(s, kk);
+            wg_commit_wait();
+            wg_fence_operands(s);
+          }
+          // Rows without an address (bit r of the tile's validity mask clear): -inf.
+          const uint64_t vm = *reinterpret_cast<const uint64_t*>(vmask + 2 * (j & 3));
+          const bool va = (vm >> r0) & 1u, vb = (vm >> (r0 + 8)) & 1u;
+#pragma unroll
+          for (int e = 0; e < 8; ++e) s[e] = ((e >> 1) & 1 ? vb : va) ? s[e] * a.scale_log2 : neg_inf();
+          float tm[4];
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            const int e0 = (q & 1) + 4 * (q >> 1);
+            float m = fmaxf(s[e0], s[e0 + 2]);
+            m = fmaxf(m, MLA_EXT_SHFL_XOR(m, 4));
+            m = fmaxf(m, MLA_EXT_SHFL_XOR(m, 8));
+            m = fmaxf(m, MLA_EXT_SHFL_XOR(m, 16));
+            tm[q] = m;
+          }
+          float* const rd = red + cur * 4 * HTp;
+          if (lane < 4) {
+#pragma unroll
+            for (int q = 0; q < 4; ++q) rd[warp * HTp + hq(q)] = tm[q];
+          }
+          named_bar_sync(kRed, 128);
+          float alpha[4], mu[4];
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            const int h = hq(q);
+            const float m_new =
+                fmaxf(fmaxf(hm[q], fmaxf(rd[h], rd[HTp + h])), fmaxf(rd[2 * HTp + h], rd[3 * HTp + h]));
+            mu[q] = m_new == neg_inf() ? 0.f : m_new;
+            alpha[q] = fast_exp2(hm[q] - mu[q]);
+            hm[q] = m_new;
+          }
+          // P^T of tile j (bf16, row h = head, swizzled), the sums of what P.V sees (rounded)
+          // and of the unrounded probabilities.
+          // SC: one copy per V scale group g, P times the key rows' scales of g, rounded once;
+          // the normaliser then sums P unrounded (as the other V3.2 kernels).
+          uint16_t* const Pj = p16_of(cur);
+          float ls[4] = {0.f, 0.f, 0.f, 0.f}, lse4[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+          for (int e = 0; e < 8; e += 2) {
+            const int q = qof(e);
+            const float p0 = fast_exp2(s[e] - mu[q]), p1 = fast_exp2(s[e + 1] - mu[q + 1]);
+            lse4[q] += p0;
+            lse4[q + 1] += p1;
+            const int k = r0 + 8 * ((e >> 1) & 1), h = hq(q);
+            const int o0 = h * 64 + ((((k >> 3) ^ h) & 7) << 3) + (k & 7);
+            const int o1 = (h + 1) * 64 + ((((k >> 3) ^ (h + 1)) & 7) << 3) + (k & 7);
+            if constexpr (SC) {
+              ls[q] += p0;
+              ls[q + 1] += p1;
+              const float* const ks = ksc_of(cur);
+#pragma unroll
+              for (int g4 = 0; g4 < 4; ++g4) {
+                const float kv = ks[g4 * BN + k];
+                const uint32_t pk = pack_bf16x2(p0 * kv, p1 * kv);
+                Pj[g4 * HTp * 64 + o0] = uint16_t(pk & 0xffffu);
+                Pj[g4 * HTp * 64 + o1] = uint16_t(pk >> 16);
+              }
+            } else {
+              const uint32_t pk = pack_bf16x2(p0, p1);
+              ls[q] += bf16_to_float(uint16_t(pk & 0xffffu));
+              ls[q + 1] += bf16_to_float(uint16_t(pk >> 16));
+              Pj[o0] = uint16_t(pk & 0xffffu);
+              Pj[o1] = uint16_t(pk >> 16);
+            }
+          }
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            hl[q] = hl[q] * alpha[q] + ls[q];
+            hle[q] = hle[q] * alpha[q] + lse4[q];
+          }
+          if (warp == 0 && lane < 4) {
+#pragma unroll
+            for (int q = 0; q < 4; ++q) alpha_s[cur * HTp + hq(q)] = alpha[q];
+          }
+          fence_proxy_async();  // P^T is read by the async proxy
+          named_bar_arrive(kPrdy + cur, 2 * 128);
+          named_bar_sync(kRed, 128);  // this warpgroup's P.V reads all four warps' P^T rows
+          pv_issue(cur, alpha);
+          // While it runs: this half of tile j + 1 into stage nxt, the addresses of tile j + 3
+          // and the loads of this half of tile j + 2 (as the 64-head kernel, above).
+          if (j + 1 < NT) {
+            if (j > 0) named_bar_sync(kFree + nxt, 2 * 128);
+            gh.template store_swizzled<kWholeK>(Ks + nxt * (C::kStageBytes / 2), ksc_of(nxt), vt, live_rows(j + 1));
+            fence_proxy_async();
+            if (tid < BN && j + 3 < NT) {
+              const int ms3 = (j + 3) & 3;
+              g_address(j + 3, idx_next, ms3);
+              valid_mask_store(vmask, ms3, meta_d[ms3 * BN + tid] != nullptr, tid);
+              idx_next = g_index(j + 4);
+            }
+            if (j + 2 < NT) load_half((j + 2) & 3);
+          }
+          wg_wait_all();
+          wg_fence_operands(*reinterpret_cast<float(*)[32]>(acc));
+          if (j + 2 < NT) named_bar_arrive(kDone + cur, 2 * 128);  // stage cur: warpgroup 1 stores tile j + 2
+        }
+        // This thread's sums over the 8 threads of its heads in the warp.
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+#pragma unroll
+          for (int o = 4; o < 32; o <<= 1) {
+            hl[q] += MLA_EXT_SHFL_XOR(hl[q], o);
+            hle[q] += MLA_EXT_SHFL_XOR(hle[q], o);
+          }
+        }
+      } else {
+        for (int j = 0; j < NT; ++j) {
+          const int cur = j & 1, nxt = cur ^ 1;
+          if (j + 1 < NT) {
+            if (j > 0) named_bar_sync(kDone + nxt, 2 * 128);
+            gh.template store_swizzled<kWholeK>(Ks + nxt * (C::kStageBytes / 2), ksc_of(nxt), vt, live_rows(j + 1));
+            fence_proxy_async();
+            named_bar_arrive(kFull + nxt, 2 * 128);
+            if (j + 2 < NT) load_half((j + 2) & 3);
+          }
+          named_bar_sync(kPrdy + cur, 2 * 128);  // P^T(j), alpha(j)
+          float al[4];
+#pragma unroll
+          for (int q = 0; q < 4; ++q) al[q] = alpha_s[cur * HTp + hq(q)];
+          pv_issue(cur, al);
+          wg_wait_all();
+          wg_fence_operands(*reinterpret_cast<float(*)[32]>(acc));
+          if (j + 2 < NT) named_bar_arrive(kFree + cur, 2 * 128);  // stage cur free for tile j + 2
+        }
+      }
+      __syncthreads();  // both warpgroups are done with every stage
+      // The heads' state: warpgroup 0's per-warp sums (lanes 0-3 hold them) and maxima.
+      float* st = reinterpret_cast<float*>(smem + C::kOff);
+      if (wg == 0 && lane < 4) {
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          st[warp * 2 * HTp + hq(q)] = hl[q];
+          st[warp * 2 * HTp + HTp + hq(q)] = hle[q];
+          if (warp == 0) st[8 * HTp + hq(q)] = hm[q];
+        }
+      }
+      __syncthreads();  // the heads' state visible
+      row_m = st[8 * HTp + srow];
+      row_l = (st[srow] + st[2 * HTp + srow]) + (st[4 * HTp + srow] + st[6 * HTp + srow]);
+      row_le = (st[HTp + srow] + st[3 * HTp + srow]) + (st[5 * HTp + srow] + st[7 * HTp + srow]);
+    } else {
     if (wg == 0) {
       const uint64_t qd0 = wg_desc(smem_addr(Qs), 16, 1024);
       if (two && ntiles == 0) wg0_boundary();
@@ -2105,6 +2374,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
     row_l = st[HTp + srow];
     row_le = st[2 * HTp + srow];
     if (two) t += 1;  // the epilogue below writes the block's last token
+    }  // !A16
   } else {
 
   // QREG (the 16-head V4 tile, kHalfK, at one block per processor): each warp's Q.K
@@ -2839,14 +3109,31 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
         }
       }
     };
+    // A16: O^T's fragments one element at a time (a thread's pairs are two heads of one dim):
+    // element e of m-tile mt is dim 256 (warp / 4) + 64 mt + 16 (warp % 4) + lane / 4 +
+    // 8 ((e >> 1) & 1), head 8 (e >> 2) + 2 (lane % 4) + (e & 1).
+    auto each_one = [&](auto&& f) {
+#pragma unroll
+      for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          const int head = 8 * (e >> 2) + 2 * (lane & 3) + (e & 1);
+          f(head, (warp >> 2) * 256 + 64 * mt + 16 * (warp & 3) + (lane >> 2) + 8 * ((e >> 1) & 1),
+            acc[8 * mt + e] * inv_s[head]);
+        }
+    };
     if (final_out) {
       constexpr int kPitch = kDV + 8;  // bf16 per staged row: 1040 bytes, rows 4 banks apart
       static_assert(!kStagedEpilogue || (size_t(C::HTp) * kPitch * 2 <= C::pOff && kPitch * 2 % 16 == 0),
                     "the staged bf16 tile fits before P, rows 16-byte aligned");
       uint16_t* stg = reinterpret_cast<uint16_t*>(smem + C::kOff);
-      each_pair([&](int row, int col, float v0, float v1) {
-        *reinterpret_cast<uint32_t*>(stg + row * kPitch + col) = pack_bf16x2(v0, v1);
-      });
+      if constexpr (A16) {
+        each_one([&](int row, int col, float v) { stg[row * kPitch + col] = uint16_t(pack_bf16x2(v, 0.f) & 0xffffu); });
+      } else {
+        each_pair([&](int row, int col, float v0, float v1) {
+          *reinterpret_cast<uint32_t*>(stg + row * kPitch + col) = pack_bf16x2(v0, v1);
+        });
+      }
       __syncthreads();
       uint16_t* const ob = p.output + t * p.output_stride_token + h0 * p.output_stride_head;
       if (a.out_vec16) {
@@ -2875,9 +3162,13 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
       static_assert(!kStagedEpilogue || (size_t(C::HTp) * kPitch * 4 <= C::pOff && kPitch * 4 % 16 == 0),
                     "the staged fp32 tile fits before P, rows 16-byte aligned");
       float* stg = reinterpret_cast<float*>(smem + C::kOff);
-      each_pair([&](int row, int col, float v0, float v1) {
-        *reinterpret_cast<float2*>(stg + row * kPitch + col) = make_float2(v0, v1);
-      });
+      if constexpr (A16) {
+        each_one([&](int row, int col, float v) { stg[row * kPitch + col] = v; });
+      } else {
+        each_pair([&](int row, int col, float v0, float v1) {
+          *reinterpret_cast<float2*>(stg + row * kPitch + col) = make_float2(v0, v1);
+        });
+      }
       __syncthreads();
       // The workspace rows (2 KB per head and split slot) are 16-byte aligned.
       for (int i = tid; i < nh * (kDV / 4); i += kThreads) {
@@ -2960,7 +3251,7 @@ __device__ __forceinline__ void decode_body_per_token(const DecodeArgs& a) {
 template <int MT, int DQK, KvFormat F, bool BAL, bool WG = false, bool ASYM = false, bool TWO = false,
           bool QREG = false, bool ANCH = false>
 __global__ void __launch_bounds__(kThreads,
-                                  (MT == 1 && F != KvFormat::kBF16 && !QREG) ? MLA_EXT_DECODE_MT1_MIN_BLOCKS : 1)
+                                  (MT == 1 && F != KvFormat::kBF16 && !QREG && !ASYM) ? MLA_EXT_DECODE_MT1_MIN_BLOCKS : 1)
     decode_split_mma_kernel(const DecodeArgs a) {
   wait_for_prior_grids();
   if (a.early_trigger) launch_dependent_grids();
@@ -3336,6 +3627,17 @@ inline bool decode_use_asym() {
   static const bool on = env_int("MLA_EXT_ASYM", 1) != 0;
   return on;
 }
+// Whether the 16-head tile of the FP8 rows runs as asymmetric warpgroups with transposed
+// products (decode_body's A16; sm_90a; V4 rows on the uniform and balanced maps, V3.2 rows on
+// the uniform map; not two-token blocks nor the anchored map): where the environment variable
+// MLA_EXT_ASYM16 (read once) is "1". Off by default: H200, one round against the mma.sync tile
+// (benchmarks/RESULTS.md, forty-eighth session), V3.2 16 x 512 tokens -7.7% and V4 at 512
+// tokens -1..-3%, but +10..+47% at 16-64 tokens (one block per processor against two, with a
+// split policy made for two) and +3..+21% at one token.
+inline bool decode_use_asym16() {
+  static const bool on = env_int("MLA_EXT_ASYM16", 0) != 0;
+  return on;
+}
 // Whether V3.2's asymmetric kernel runs as 2-block clusters at two head groups (65-128 heads;
 // decode_body's CL: each block gathers and dequantises half of every tile and copies it into
 // the peer's shared memory): unless the environment variable MLA_EXT_CLUSTER (read once) is
@@ -3413,6 +3715,11 @@ template <int DQK, KvFormat F, bool MMA, bool BAL = false>
 inline Status launch_split_mt(int mt, bool wg, const DecodeArgs& a, uint32_t blocks, gpuStream_t stream) {
   switch (mt) {
     case 1:
+      if constexpr (MMA && (kv_layout(F) == KvFormat::kFP8DsMlaV4 ||
+                            (kv_layout(F) == KvFormat::kFP8DsMla && DQK == 576 && !BAL))) {
+        if (wg && !a.two_token && !a.anchored && decode_use_asym16())
+          return launch_split<1, DQK, F, MMA, BAL, true, true>(a, blocks, stream);
+      }
       if constexpr (MMA && kv_layout(F) == KvFormat::kFP8DsMlaV4 && !BAL) {
         if (a.q_regs) return launch_split<1, DQK, F, MMA, BAL, false, false, false, true>(a, blocks, stream);
       }
