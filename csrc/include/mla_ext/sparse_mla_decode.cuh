@@ -3631,9 +3631,9 @@ inline bool decode_use_asym() {
 // products (decode_body's A16; sm_90a; V4 rows on the uniform and balanced maps, V3.2 rows on
 // the uniform map; not two-token blocks nor the anchored map): where the environment variable
 // MLA_EXT_ASYM16 (read once) is "1". Off by default: H200, one round against the mma.sync tile
-// (benchmarks/RESULTS.md, forty-eighth session), V3.2 16 x 512 tokens -7.7% and V4 at 512
-// tokens -1..-3%, but +10..+47% at 16-64 tokens (one block per processor against two, with a
-// split policy made for two) and +3..+21% at one token.
+// (benchmarks/RESULTS.md, forty-eighth session), V3.2 16 x 512 tokens -7.7% and V4 C4 at 512
+// tokens -1.7..+2.9%, but V4 +0..+48% at 16-128 tokens and V3.2 +22% at 16 (one block per
+// processor against two, under a split count made for two), +3..+21% at one token.
 inline bool decode_use_asym16() {
   static const bool on = env_int("MLA_EXT_ASYM16", 0) != 0;
   return on;
