@@ -3717,8 +3717,11 @@ inline Status launch_split_mt(int mt, bool wg, const DecodeArgs& a, uint32_t blo
     case 1:
       if constexpr (MMA && (kv_layout(F) == KvFormat::kFP8DsMlaV4 ||
                             (kv_layout(F) == KvFormat::kFP8DsMla && DQK == 576 && !BAL))) {
-        if (wg && !a.two_token && !a.anchored && decode_use_asym16())
-          return launch_split<1, DQK, F, MMA, BAL, true, true>(a, blocks, stream);
+        if (wg && !a.two_token && !a.anchored && decode_use_asym16()) {
+          // (kUnsupported: a shared-memory limit below its 157-176 KB; the mma.sync tile below)
+          const Status st = launch_split<1, DQK, F, MMA, BAL, true, true>(a, blocks, stream);
+          if (st != Status::kUnsupported) return st;
+        }
       }
       if constexpr (MMA && kv_layout(F) == KvFormat::kFP8DsMlaV4 && !BAL) {
         if (a.q_regs) return launch_split<1, DQK, F, MMA, BAL, false, false, false, true>(a, blocks, stream);
