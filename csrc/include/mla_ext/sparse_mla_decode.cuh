@@ -1985,7 +1985,8 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
           named_bar_sync(kRed, 128);  // this warpgroup's P.V reads all four warps' P^T rows
           pv_issue(cur, alpha);
           // While it runs: this half of tile j + 1 into stage nxt, the addresses of tile j + 3
-          // and the loads of this half of tile j + 2 (as the 64-head kernel, above).
+          // and the loads of this half of tile j + 2: the 64-head kernel's step (below), copied,
+          // as one function for both changed that kernel's SASS (benchmarks/NOTES.md, 48th session).
           if (j + 1 < NT) {
             if (j > 0) named_bar_sync(kFree + nxt, 2 * 128);
             gh.template store_swizzled<kWholeK>(Ks + nxt * (C::kStageBytes / 2), ksc_of(nxt), vt, live_rows(j + 1));
