@@ -1826,11 +1826,8 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
       const int c0 = 2 * (lane & 3);
       auto hq = [&](int q) { return 8 * (q >> 1) + c0 + (q & 1); };
       auto qof = [](int e) { return (e & 1) + 2 * (e >> 2); };
-      // P^T of the tile in stage st (SC: its 4 copies, 2 KB apart, in the stage's RoPE block,
-      // which nothing reads after Q.K; the stage is not refilled before both P.V are done).
-      auto p16_of = [&](int st) -> uint16_t* {
-        return SC ? Ks + st * (C::kStageBytes / 2) + 8 * BN * 64 : Ps + st * (HTp * PST);
-      };
+      // P^T of the tile in stage st: p_of (SC: its 4 copies, 2 KB apart, in the stage's RoPE
+      // block, which nothing reads after Q.K; the stage is not refilled before both P.V are done).
       float hm[4], hl[4], hle[4];  // warpgroup 0: its heads' running max, and this thread's sums
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
@@ -1843,7 +1840,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
 #pragma unroll
         for (int i = 0; i < 32; ++i) acc[i] *= al[qof(i & 7)];
         // (SC: m-tiles 0-1 and 2-3 are V scale groups 2 wg and 2 wg + 1, each with its P^T copy)
-        const uint64_t pd = wg_desc(smem_addr(p16_of(st) + (SC ? 2 * wg * HTp * 64 : 0)), 16, 1024);
+        const uint64_t pd = wg_desc(smem_addr(p_of(st) + (SC ? 2 * wg * HTp * 64 : 0)), 16, 1024);
         const uint64_t vd = wg_desc(smem_addr(Ks + st * (C::kStageBytes / 2)) + uint32_t(wg * 4 * BN * 128),
                                     uint32_t(BN * 128), 1024);
         wg_fence_operands(*reinterpret_cast<float(*)[32]>(acc));
@@ -1871,6 +1868,9 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
           float s[8];
 #pragma unroll
           for (int e = 0; e < 8; ++e) s[e] = 0.f;
+          // SC: the scales of this thread's two key rows (r0, r0 + 8) in each group, for Q.K
+          // and for the P^T copies.
+          float ksr[SC ? 4 : 1][2];
           if constexpr (SC) {
             // fp8_ds_mla (raw e4m3 keys, exact in bf16): each scale group's 8 k-steps into its
             // own accumulator, all 36 steps issued together; S^T = sum_g scale_g[key] X_g +
@@ -1894,9 +1894,10 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
 #pragma unroll
             for (int g4 = 0; g4 < 4; ++g4) {
               wg_fence_operands(x[g4]);
-              const float sa = ks[g4 * BN + r0], sb = ks[g4 * BN + r0 + 8];
+              ksr[g4][0] = ks[g4 * BN + r0];
+              ksr[g4][1] = ks[g4 * BN + r0 + 8];
 #pragma unroll
-              for (int e = 0; e < 8; ++e) s[e] = fmaf(x[g4][e], (e >> 1) & 1 ? sb : sa, s[e]);
+              for (int e = 0; e < 8; ++e) s[e] = fmaf(x[g4][e], ksr[g4][(e >> 1) & 1], s[e]);
             }
           } else {
             wg_fence_operands(s);
@@ -1941,7 +1942,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
           // and of the unrounded probabilities.
           // SC: one copy per V scale group g, P times the key rows' scales of g, rounded once;
           // the normaliser then sums P unrounded (as the other V3.2 kernels).
-          uint16_t* const Pj = p16_of(cur);
+          uint16_t* const Pj = p_of(cur);
           float ls[4] = {0.f, 0.f, 0.f, 0.f}, lse4[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
           for (int e = 0; e < 8; e += 2) {
@@ -1955,10 +1956,9 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
             if constexpr (SC) {
               ls[q] += p0;
               ls[q + 1] += p1;
-              const float* const ks = ksc_of(cur);
 #pragma unroll
               for (int g4 = 0; g4 < 4; ++g4) {
-                const float kv = ks[g4 * BN + k];
+                const float kv = ksr[g4][(e >> 1) & 1];  // (key row k)
                 const uint32_t pk = pack_bf16x2(p0 * kv, p1 * kv);
                 Pj[g4 * HTp * 64 + o0] = uint16_t(pk & 0xffffu);
                 Pj[g4 * HTp * 64 + o1] = uint16_t(pk >> 16);
