@@ -6,6 +6,23 @@ from typing import Optional
 import pytest
 import torch
 
+
+def _worker_threads():
+    """Under pytest-xdist, each worker's share of the cores (at least 1), else None. By default
+    every worker's torch would use all cores for the float64 references: 16 workers x 16 threads
+    on the 16-core GPU machine. An OMP_NUM_THREADS the user set is kept."""
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if os.environ.get("PYTEST_XDIST_WORKER") is None or not workers or "OMP_NUM_THREADS" in os.environ:
+        return None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // max(1, int(workers)))
+
+
+_THREADS = _worker_threads()
+if _THREADS is not None:
+    torch.set_num_threads(_THREADS)
+    os.environ["OMP_NUM_THREADS"] = str(_THREADS)  # the tests' fresh-process children inherit it
+
 HAS_GPU = torch.cuda.is_available()
 DEVICES = ["cpu"] + (["cuda"] if HAS_GPU else [])
 
