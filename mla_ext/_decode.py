@@ -95,8 +95,9 @@ def sparse_mla_decode(
     DeepSeek V4 (d_qk 512) uses all 512 (RoPE lanes included; the caller un-rotates).
     A token with no valid entry gets output 0 and lse ``-inf``; ``attn_sink[h] = -inf`` means
     no sink, ``+inf`` gives output 0 (lse unchanged). A selected row whose score is NaN (a NaN
-    FP8 code or NaN bf16 values in it) makes that token and head's output and lse NaN, whatever
-    the split count; unselected rows are never read, so NaN there never matters.
+    FP8 code or NaN bf16 values in it, or NaN in ``q[t, h]``) makes that
+    token and head's output and lse NaN, whatever the split count; unselected rows are never
+    read, so NaN there never matters.
 
     Index validity: an entry ``indices[t, j]`` is skipped (and its row never read) when it is
     < 0, >= ``num_pages * page_size``, or ``j >= lengths[t]``; invalid entries may appear
@@ -118,7 +119,9 @@ def sparse_mla_decode(
             is honoured and whose token stride ``stride(1)`` is 584 (a page is one block of
             bytes); inside a page, ``page_size`` data rows of 576 bytes (448 e4m3fn + 64
             bf16 RoPE) then ``page_size`` groups of 8 bytes (7 UE8M0 scales, one per 64
-            elements, + 1 pad).
+            elements, + 1 pad). ``page_size`` is ``shape[1]`` and places the scales: pass the
+            pages as written (slice dim 0 only; a view slicing dim 1 is read as a cache of
+            smaller pages, with the wrong scales).
             ``"fp8_ds_mla_fnuz"`` / ``"fp8_ds_mla_v4_fnuz"``: the same two layouts byte for
             byte, with e4m3fnuz value bytes (bias 8, 0x80 = NaN, 0x7F / 0xFF = +-240) as gfx942
             (MI300) engines may write them; NVIDIA and gfx950 engines write the e4m3fn formats.

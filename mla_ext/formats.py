@@ -19,7 +19,10 @@ again with e4m3fnuz value bytes:
     448 no-RoPE dims, [448, 576) the 64 RoPE dims as bf16), then after all ``page_size`` data rows,
     at ``page_size * 576 + p * 8``: 7 UE8M0 scale bytes (byte j covers dims [64j, 64j+64)) and
     one padding byte. ``page_stride`` (= ``stride(0)``, in bytes) is padded; engines round it up
-    to a multiple of 576. d_qk = 512.
+    to a multiple of 576. d_qk = 512. ``page_size`` is read from ``shape[1]`` and places the
+    scales, so a view that slices dim 1 (``cache[:, :4]`` of 64-row pages) is not a V4 cache:
+    nothing in the view tells it from a cache of 4-row pages with padded page strides, and its
+    rows are read with the wrong scales. Slice pages (dim 0) only.
 
 ``"fp8_ds_mla_fnuz"`` / ``"fp8_ds_mla_v4_fnuz"`` (the same two layouts, byte for byte)
     The FP8 value bytes are e4m3fnuz instead of OCP e4m3fn; scales (fp32 / UE8M0) and RoPE

@@ -670,6 +670,32 @@ def test_duplicates_and_nan_unselected(device):
         run_check(q, cache, idx, fmt=fmt, scale=0.05, device=device, num_splits=S)
 
 
+@pytest.mark.parametrize("fmt,d_qk", [("fp8_ds_mla", 576), ("fp8_ds_mla_v4", 512), ("bf16", 576)])
+def test_nan_in_q_poisons_its_row_only(device, fmt, d_qk):
+    """NaN in q[t, h] (one element) makes that token and head's output and lse NaN, at every
+    split count; every other (token, head) matches the reference."""
+    g = torch.Generator().manual_seed(zlib.crc32(fmt.encode()) + 17)
+    T, H, W = 5, 16, 150
+    idx, _ = make_indices(g, T, W, 6 * 64, "scattered", None)
+    cache = make_cache(g, fmt, d_qk, 6, 64, idx, device)
+    q = torch.randn(T, H, d_qk, generator=g).to(torch.bfloat16)
+    bad = [(0, 3, 7), (2, 15, d_qk - 1), (4, 0, 300)]
+    for t, h, d in bad:
+        q[t, h, d] = float("nan")
+    hit = torch.zeros(T, H, dtype=torch.bool)
+    for t, h, _ in bad:
+        hit[t, h] = True
+    ref_o, ref_l = reference.sparse_mla_decode(q, _cpu_v4(cache), idx, kv_format=fmt, softmax_scale=0.05)
+    for S in (1, 2, 4):
+        out, lse, ws = poisoned_buffers(T, H, S, device)
+        mla_ext.sparse_mla_decode(q.to(device), cache, idx.to(device), kv_format=fmt, softmax_scale=0.05,
+                                  output=out, workspace=ws, lse=lse, num_splits=S)
+        out, lse = out.cpu(), lse.cpu()
+        assert torch.isnan(out[hit].float()).all() and torch.isnan(lse[hit]).all(), S
+        check_out(out[~hit], ref_o[~hit], fmt)
+        check_lse(lse[~hit], ref_l[~hit], kv_format=fmt)
+
+
 def test_strided_views_nothing_outside_written(device):
     g = torch.Generator().manual_seed(8)
     T, H, W, fmt = 6, 8, 70, "fp8_ds_mla_v4"
