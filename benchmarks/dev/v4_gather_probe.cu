@@ -20,7 +20,11 @@
 //           stage: per row (data 576/656 B, scale as its 16-byte aligned chunk) or, for c128,
 //           per page run (1,168 B), S tiles in flight.
 // Prints GB/s of useful bytes and the ratio to a device-to-device copy measured in the same run
-// (copy: bytes read + written over time, as mla_ext.bench.copy_bandwidth_gbs).
+// (copy: bytes read + written over time, as mla_ext.bench.copy_bandwidth_gbs, but through
+// cudaMemcpyAsync: compare it with the benchmark's copy figure once). The tile kernels run only
+// where the occupancy query says 1 / 2 blocks fit a processor, else print "skipped". Not in the
+// useful bytes: the row offsets (8-24 B per row, by kernel: 1-4%). Rows are spread over 6 GiB,
+// which tries the TLB harder than a smaller cache would.
 //
 // Build and run (device): nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a \
 //   -o /tmp/gp benchmarks/dev/v4_gather_probe.cu && /tmp/gp
@@ -100,46 +104,72 @@ __device__ __forceinline__ uint32_t consume(const uint8_t* st, int flat, bool sc
   return acc;
 }
 
+// Row offsets reach the tile kernels one tile ahead, as the decode's row addresses do (it loads
+// them three tiles ahead): threads 0..63 load a later tile's offsets into registers at the top of
+// an iteration and put them in a shared slot after the tile's barrier, so the data loads read
+// their addresses from shared memory instead of waiting on a global load each.
+struct Offs {
+  long long d[kTileRows], s[kTileRows];
+};
+__device__ __forceinline__ void fetch_offs(const TileArgs& a, int tile, long long& d, long long& s) {
+  if (threadIdx.x < kTileRows && tile < a.tiles) {
+    d = a.doff[size_t(tile) * kTileRows + threadIdx.x];
+    s = a.soff != nullptr ? a.soff[size_t(tile) * kTileRows + threadIdx.x] : 0;
+  }
+}
+__device__ __forceinline__ void put_offs(Offs& o, long long d, long long s) {
+  if (threadIdx.x < kTileRows) o.d[threadIdx.x] = d, o.s[threadIdx.x] = s;
+}
+
 // ---- ldg: registers -> shared, next tile's loads before this tile's stores ----
 __global__ void __launch_bounds__(kThreads) tile_ldg(TileArgs a) {
   extern __shared__ __align__(128) uint8_t smem[];
+  __shared__ Offs offs[2];  // slot it & 1: the offsets of the block's it-th tile
   const int cpr = a.dbytes / 16, units = kTileRows * cpr;
   uint4 r[2][kMaxChunks];
   uint2 s[2];
   uint32_t acc = 0;
-  auto load = [&](int tile, int b) {
+  auto load = [&](const Offs& o, int b) {
 #pragma unroll
     for (int k = 0; k < kMaxChunks; ++k) {
       const int u = threadIdx.x + kThreads * k;
-      if (u < units)
-        r[b][k] = *reinterpret_cast<const uint4*>(a.base + a.doff[size_t(tile) * kTileRows + u / cpr] + 16 * (u % cpr));
+      if (u < units) r[b][k] = *reinterpret_cast<const uint4*>(a.base + o.d[u / cpr] + 16 * (u % cpr));
     }
     if (a.soff != nullptr && threadIdx.x < kTileRows)
-      s[b] = *reinterpret_cast<const uint2*>(a.base + a.soff[size_t(tile) * kTileRows + threadIdx.x]);
+      s[b] = *reinterpret_cast<const uint2*>(a.base + o.s[threadIdx.x]);
   };
   auto store = [&](int b) {
 #pragma unroll
     for (int k = 0; k < kMaxChunks; ++k) {
       const int u = threadIdx.x + kThreads * k;
-      if (u < units) *reinterpret_cast<uint4*>(smem + (u / cpr) * a.dbytes + 16 * (u % cpr)) = r[b][k];
+      if (u < units) *reinterpret_cast<uint4*>(smem + 16 * u) = r[b][k];
     }
     if (a.soff != nullptr && threadIdx.x < kTileRows)
       *reinterpret_cast<uint2*>(smem + kTileRows * a.dbytes + 16 * threadIdx.x) = s[b];
   };
-  int tile = blockIdx.x;
-  if (tile < a.tiles) load(tile, 0);
-  for (int it = 0; tile < a.tiles; tile += gridDim.x, ++it) {
-    const int next = tile + gridDim.x;
+  const int G = gridDim.x;
+  long long od = 0, os = 0;
+  fetch_offs(a, blockIdx.x, od, os);
+  put_offs(offs[0], od, os);
+  fetch_offs(a, blockIdx.x + G, od, os);
+  put_offs(offs[1], od, os);
+  __syncthreads();
+  if (int(blockIdx.x) < a.tiles) load(offs[0], 0);
+  int it = 0;
+  for (int tile = blockIdx.x; tile < a.tiles; tile += G, ++it) {
+    const int next = tile + G;
+    fetch_offs(a, next + G, od, os);  // in flight until after the barrier below
     // (two register buffers by parity: written out so that the arrays stay in registers)
     if (it & 1) {
-      if (next < a.tiles) load(next, 0);
+      if (next < a.tiles) load(offs[0], 0);
       store(1);
     } else {
-      if (next < a.tiles) load(next, 1);
+      if (next < a.tiles) load(offs[1], 1);
       store(0);
     }
     __syncthreads();
     acc ^= consume(smem, kTileRows * a.dbytes, a.soff != nullptr, false, a.soff, tile);
+    put_offs(offs[it & 1], od, os);  // tile's slot: its loads were issued a turn ago
     __syncthreads();
   }
   for (int o = 16; o > 0; o >>= 1) acc ^= __shfl_xor_sync(0xffffffffu, acc, o);
@@ -150,32 +180,44 @@ __global__ void __launch_bounds__(kThreads) tile_ldg(TileArgs a) {
 template <int S>
 __global__ void __launch_bounds__(kThreads) tile_cpasync(TileArgs a, int stage_bytes) {
   extern __shared__ __align__(128) uint8_t smem[];
+  __shared__ Offs offs[S];  // slot i % S: the offsets of the block's i-th tile
   const int cpr = a.dbytes / 16, units = kTileRows * cpr;
   uint32_t acc = 0;
   auto issue = [&](int tile, int st) {
     if (tile < a.tiles) {
+      const Offs& o = offs[st];
       uint8_t* dst = smem + st * stage_bytes;
       for (int u = threadIdx.x; u < units; u += kThreads) {
-        const uint32_t d = uint32_t(__cvta_generic_to_shared(dst + (u / cpr) * a.dbytes + 16 * (u % cpr)));
-        const uint8_t* src = a.base + a.doff[size_t(tile) * kTileRows + u / cpr] + 16 * (u % cpr);
+        const uint32_t d = uint32_t(__cvta_generic_to_shared(dst + 16 * u));
+        const uint8_t* src = a.base + o.d[u / cpr] + 16 * (u % cpr);
         asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
       }
       if (a.soff != nullptr && threadIdx.x < kTileRows) {
         const uint32_t d = uint32_t(__cvta_generic_to_shared(dst + kTileRows * a.dbytes + 16 * threadIdx.x));
-        const uint8_t* src = a.base + a.soff[size_t(tile) * kTileRows + threadIdx.x];
+        const uint8_t* src = a.base + o.s[threadIdx.x];
         asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(d), "l"(src) : "memory");
       }
     }
     asm volatile("cp.async.commit_group;\n" ::: "memory");  // (an empty group past the end)
   };
+  const int G = gridDim.x;
+  long long od = 0, os = 0;
 #pragma unroll
-  for (int i = 0; i < S - 1; ++i) issue(blockIdx.x + i * gridDim.x, i);
+  for (int i = 0; i < S; ++i) {
+    fetch_offs(a, blockIdx.x + i * G, od, os);
+    put_offs(offs[i], od, os);
+  }
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < S - 1; ++i) issue(blockIdx.x + i * G, i);
   int st = 0;
-  for (int tile = blockIdx.x; tile < a.tiles; tile += gridDim.x) {
-    issue(tile + (S - 1) * gridDim.x, (st + S - 1) % S);
+  for (int tile = blockIdx.x; tile < a.tiles; tile += G) {
+    fetch_offs(a, tile + S * G, od, os);  // in flight until after the barrier below
+    issue(tile + (S - 1) * G, (st + S - 1) % S);
     asm volatile("cp.async.wait_group %0;\n" ::"n"(S - 1) : "memory");
     __syncthreads();
     acc ^= consume(smem + st * stage_bytes, kTileRows * a.dbytes, a.soff != nullptr, false, a.soff, tile);
+    put_offs(offs[st], od, os);  // tile's slot: its copies were issued S - 1 turns ago
     __syncthreads();
     st = (st + 1) % S;
   }
@@ -244,6 +286,7 @@ __global__ void __launch_bounds__(kThreads) tile_bulk(BulkArgs a, int stage_byte
     mbar_wait(uint32_t(__cvta_generic_to_shared(&bar[st])), uint32_t(phase));
     acc ^= consume(smem + st * stage_bytes, a.flat, a.soff != nullptr, true, a.soff, tile);
     __syncthreads();  // every thread is done reading the stage before it is refilled
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // generic reads, then async writes
     issue(tile + S * gridDim.x, st);
     if (++st == S) st = 0, phase ^= 1;
   }
@@ -269,15 +312,17 @@ struct Pattern {
   double useful_per_row;
 };
 
-template <class F>
-float time_ms(F&& f, int reps = 5) {
+template <class F, class P>
+float time_ms(F&& f, P&& pre, int reps = 5) {
   cudaEvent_t a, b;
   CK(cudaEventCreate(&a));
   CK(cudaEventCreate(&b));
+  pre();
   f();  // warm-up
   CK(cudaDeviceSynchronize());
   std::vector<float> t;
   for (int i = 0; i < reps; ++i) {
+    pre();
     CK(cudaEventRecord(a));
     f();
     CK(cudaEventRecord(b));
@@ -289,10 +334,18 @@ float time_ms(F&& f, int reps = 5) {
   std::sort(t.begin(), t.end());
   return t[t.size() / 2];
 }
+template <class F>
+float time_ms(F&& f) {
+  return time_ms(f, [] {});
+}
 
 int main(int argc, char** argv) {
   const size_t cache_bytes = size_t(6) << 30;  // >> the 50 MB L2: every run is L2-cold
   const int rows = argc > 1 ? std::atoi(argv[1]) : 4 << 20;  // rows per pattern (multiple of 64)
+  if (rows <= 0 || rows % kTileRows != 0) {
+    std::printf("rows must be a positive multiple of %d, got %d\n", kTileRows, rows);
+    return 1;
+  }
   int sms;
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   uint8_t* cache;
@@ -392,18 +445,31 @@ int main(int argc, char** argv) {
       const int grid = bps * sms;
       char name[16];
       auto zero = [&] { CK(cudaMemsetAsync(d_out, 0, sizeof(uint32_t) * grid)); };
-      CK(cudaFuncSetAttribute(tile_ldg, cudaFuncAttributeMaxDynamicSharedMemorySize, stage));
-      ms = time_ms([&] { zero(); tile_ldg<<<grid, kThreads, stage>>>(ta); });
-      CK(cudaGetLastError());
+      // Opt in to `smem` bytes, ask for the largest carveout, and run only where `bps` blocks
+      // of the kernel fit one processor (else the grid would run in two waves, unnoticed).
+      auto fits = [&](auto kern, int smem, int want, const char* what) {
+        cudaFuncAttributes fa;
+        CK(cudaFuncGetAttributes(&fa, kern));
+        if (smem + int(fa.sharedSizeBytes) > 227 * 1024) return false;
+        CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        CK(cudaFuncSetAttribute(kern, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
+        int n = 0;
+        CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kern, kThreads, smem));
+        if (n < want) std::printf("%-6s %-12s skipped: %d block(s) per processor fit\n", p.name, what, n);
+        return n >= want;
+      };
       std::snprintf(name, sizeof name, "ldg/%d", bps);
-      report(name, ms, grid);
+      if (fits(tile_ldg, stage, bps, name)) {
+        ms = time_ms([&] { tile_ldg<<<grid, kThreads, stage>>>(ta); }, zero);
+        CK(cudaGetLastError());
+        report(name, ms, grid);
+      }
       auto cpa = [&](auto kern, int S) {
         const int smem = S * stage;
-        if (smem * bps > 227 * 1024) return;
-        CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-        ms = time_ms([&] { zero(); kern<<<grid, kThreads, smem>>>(ta, stage); });
-        CK(cudaGetLastError());
         std::snprintf(name, sizeof name, "cpasync%d/%d", S, bps);
+        if (!fits(kern, smem, bps, name)) return;
+        ms = time_ms([&] { kern<<<grid, kThreads, smem>>>(ta, stage); }, zero);
+        CK(cudaGetLastError());
         report(name, ms, grid);
       };
       cpa(tile_cpasync<2>, 2);
@@ -418,11 +484,10 @@ int main(int argc, char** argv) {
                         tiles, bstage, flat, d_out};
       auto blk = [&](auto kern, int S) {
         const int smem = S * bstage;
-        if (smem * bps > 227 * 1024) return;
-        CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-        ms = time_ms([&] { zero(); kern<<<grid, kThreads, smem>>>(ba, bstage); });
-        CK(cudaGetLastError());
         std::snprintf(name, sizeof name, "bulk%d/%d", S, bps);
+        if (!fits(kern, smem, bps, name)) return;
+        ms = time_ms([&] { kern<<<grid, kThreads, smem>>>(ba, bstage); }, zero);
+        CK(cudaGetLastError());
         report(name, ms, grid);
       };
       blk(tile_bulk<2>, 2);
