@@ -3635,9 +3635,17 @@ inline bool decode_use_asym() {
 // (benchmarks/RESULTS.md, forty-eighth session), V3.2 16 x 512 tokens -7.7% and V4 C4 at 512
 // tokens -1.7..+2.9%, but V4 +0..+48% at 16-128 tokens and V3.2 +22% at 16 (one block per
 // processor against two, under a split count made for two), +3..+21% at one token.
-inline bool decode_use_asym16() {
-  static const bool on = env_int("MLA_EXT_ASYM16", 0) != 0;
-  return on;
+// MLA_EXT_ASYM16=2 (to measure a launch rule, not run yet): V3.2 rows only, and only where a
+// split spans at least kAsym16MinSplitRows index entries (W + W2 >= that x num_splits): in the
+// same measurement V3.2 at 8-16 heads gained with splits of 8-32 tiles (64-512 tokens: -2..-7.8%)
+// and lost with splits of 2 tiles (16 tokens: +22%).
+constexpr int64_t kAsym16MinSplitRows = 512;
+template <KvFormat F>
+inline bool decode_use_asym16(const DecodeArgs& a) {
+  static const int mode = int(env_int("MLA_EXT_ASYM16", 0));
+  if (mode != 2) return mode != 0;
+  const int64_t w = a.p.main.width + (a.p.extra.cache != nullptr ? a.p.extra.width : 0);
+  return kv_layout(F) == KvFormat::kFP8DsMla && w >= kAsym16MinSplitRows * int64_t(a.p.num_splits);
 }
 // Whether V3.2's asymmetric kernel runs as 2-block clusters at two head groups (65-128 heads;
 // decode_body's CL: each block gathers and dequantises half of every tile and copies it into
@@ -3718,7 +3726,7 @@ inline Status launch_split_mt(int mt, bool wg, const DecodeArgs& a, uint32_t blo
     case 1:
       if constexpr (MMA && (kv_layout(F) == KvFormat::kFP8DsMlaV4 ||
                             (kv_layout(F) == KvFormat::kFP8DsMla && DQK == 576 && !BAL))) {
-        if (wg && !a.two_token && !a.anchored && decode_use_asym16()) {
+        if (wg && !a.two_token && !a.anchored && decode_use_asym16<F>(a)) {
           // (kUnsupported: a shared-memory limit below its 157-176 KB; the mma.sync tile below)
           const Status st = launch_split<1, DQK, F, MMA, BAL, true, true>(a, blocks, stream);
           if (st != Status::kUnsupported) return st;
