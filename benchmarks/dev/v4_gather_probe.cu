@@ -458,23 +458,18 @@ int main(int argc, char** argv) {
         if (n < want) std::printf("%-6s %-12s skipped: %d block(s) per processor fit\n", p.name, what, n);
         return n >= want;
       };
-      std::snprintf(name, sizeof name, "ldg/%d", bps);
-      if (fits(tile_ldg, stage, bps, name)) {
-        ms = time_ms([&] { tile_ldg<<<grid, kThreads, stage>>>(ta); }, zero);
-        CK(cudaGetLastError());
-        report(name, ms, grid);
-      }
-      auto cpa = [&](auto kern, int S) {
-        const int smem = S * stage;
-        std::snprintf(name, sizeof name, "cpasync%d/%d", S, bps);
+      // one tile kernel: `label` + "/" + bps, `smem` dynamic bytes, its arguments
+      auto run = [&](auto kern, const char* label, int smem, auto... args) {
+        std::snprintf(name, sizeof name, "%s/%d", label, bps);
         if (!fits(kern, smem, bps, name)) return;
-        ms = time_ms([&] { kern<<<grid, kThreads, smem>>>(ta, stage); }, zero);
+        ms = time_ms([&] { kern<<<grid, kThreads, smem>>>(args...); }, zero);
         CK(cudaGetLastError());
         report(name, ms, grid);
       };
-      cpa(tile_cpasync<2>, 2);
-      cpa(tile_cpasync<3>, 3);
-      cpa(tile_cpasync<4>, 4);
+      run(tile_ldg, "ldg", stage, ta);
+      run(tile_cpasync<2>, "cpasync2", 2 * stage, ta, stage);
+      run(tile_cpasync<3>, "cpasync3", 3 * stage, ta, stage);
+      run(tile_cpasync<4>, "cpasync4", 4 * stage, ta, stage);
       // c128: 32 page runs of 1,168 B (both data rows, then both scale rows: the same bytes
       // as the row-wise kernels read, so the same checksum); else one run per data row
       const bool page_runs = p.run_bytes == 1168, bsc = sc && !page_runs;
@@ -482,17 +477,9 @@ int main(int argc, char** argv) {
       const int bstage = flat + (bsc ? 16 * kTileRows : 0);
       const BulkArgs ba{cache, d_run, d_dst, p.runs, p.run_bytes, bsc ? d_soff : nullptr,
                         tiles, bstage, flat, d_out};
-      auto blk = [&](auto kern, int S) {
-        const int smem = S * bstage;
-        std::snprintf(name, sizeof name, "bulk%d/%d", S, bps);
-        if (!fits(kern, smem, bps, name)) return;
-        ms = time_ms([&] { kern<<<grid, kThreads, smem>>>(ba, bstage); }, zero);
-        CK(cudaGetLastError());
-        report(name, ms, grid);
-      };
-      blk(tile_bulk<2>, 2);
-      blk(tile_bulk<3>, 3);
-      blk(tile_bulk<4>, 4);
+      run(tile_bulk<2>, "bulk2", 2 * bstage, ba, bstage);
+      run(tile_bulk<3>, "bulk3", 3 * bstage, ba, bstage);
+      run(tile_bulk<4>, "bulk4", 4 * bstage, ba, bstage);
     }
   }
   std::printf("(checksums: every kernel of a layout must print the same one)\n");
