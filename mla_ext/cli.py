@@ -138,6 +138,12 @@ def _first_line(e: BaseException) -> str:
     return lines[0] if lines else type(e).__name__
 
 
+def _bar_off(args) -> Optional[bool]:
+    """tqdm's ``disable``: True with --no-progress, else None (tqdm then draws the bar only on a
+    terminal, so output sent to a file has no carriage-return lines in it)."""
+    return True if args.no_progress else None
+
+
 def _decode_size_error(num_tokens: int, num_heads: int, num_splits: int = 0) -> Optional[str]:
     """The op's own limits on one call (num_tokens x num_heads, the split count), checked on the
     CPU before any work: the first line of its refusal, or None."""
@@ -172,7 +178,7 @@ def cmd_merge(args) -> int:
     shapes = [(t, h) for t in tokens for h in heads]
     rows = []
     try:
-        for t, h in tqdm(shapes, desc="merge_attn_states", disable=args.no_progress):
+        for t, h in tqdm(shapes, desc="merge_attn_states", disable=_bar_off(args)):
             rows.append(measure_merge(t, h, args.head_size, dtype=dtype, device=args.device,
                                       layout=args.layout, with_copy=gpu))
     except RuntimeError as e:
@@ -368,7 +374,7 @@ def cmd_decode(args) -> int:
           f"{_device_name(args.device)}", flush=True)
 
     bar = tqdm(total=len(batches) * (3 * len(kinds) + steps) + 2, desc="mla-ext decode", unit="step",
-               disable=args.no_progress, file=sys.stderr, leave=False)
+               disable=_bar_off(args), file=sys.stderr, leave=False)
     results = []
     try:
         bar.set_postfix_str("ceilings")
@@ -516,7 +522,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--json", help="write the full report as JSON to this file")
     d.add_argument("--plot", help="write a roofline chart to this file (needs matplotlib; the suffix picks the "
                                   "format: .png, .pdf, .svg, ...; none: .png is appended)")
-    d.add_argument("--no-progress", action="store_true", help="no progress bar")
+    d.add_argument("--no-progress", action="store_true", help="no progress bar (none either way when stderr is not a terminal)")
     d.add_argument("--test-perturb", type=_parse_perturb, default=None, help=argparse.SUPPRESS)
     d.set_defaults(func=cmd_decode)
 
@@ -537,7 +543,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--layout", default="strided", choices=["strided", "contiguous"],
                    help="strided: [..., :D] views of [T,H,192] into a layer-output buffer (default)")
     m.add_argument("--json", help="write results as JSON to this file")
-    m.add_argument("--no-progress", action="store_true", help="no progress bar")
+    m.add_argument("--no-progress", action="store_true", help="no progress bar (none either way when stderr is not a terminal)")
     m.set_defaults(func=cmd_merge)
 
     i = sub.add_parser("info", help="print how this copy of mla_ext was built")
