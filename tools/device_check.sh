@@ -24,6 +24,10 @@ XDIST=()
 if [ "${PYTEST_WORKERS:-12}" != 0 ] && python3 -c "import xdist" 2>/dev/null; then XDIST=(-n "${PYTEST_WORKERS:-12}"); fi
 SELECT=(-k "cuda or gpu")
 [ "${ALL_TESTS:-0}" = 1 ] && SELECT=()
+# Per-test times as each test ends ($OUT/test_times.txt: a run cut off by the device call's limit
+# still says where the time went); each xdist worker's torch takes its share of the cores
+# (tests/conftest.py).
+MLA_EXT_TEST_TIMES="$OUT/test_times.txt" \
 python3 -X faulthandler -m pytest -q -rfE -p no:cacheprovider --timeout=300 "${XDIST[@]}" "${SELECT[@]}" "$@" tests \
   > "$OUT/pytest.log" 2>&1
 echo "pytest rc=$? ($(tail -1 "$OUT/pytest.log"))"
