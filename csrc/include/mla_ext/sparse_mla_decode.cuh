@@ -3129,7 +3129,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
                     "the staged bf16 tile fits before P, rows 16-byte aligned");
       uint16_t* stg = reinterpret_cast<uint16_t*>(smem + C::kOff);
       if constexpr (A16) {
-        each_one([&](int row, int col, float v) { stg[row * kPitch + col] = uint16_t(pack_bf16x2(v, 0.f) & 0xffffu); });
+        each_one([&](int row, int col, float v) { stg[row * kPitch + col] = float_to_bf16(v); });
       } else {
         each_pair([&](int row, int col, float v0, float v1) {
           *reinterpret_cast<uint32_t*>(stg + row * kPitch + col) = pack_bf16x2(v0, v1);
