@@ -3514,13 +3514,17 @@ __global__ void __launch_bounds__(GROUPED ? (kReduceThreads / CH) * kReduceMaxGr
             }
           }
         }
-        if (GROUPED && groups > 1) {  // the other groups' sums into group 0, in group order
-          if (grp > 0) s_part[grp - 1][ctid] = make_float4(o[0], o[1], o[2], o[3]);
-          __syncthreads();
-          if (grp == 0) {
-            for (int g = 1; g < groups; ++g) {
-              const float4 q = s_part[g - 1][ctid];
-              o[0] += q.x; o[1] += q.y; o[2] += q.z; o[3] += q.w;
+        // The other groups' sums into group 0, in group order. (if constexpr: without groups, grp
+        // is the constant 0, and clang warns about s_part[-1] in the dead branch.)
+        if constexpr (GROUPED) {
+          if (groups > 1) {
+            if (grp > 0) s_part[grp - 1][ctid] = make_float4(o[0], o[1], o[2], o[3]);
+            __syncthreads();
+            if (grp == 0) {
+              for (int g = 1; g < groups; ++g) {
+                const float4 q = s_part[g - 1][ctid];
+                o[0] += q.x; o[1] += q.y; o[2] += q.z; o[3] += q.w;
+              }
             }
           }
         }
