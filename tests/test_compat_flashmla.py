@@ -117,7 +117,7 @@ def test_v4_extra_set_sink_mtp_reused_sched(device):
     ws = mla_ext.DecodeWorkspace(b * s_q, h, device=device)
     sched, _ = flashmla.get_mla_metadata(workspace=ws.tensor)
     out = poison_(torch.empty(b, s_q, h, 512, dtype=torch.bfloat16, device=device))
-    lse = poison_(torch.empty(b, h, s_q, device=device))
+    lse = poison_(torch.empty(b, s_q, h, device=device)).transpose(1, 2)  # [b, h, s_q], tokens merge
     q = torch.randn(b, s_q, h, 512, generator=g).to(device, torch.bfloat16)
     for step in range(2):
         idx = even_slots(g, (b, s_q, 64), main_rows.shape[0])
@@ -141,9 +141,11 @@ def test_v4_extra_set_sink_mtp_reused_sched(device):
             assert torch.isposinf(lse[0]).all() and (out[0] == 0).all()
 
 
-def test_buffers_that_do_not_merge_tokens(device):
-    """``out`` and ``softmax_lse`` whose (batch, token) dims are not one stride go through scratch:
-    the same bits as the allocated buffers, and nothing outside the views written."""
+def test_buffer_layouts(device):
+    """seq_len_q > 1: the allocated LSE is contiguous [b, h, s_q] with the bits of a caller's
+    transposed [b, s_q, h] buffer; ``out`` as a view of an engine's [num_tokens, h * 512] buffer at
+    a token offset is written in place and nothing else; buffers whose (batch, token) dims do not
+    merge into one stride are refused before anything is written."""
     g = torch.Generator().manual_seed(13)
     b, s_q, h = 2, 3, 4
     fmt = "fp8_ds_mla"
@@ -153,14 +155,49 @@ def test_buffers_that_do_not_merge_tokens(device):
     args = (q, cache, None, None, 512, None)
     kw = dict(softmax_scale=0.07, is_fp8_kvcache=True, indices=idx)
     want_out, want_lse = flashmla.flash_mla_with_kvcache(*args, **kw)
-    out_base = poison_(torch.empty(s_q, b + 1, h, 512, dtype=torch.bfloat16, device=device))
-    out = out_base[:, :b].transpose(0, 1)  # [b, s_q, h, 512] with the token dim outermost
-    lse = poison_(torch.empty(b, h, s_q, device=device))  # contiguous: [b*s_q, h] is no view of it
-    flashmla.flash_mla_with_kvcache(*args, **kw, out=out, softmax_lse=lse)
+    assert want_lse.shape == (b, h, s_q) and want_lse.is_contiguous()
+    engine_out = poison_(torch.empty(b * s_q + 2, h * 512, dtype=torch.bfloat16, device=device))
+    out = engine_out[1:1 + b * s_q].view(b, s_q, h, 512)
+    lse = poison_(torch.empty(b, s_q, h, device=device)).transpose(1, 2)
+    got = flashmla.flash_mla_with_kvcache(*args, **kw, out=out, softmax_lse=lse)
+    assert got[0] is out and got[1] is lse
     assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
-    assert torch.isnan(out_base[:, b].float()).all()
+    assert torch.isnan(engine_out[0].float()).all() and torch.isnan(engine_out[-1].float()).all()
     ref_out, ref_lse = flashmla_reference(q, [(rows, idx, None)], None, 0.07)
     check(out, lse, ref_out, ref_lse, fmt, device)
+
+    bad_out = poison_(torch.empty(s_q, b, h, 512, dtype=torch.bfloat16, device=device)).transpose(0, 1)
+    bad_lse = poison_(torch.empty(b, h, s_q, device=device))  # contiguous: no [b * s_q, h] view of it
+    good_lse = poison_(torch.empty(b, s_q, h, device=device)).transpose(1, 2)
+    good_out = poison_(torch.empty(b, s_q, h, 512, dtype=torch.bfloat16, device=device))
+    with pytest.raises(ValueError, match="out's .batch_size, seq_len_q. dims to merge"):
+        flashmla.flash_mla_with_kvcache(*args, **kw, out=bad_out, softmax_lse=good_lse)
+    with pytest.raises(ValueError, match=r"softmax_lse .*\.transpose\(1, 2\)"):
+        flashmla.flash_mla_with_kvcache(*args, **kw, out=good_out, softmax_lse=bad_lse)
+    for t in (bad_out, bad_lse, good_lse, good_out):
+        assert torch.isnan(t.float()).all(), "a refused call wrote into a buffer"
+
+
+def test_torch_compile_fullgraph(device):
+    """A compiled function calling the shim (two tokens per request, allocated results, a sched
+    meta holding a workspace) traces in one graph and gives the eager call's bits."""
+    g = torch.Generator().manual_seed(17)
+    b, s_q, h = 2, 2, 8
+    cache, rows = make_cache(g, "fp8_ds_mla_v4", 8, 16, 512, device)
+    q = torch.randn(b, s_q, h, 512, generator=g).to(device, torch.bfloat16)
+    idx = even_slots(g, (b, s_q, 40), rows.shape[0]).to(device)
+    lengths = torch.tensor([40, 0], dtype=torch.int32, device=device)
+    sched, _ = flashmla.get_mla_metadata(workspace=mla_ext.DecodeWorkspace(b * s_q, h, device=device).tensor)
+
+    def step(q, idx, lengths):
+        return flashmla.flash_mla_with_kvcache(q, cache.unsqueeze(2), None, None, 512, sched, is_fp8_kvcache=True,
+                                               indices=idx, topk_length=lengths)
+
+    torch._dynamo.reset()
+    got_out, got_lse = torch.compile(step, fullgraph=True)(q, idx, lengths)
+    want_out, want_lse = step(q, idx, lengths)
+    assert torch.equal(got_out, want_out) and torch.equal(got_lse, want_lse)
+    assert torch.isposinf(got_lse[1]).all() and not torch.isinf(got_lse[0]).any()
 
 
 def test_bf16_cache(device):
@@ -204,22 +241,64 @@ def _bad_calls(device):
         (dict(q=q[..., :512].contiguous()), RuntimeError, "k_cache"),  # d_qk 512 reads V4 rows: 656 refused
         (dict(k_cache=cache[..., :600]), RuntimeError, "k_cache"),  # the op's check, in these names
         (dict(k_cache=cache.view(torch.float16)), ValueError, "k_cache to be float8"),
+        (dict(head_dim_v=512.0), ValueError, "head_dim_v=512"),
+        (dict(num_splits=300), ValueError, "num_splits None or 0..256"),
+        (dict(attn_sink=0.0), TypeError, r"^flash_mla_with_kvcache .*attn_sink"),  # the op's TypeError, renamed
+        (dict(softmax_scale="0.1"), TypeError, r"^flash_mla_with_kvcache .*softmax_scale"),
     ]
 
 
-@pytest.mark.parametrize("case", range(12))
+BAD_CALLS = 16
+
+
+def test_bad_call_count():
+    assert len(_bad_calls("cpu")[1]) == BAD_CALLS
+
+
+@pytest.mark.parametrize("case", range(BAD_CALLS))
 def test_bad_calls_raise_before_writing(device, case):
     good, cases = _bad_calls(device)
     change, exc, words = cases[case]
     b, s_q, h = good["q"].shape[:3]
     out = poison_(torch.empty(b, s_q, h, 512, dtype=torch.bfloat16, device=device))
-    lse = poison_(torch.empty(b, h, s_q, device=device))
+    lse = poison_(torch.empty(b, s_q, h, device=device)).transpose(1, 2)
     sched, _ = flashmla.get_mla_metadata()
     args = {**good, "tile_scheduler_metadata": sched, **change}
     with pytest.raises(exc, match=words):
         flashmla.flash_mla_with_kvcache(**args, out=out, softmax_lse=lse)
     assert torch.isnan(out.float()).all() and torch.isnan(lse).all(), "a refused call wrote into the buffers"
     assert sched.workspace is None
+
+
+def test_refusals_in_this_interface_names(device):
+    """The op's refusals of the caller's buffers name them as this interface does (softmax_lse, out),
+    before anything is written; a sched meta's workspace that a bigger call outgrows says where it
+    came from."""
+    good, _ = _bad_calls(device)
+    b, s_q, h = good["q"].shape[:3]
+    lse = poison_(torch.empty(b, s_q, h, device=device)).transpose(1, 2).requires_grad_()
+    with pytest.raises(RuntimeError, match=r"^flash_mla_with_kvcache .*softmax_lse"):
+        flashmla.flash_mla_with_kvcache(**good, softmax_lse=lse)
+    raw = poison_(torch.empty(b * s_q * h * 512 * 2, dtype=torch.uint8, device=device))
+    out = raw.view(torch.bfloat16).view(b, s_q, h, 512)
+    shared = raw.view(torch.float32)[:b * s_q * h].view(b, s_q, h).transpose(1, 2)
+    with pytest.raises(RuntimeError, match=r"^flash_mla_with_kvcache .*(out|softmax_lse).*share memory"):
+        flashmla.flash_mla_with_kvcache(**good, out=out, softmax_lse=shared)
+    assert (raw == 255).all()
+
+    g = torch.Generator().manual_seed(18)
+    cache = formats.alloc_kv_cache("fp8_ds_mla", 4, 64)  # garbage only: every index below is -1
+    sched, _ = flashmla.get_mla_metadata()
+    q1 = torch.randn(1, 1, 4, 576, generator=g).to(device, torch.bfloat16)
+    i1 = torch.full((1, 1, 8), -1, dtype=torch.int32, device=device)
+    flashmla.flash_mla_with_kvcache(q1, cache.to(device), None, None, 512, sched, is_fp8_kvcache=True, indices=i1)
+    held = sched.workspace
+    q64 = torch.randn(64, 1, 4, 576, generator=g).to(device, torch.bfloat16)
+    i64 = torch.full((64, 1, 8), -1, dtype=torch.int32, device=device)
+    with pytest.raises(RuntimeError, match="tile_scheduler_metadata.workspace"):
+        flashmla.flash_mla_with_kvcache(q64, cache.to(device), None, None, 512, sched, num_splits=8,
+                                        is_fp8_kvcache=True, indices=i64)
+    assert sched.workspace is held
 
 
 def test_wrong_buffers_refused(device):
@@ -247,7 +326,7 @@ def test_gpu_graph_replays_after_new_indices_and_lengths():
     lengths = torch.empty(b, dtype=torch.int32, device="cuda")
     elengths = torch.empty(b, dtype=torch.int32, device="cuda")
     out = torch.empty(b, s_q, h, 512, dtype=torch.bfloat16, device="cuda")
-    lse = torch.empty(b, h, s_q, device="cuda")
+    lse = torch.empty(b, s_q, h, device="cuda").transpose(1, 2)
     sched, _ = flashmla.get_mla_metadata(workspace=mla_ext.DecodeWorkspace(b * s_q, h, device="cuda").tensor)
 
     def fill():

@@ -29,7 +29,7 @@ What differs, on purpose:
   largest batch, and a step allocates nothing on the device (see "Allocations" below).
 - Scheduling. The split count comes from shapes and the processor count only, never from
   lengths or indices, so a :class:`FlashMLASchedMeta` may be reused while ``topk_length`` and
-  the indices change (FlashMLA asks for the same values too); a CUDA graph captured once stays
+  the indices change (FlashMLA requires them unchanged); a CUDA graph captured once stays
   valid.
 - Errors are exceptions with the argument's name (``ValueError`` / ``TypeError`` /
   ``NotImplementedError`` here, ``RuntimeError`` from the op), raised before anything is
@@ -38,11 +38,15 @@ What differs, on purpose:
   ``cache_seqlens``, ``causal``) raises ``NotImplementedError``.
 
 Allocations per call (device memory, from torch's caching allocator): none with ``out=``,
-``softmax_lse=`` and a sched meta holding a workspace, when ``seq_len_q`` is 1. With
-``seq_len_q > 1``: the per-token lengths (``topk_length`` repeated, [batch_size * seq_len_q]
-int32), and a copy of ``q`` / ``indices`` only where their token dims cannot be merged into one
-view; ``out`` / ``softmax_lse`` buffers whose layout cannot be viewed as [tokens, heads] are
-written through a scratch tensor and copied back.
+``softmax_lse=`` and a sched meta holding a workspace (and ``seq_len_q`` 1, or ``topk_length``
+None). ``out`` must let its (batch_size, seq_len_q) dims merge into one token dim (a contiguous
+buffer, or a view of the engine's ``[num_tokens, num_heads_q * 512]`` output), and so must
+``softmax_lse``'s: with ``seq_len_q > 1`` pass ``torch.empty(batch_size, seq_len_q,
+num_heads_q).transpose(1, 2)``; other layouts are refused. With ``seq_len_q > 1`` the per-token
+lengths (``topk_length`` repeated, [batch_size * seq_len_q] int32) are made on each call, ``q`` /
+``indices`` are copied only where their token dims do not merge, and an LSE allocated here is
+computed in token order and copied into its contiguous ``[batch_size, num_heads_q, seq_len_q]``
+result.
 """
 from __future__ import annotations
 
@@ -59,7 +63,7 @@ _FN = "flash_mla_with_kvcache (mla_ext.compat.flashmla)"
 # This module's argument names for the op's, so that an error from the op names what the caller passed.
 _NAMES = (("extra_kv_cache", "extra_k_cache"), ("extra_indices", "extra_indices_in_kvcache"),
           ("extra_lengths", "extra_topk_length"), ("kv_cache", "k_cache"), ("lengths", "topk_length"),
-          ("output", "out"))
+          ("output", "out"), ("lse", "softmax_lse"))
 
 
 @dataclasses.dataclass
@@ -70,9 +74,13 @@ class FlashMLASchedMeta:
     Attributes:
         workspace: 1-D uint8 tensor (a :class:`mla_ext.DecodeWorkspace`'s ``.tensor``) or None;
             when None, the first call allocates one sized for its own ``batch_size * seq_len_q``
-            tokens and ``num_heads_q`` heads and keeps it, and later calls with more tokens or
-            heads are refused by the op (FlashMLA also asks for the same shapes across the calls
-            sharing a sched meta). Its contents never matter; calls on one stream may share it.
+            tokens and ``num_heads_q`` heads (under its ``num_splits``) and keeps it. A later
+            call whose split count needs more bytes than it holds is refused by the op, and
+            which calls those are depends on the device (the automatic split count follows the
+            processor count; on the CPU, one split and no workspace is common), so a sched meta
+            reused for bigger calls can pass on the CPU and be refused on a GPU: size the
+            workspace for the largest call with ``get_mla_metadata(workspace=...)``. Its
+            contents never matter; calls on one stream may share it.
     """
 
     workspace: Optional[torch.Tensor] = None
@@ -159,11 +167,13 @@ def _buffer(name: str, buf: Optional[torch.Tensor], shape: Tuple[int, ...], dtyp
     return buf
 
 
-def _view_or_none(x: torch.Tensor, shape: Tuple[int, ...]) -> Optional[torch.Tensor]:
-    try:
-        return x.view(shape)
-    except RuntimeError:  # the token dims cannot be merged without a copy
-        return None
+def _tokens_merged(x: torch.Tensor) -> Optional[torch.Tensor]:
+    """``x [batch_size, seq_len_q, ...]`` as a ``[batch_size * seq_len_q, ...]`` view, or None where
+    its strides do not allow one (decided from the strides, so that torch.compile traces it)."""
+    b, s_q = x.shape[0], x.shape[1]
+    if b <= 1 or s_q <= 1 or x.stride(0) == s_q * x.stride(1):
+        return x.view(b * s_q, *x.shape[2:])
+    return None
 
 
 def flash_mla_with_kvcache(
@@ -206,7 +216,7 @@ def flash_mla_with_kvcache(
             groups; the page stride ``stride(0)`` is honoured), or bfloat16 rows of d_qk
             elements. Not mutated. Layouts: :mod:`mla_ext.formats`.
         block_table, cache_seqlens: ignored (dense decode only, which is not implemented).
-        head_dim_v: must be 512.
+        head_dim_v: must be the int 512.
         tile_scheduler_metadata: a :class:`FlashMLASchedMeta` from :func:`get_mla_metadata`
             (holds the workspace; **mutated**: gets one if it had none), or None (a workspace is
             allocated for this call alone).
@@ -224,10 +234,14 @@ def flash_mla_with_kvcache(
             format and rules, own page size; ``[batch_size, seq_len_q, extra_topk]``.
         topk_length, extra_topk_length: optional ``[batch_size]`` int32: how many leading
             entries of each request's index rows count (every token of the request alike).
-        out: optional ``[batch_size, seq_len_q, num_heads_q, 512]`` bfloat16, any strides with
-            the last dim contiguous. **Mutated** (every element); returned. None: allocated.
-        softmax_lse: optional ``[batch_size, num_heads_q, seq_len_q]`` float32, any strides.
-            **Mutated**; returned. None: allocated (contiguous).
+        out: optional ``[batch_size, seq_len_q, num_heads_q, 512]`` bfloat16, last dim
+            contiguous, head stride free, ``stride(0) == seq_len_q * stride(1)`` (the two dims
+            merge into one token dim; a view of a ``[num_tokens, num_heads_q * 512]`` buffer does).
+            **Mutated** (every element); returned. None: allocated.
+        softmax_lse: optional ``[batch_size, num_heads_q, seq_len_q]`` float32 whose batch and
+            token dims merge likewise (e.g. ``torch.empty(b, s_q, h).transpose(1, 2)``; any
+            layout when ``batch_size`` or ``seq_len_q`` is 1). **Mutated**; returned. None:
+            allocated (contiguous).
 
     Returns:
         ``(out, softmax_lse)``: the attention output, and the natural-log sum-exp of each
@@ -238,11 +252,13 @@ def flash_mla_with_kvcache(
         NotImplementedError: ``indices`` is None (dense decode).
         ValueError: ``causal=True``, ``head_dim_v != 512``, ``is_fp8_kvcache`` not matching the
             cache's dtype, a cache dtype or q head size no format has, a length, index, ``out``
-            or ``softmax_lse`` tensor of the wrong shape (or dtype / device for the buffers).
+            or ``softmax_lse`` tensor of the wrong shape (or dtype / device, or dims that do not
+            merge, for the buffers), ``num_splits`` outside 0..256.
         TypeError: ``tile_scheduler_metadata`` of another type (e.g. FlashMLA's own), a
             ``num_splits`` that is not None or an int, a non-tensor where a tensor is expected.
-        RuntimeError: anything :func:`mla_ext.sparse_mla_decode` refuses (dtypes, strides, cache
-            rows, devices, a workspace too small), with this function's argument names.
+        RuntimeError (or the op's TypeError): anything :func:`mla_ext.sparse_mla_decode` refuses
+            (dtypes, strides, cache rows, devices, buffers sharing memory, a workspace too
+            small), with this function's argument names.
         Nothing is written when an error is raised.
     """
     if indices is None:
@@ -250,7 +266,7 @@ def flash_mla_with_kvcache(
                                   "decode over block_table / cache_seqlens is not")
     if causal:
         raise ValueError(f"{_FN}: causal must be False for sparse decode (indices given)")
-    if isinstance(head_dim_v, bool) or head_dim_v != 512:
+    if type(head_dim_v) is not int or head_dim_v != 512:
         raise ValueError(f"{_FN}: expected head_dim_v=512, got {head_dim_v!r}")
     sched = tile_scheduler_metadata
     if sched is not None and not isinstance(sched, FlashMLASchedMeta):
@@ -259,6 +275,8 @@ def flash_mla_with_kvcache(
     if num_splits is None:
         splits = 0
     elif isinstance(num_splits, int) and not isinstance(num_splits, bool):
+        if not 0 <= num_splits <= 256:
+            raise ValueError(f"{_FN}: expected num_splits None or 0..256, got {num_splits}")
         splits = num_splits
     else:
         raise TypeError(f"{_FN}: expected num_splits to be None or an int, got {type(num_splits).__name__}")
@@ -278,28 +296,43 @@ def flash_mla_with_kvcache(
     lengths = _per_token_lengths("topk_length", topk_length, b, s_q)
     extra_lengths = _per_token_lengths("extra_topk_length", extra_topk_length, b, s_q)
     out = _buffer("out", out, (b, s_q, h_q, 512), torch.bfloat16, q.device)
+    out_t = _tokens_merged(out)
+    if out_t is None:
+        raise ValueError(f"{_FN}: expected out's (batch_size, seq_len_q) dims to merge into one token dim "
+                         f"(stride(0) == seq_len_q * stride(1), e.g. a contiguous buffer or a view of "
+                         f"[num_tokens, num_heads_q * 512]), got strides {tuple(out.stride())}")
+    lse_given = softmax_lse is not None
     softmax_lse = _buffer("softmax_lse", softmax_lse, (b, h_q, s_q), torch.float32, q.device)
-    out_t = _view_or_none(out, (T, h_q, 512))
-    lse_t = _view_or_none(softmax_lse.transpose(1, 2), (T, h_q))
+    lse_t = _tokens_merged(softmax_lse.transpose(1, 2))
+    lse_scratch = lse_t is None
+    if lse_scratch:
+        if lse_given:
+            raise ValueError(f"{_FN}: expected softmax_lse to be a [batch_size, num_heads_q, seq_len_q] view whose "
+                             f"(batch_size, seq_len_q) dims merge, e.g. torch.empty(batch_size, seq_len_q, "
+                             f"num_heads_q).transpose(1, 2); got strides {tuple(softmax_lse.stride())}")
+        lse_t = torch.empty(T, h_q, dtype=torch.float32, device=q.device)  # copied into the contiguous result
     if softmax_scale is None:
         softmax_scale = d_qk ** -0.5
     workspace = None if sched is None else sched.workspace
     fresh = workspace is None
     if fresh:
-        workspace = DecodeWorkspace(T, h_q, num_splits=splits, device=q.device).tensor
-    # A buffer whose token dims do not merge into one view is written through scratch and copied.
-    o_arg = out_t if out_t is not None else torch.empty(T, h_q, 512, dtype=torch.bfloat16, device=q.device)
-    l_arg = lse_t if lse_t is not None else torch.empty(T, h_q, dtype=torch.float32, device=q.device)
+        try:
+            workspace = DecodeWorkspace(T, h_q, num_splits=splits, device=q.device).tensor
+        except (RuntimeError, ValueError, TypeError) as e:
+            raise type(e)(str(e).replace("DecodeWorkspace:", f"{_FN} (sizing a workspace for q):", 1)) from None
     try:
-        _decode(q2, k_cache, idx, kv_format=kv_format, softmax_scale=softmax_scale, output=o_arg,
+        _decode(q2, k_cache, idx, kv_format=kv_format, softmax_scale=softmax_scale, output=out_t,
                 workspace=workspace, lengths=lengths, extra_kv_cache=extra_k_cache, extra_indices=extra_idx,
-                extra_lengths=extra_lengths, attn_sink=attn_sink, lse=l_arg, num_splits=splits)
-    except RuntimeError as e:
-        raise RuntimeError(_renamed(str(e))) from None
-    if out_t is None:
-        out.copy_(o_arg.view(b, s_q, h_q, 512))
-    if lse_t is None:
-        softmax_lse.copy_(l_arg.view(b, s_q, h_q).transpose(1, 2))
+                extra_lengths=extra_lengths, attn_sink=attn_sink, lse=lse_t, num_splits=splits)
+    except (RuntimeError, ValueError, TypeError) as e:
+        msg = _renamed(str(e))
+        if sched is not None and not fresh and "workspace" in msg:
+            msg += (" (the workspace is tile_scheduler_metadata.workspace: the one given to get_mla_metadata, or "
+                    "the one its first call sized for that call's tokens and heads; give every step's sched meta "
+                    "one mla_ext.DecodeWorkspace(max_num_tokens, num_heads) made for the largest call)")
+        raise type(e)(msg) from None
+    if lse_scratch:
+        softmax_lse.copy_(lse_t.view(b, s_q, h_q).transpose(1, 2))
     if fresh and sched is not None:
         sched.workspace = workspace
     # FlashMLA marks a (token, head) with no valid entry by lse +inf (its output is 0); the op by -inf.
