@@ -5,7 +5,7 @@
 PYTHON ?= python3
 export MAX_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 
-.PHONY: setup run test compile-check cmake-check hipify-check wheel-size bench wheel clean
+.PHONY: setup run test compile-check cmake-check hipify-check hip57-check wheel-size bench wheel clean
 
 setup:
 	$(PYTHON) tools/bootstrap.py numpy tabulate tqdm pytest setuptools wheel ninja --optional matplotlib
@@ -31,6 +31,10 @@ cmake-check:
 hipify-check:
 	$(PYTHON) tools/bootstrap.py
 	tools/hipify_check.sh
+
+# The kernel headers for gfx942 (MI300) with Debian 13's hipcc 5.7 in a debootstrap chroot.
+hip57-check:
+	tools/hip57_check.sh
 
 # Size of the built extension per kernel family (builds nothing; run `make setup` first).
 wheel-size:
