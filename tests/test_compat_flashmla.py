@@ -156,6 +156,8 @@ def test_buffer_layouts(device):
     kw = dict(softmax_scale=0.07, is_fp8_kvcache=True, indices=idx)
     want_out, want_lse = flashmla.flash_mla_with_kvcache(*args, **kw)
     assert want_lse.shape == (b, h, s_q) and want_lse.is_contiguous()
+    no_lse_out, none = flashmla.flash_mla_with_kvcache(*args, **kw, return_softmax_lse=False)
+    assert none is None and torch.equal(no_lse_out, want_out)
     engine_out = poison_(torch.empty(b * s_q + 2, h * 512, dtype=torch.bfloat16, device=device))
     out = engine_out[1:1 + b * s_q].view(b, s_q, h, 512)
     lse = poison_(torch.empty(b, s_q, h, device=device)).transpose(1, 2)
@@ -304,9 +306,14 @@ def test_refusals_in_this_interface_names(device):
 def test_wrong_buffers_refused(device):
     good, _ = _bad_calls(device)
     b, s_q, h = good["q"].shape[:3]
-    with pytest.raises(ValueError, match=r"out to be \[2, 2, 4, 512\] torch.bfloat16"):
+    with pytest.raises(RuntimeError, match=r"^flash_mla_with_kvcache .*expected out to be bfloat16"):
         flashmla.flash_mla_with_kvcache(**good, out=torch.empty(b, s_q, h, 512, device=device))
-    with pytest.raises(ValueError, match=r"softmax_lse to be \[2, 4, 2\]"):
+    with pytest.raises(ValueError, match=r"out of shape \[2, 2, 4, 512\]"):
+        flashmla.flash_mla_with_kvcache(**good, out=torch.empty(b, 1, h, 512, dtype=torch.bfloat16, device=device))
+    with pytest.raises(ValueError, match="softmax_lse given with return_softmax_lse=False"):
+        flashmla.flash_mla_with_kvcache(**good, softmax_lse=torch.empty(b, h, s_q, device=device),
+                                        return_softmax_lse=False)
+    with pytest.raises(ValueError, match=r"softmax_lse of shape \[2, 4, 2\]"):
         flashmla.flash_mla_with_kvcache(**good, softmax_lse=torch.empty(b, s_q, h, device=device))
 
 
