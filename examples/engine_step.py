@@ -27,12 +27,14 @@ def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--tokens", type=int, default=4, help="T: query rows of this step")
+    ap.add_argument("--tokens", type=int, default=4, help="T: query rows of this step (1..64)")
     ap.add_argument("--heads", type=int, default=8, help="H: heads on this GPU")
     args = ap.parse_args()
     dev, T, H = args.device, args.tokens, args.heads
     g = torch.Generator().manual_seed(0)
     max_num_tokens, num_heads = 64, H
+    if not 1 <= T <= max_num_tokens or H < 1:
+        ap.error(f"--tokens must be 1..{max_num_tokens} (the engine buffers' size here) and --heads >= 1")
     W, W2 = 128, 512  # sliding window, top-k compressed rows (V4 Flash C4 layer)
 
     # The engine's caches: a window cache (page 256) and a compressed-row cache (page 64).

@@ -402,13 +402,13 @@ def cmd_decode(args) -> int:
     print(f"ceilings (measured now): copy {copy_gbs:.0f} GB/s (read + write), {mm_dtype} matmul "
           f"{mm_tflops:.3g} TFLOP/s; workspace {ws.nbytes} bytes shared by every layer")
     print("per layer kind: µs per call (median" + (", CUDA-graph replay, L2-cold inputs)" if gpu else ")")
-          + ", KV rows gathered, GB/s of KV bytes, TFLOP/s at 2·H·(d_qk+512) per row, % of the roofline "
+          + ", rows/call: KV rows gathered per call (mean over the kind's input sets), GB/s of KV bytes, TFLOP/s at 2·H·(d_qk+512) per row, % of the roofline "
           "max(bytes/copy, flops/matmul), µs per step = µs per call x layers")
     table = []
     for res in results:
         for r in res["rows"]:
             table.append({"B": r["batch"], "kind": KIND_LABELS[r["kind"]], "layers": r["layers"], "T": r["T"],
-                          "H": r["H"], "rows": r["rows"], "KV MB": r["kv_MB"], "us": r["us"], "GB/s": r["GBps"],
+                          "H": r["H"], "rows/call": r["rows"], "KV MB": r["kv_MB"], "us": r["us"], "GB/s": r["GBps"],
                           "TFLOP/s": r["TFLOPs"], "roof us": r.get("roofline_us"), "% roof": r.get("pct_roofline"),
                           "bound": r.get("bound", ""), "us/step": r["step_us"],
                           "check": f"ok ({r['verified_rows']} rows)" if r["verify_ok"] else "FAILED"})
