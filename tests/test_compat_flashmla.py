@@ -219,6 +219,44 @@ def test_old_metadata_arguments_ignored():
     assert isinstance(sched, flashmla.FlashMLASchedMeta) and sched.workspace is None and none is None
     with pytest.raises(TypeError, match="workspace"):
         flashmla.get_mla_metadata(workspace=123)
+    with pytest.raises(TypeError, match=r"by keyword: get_mla_metadata\(workspace=...\)"):
+        flashmla.get_mla_metadata(torch.empty(1024, dtype=torch.uint8))
+
+
+def test_fnuz_bytes_in_a_uint8_cache(device):
+    """A uint8 cache cannot say which e4m3 flavour its bytes are: kv_format names it, as a gfx942
+    engine writing e4m3fnuz into a uint8 cache must; numpy integers pass as ints."""
+    np = pytest.importorskip("numpy")
+    g = torch.Generator().manual_seed(19)
+    fmt = "fp8_ds_mla_v4_fnuz"
+    cache, rows = make_cache(g, fmt, 6, 32, 512, device)
+    assert cache.dtype == torch.uint8
+    q = torch.randn(3, 1, 8, 512, generator=g).to(device, torch.bfloat16)
+    idx = even_slots(g, (3, 1, 70), rows.shape[0])
+    out, lse = flashmla.flash_mla_with_kvcache(q, cache, None, None, np.int64(512), None, num_splits=np.int32(2),
+                                               softmax_scale=0.05, is_fp8_kvcache=True, indices=idx.to(device),
+                                               kv_format=fmt)
+    ref_out, ref_lse = flashmla_reference(q, [(rows, idx, None)], None, 0.05)
+    check(out, lse, ref_out, ref_lse, fmt, device)
+    with pytest.raises(ValueError, match="kv_format='bf16' with is_fp8_kvcache=True"):
+        flashmla.flash_mla_with_kvcache(q, cache, None, None, 512, None, is_fp8_kvcache=True,
+                                        indices=idx.to(device), kv_format="bf16")
+
+
+def test_torch_compile_needs_a_workspace_in_the_sched_meta():
+    """Sizing a workspace is a host query dynamo cannot trace: compiled code without one is told
+    what to pass instead of failing deep inside torch."""
+    g = torch.Generator().manual_seed(20)
+    cache, rows = make_cache(g, "fp8_ds_mla_v4", 4, 16, 512, "cpu")
+    q = torch.randn(2, 1, 8, 512, generator=g).to(torch.bfloat16)
+    idx = even_slots(g, (2, 1, 20), rows.shape[0])
+
+    def step(q, idx):
+        return flashmla.flash_mla_with_kvcache(q, cache, None, None, 512, None, is_fp8_kvcache=True, indices=idx)
+
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match=r"get_mla_metadata\(workspace="):
+        torch.compile(step, fullgraph=True)(q, idx)
 
 
 def _bad_calls(device):

@@ -26,7 +26,9 @@ What differs, on purpose:
   Here ``out=`` and ``softmax_lse=`` take the caller's buffers (written in place and returned),
   and the split-K workspace lives in the :class:`FlashMLASchedMeta`: give
   ``get_mla_metadata(workspace=ws.tensor)`` one :class:`mla_ext.DecodeWorkspace` made for the
-  largest batch, and a step allocates nothing on the device (see "Allocations" below).
+  largest batch, and a step allocates nothing on the device (see "Allocations" below). Calls on
+  one stream may share a workspace; calls that may run at the same time on different streams
+  (e.g. two micro-batches overlapped) need one each.
 - Scheduling. The split count comes from shapes and the processor count only, never from
   lengths or indices, so a :class:`FlashMLASchedMeta` may be reused while ``topk_length`` and
   the indices change (FlashMLA requires them unchanged); a CUDA graph captured once stays
@@ -43,7 +45,8 @@ None). ``out`` must let its (batch_size, seq_len_q) dims merge into one token di
 buffer, or a view of the engine's ``[num_tokens, num_heads_q * 512]`` output), and so must
 ``softmax_lse``'s: with ``seq_len_q > 1`` pass ``torch.empty(batch_size, seq_len_q,
 num_heads_q).transpose(1, 2)``; other layouts are refused. With ``seq_len_q > 1`` the per-token
-lengths (``topk_length`` repeated, [batch_size * seq_len_q] int32) are made on each call, ``q`` /
+lengths (``topk_length`` and ``extra_topk_length`` repeated, [batch_size * seq_len_q] int32 each)
+are made on each call, ``q`` /
 ``indices`` are copied only where their token dims do not merge, and an LSE allocated here is
 computed in token order and copied into its contiguous ``[batch_size, num_heads_q, seq_len_q]``
 result.
@@ -57,6 +60,7 @@ remains in a replayed CUDA graph.
 from __future__ import annotations
 
 import dataclasses
+import operator
 import re
 from typing import Optional, Tuple
 
@@ -96,7 +100,12 @@ def get_mla_metadata(*args, workspace: Optional[torch.Tensor] = None, **kwargs) 
     """FlashMLA's ``get_mla_metadata``: a fresh :class:`FlashMLASchedMeta` and ``None``.
 
     Positional and other keyword arguments (the older interface's ``cache_seqlens``,
-    ``num_q_tokens_per_head_k``, ...) are accepted and ignored, as FlashMLA does.
+    ``num_q_tokens_per_head_k``, ...) are accepted and ignored, as FlashMLA does; ``workspace``
+    is keyword-only. This mirrors FlashMLA's current interface, whose sched meta is an object
+    filled on first use: engines written for the older one, whose ``get_mla_metadata`` returned
+    scheduling tensors (``tile_scheduler_metadata``, ``num_splits``) that their metadata
+    builders copy or slice for CUDA-graph replay, drop that plumbing (here nothing per step
+    needs copying: the split count depends on shapes only).
 
     Args:
         workspace: optional 1-D uint8 split-K workspace on the calls' device, at least
@@ -109,16 +118,26 @@ def get_mla_metadata(*args, workspace: Optional[torch.Tensor] = None, **kwargs) 
         ``(FlashMLASchedMeta(workspace), None)``; the second element is kept for the tuple's shape.
 
     Raises:
-        TypeError: ``workspace`` is neither None nor a tensor.
+        TypeError: ``workspace`` is neither None nor a tensor, or a uint8 tensor is passed
+            positionally.
     """
-    del args, kwargs
+    del kwargs
+    if any(isinstance(a, torch.Tensor) and a.dtype == torch.uint8 for a in args):
+        raise TypeError("get_mla_metadata: a uint8 tensor was passed positionally (ignored like FlashMLA's "
+                        "old arguments); pass the workspace by keyword: get_mla_metadata(workspace=...)")
     if workspace is not None and not isinstance(workspace, torch.Tensor):
         raise TypeError(f"get_mla_metadata: expected workspace to be a uint8 tensor or None, got "
                         f"{type(workspace).__name__}")
     return FlashMLASchedMeta(workspace), None
 
 
-def _kv_format(q: torch.Tensor, k_cache: torch.Tensor, is_fp8_kvcache: bool) -> str:
+def _kv_format(q: torch.Tensor, k_cache: torch.Tensor, is_fp8_kvcache: bool, kv_format: Optional[str]) -> str:
+    if kv_format is not None:  # the caller's; the op checks it against the cache and q
+        if not isinstance(kv_format, str):
+            raise TypeError(f"{_FN}: expected kv_format to be a string or None, got {type(kv_format).__name__}")
+        if (kv_format == "bf16") == bool(is_fp8_kvcache):
+            raise ValueError(f"{_FN}: kv_format={kv_format!r} with is_fp8_kvcache={bool(is_fp8_kvcache)}")
+        return kv_format
     d_qk = q.shape[-1]
     if k_cache.dtype == torch.bfloat16:
         if is_fp8_kvcache:
@@ -135,6 +154,17 @@ def _kv_format(q: torch.Tensor, k_cache: torch.Tensor, is_fp8_kvcache: bool) -> 
                          f"with an FP8 cache, got {d_qk}")
     base = "fp8_ds_mla" if d_qk == 576 else "fp8_ds_mla_v4"
     return base + "_fnuz" if k_cache.dtype == fnuz else base
+
+
+def _as_int(v) -> Optional[int]:
+    """An integer argument (Python or numpy int) as an int; None for anything else (floats, bools,
+    tensors)."""
+    if isinstance(v, bool) or isinstance(v, torch.Tensor):
+        return None
+    try:
+        return operator.index(v)
+    except TypeError:
+        return None
 
 
 def _per_token_lengths(name: str, lengths: Optional[torch.Tensor], b: int, s_q: int) -> Optional[torch.Tensor]:
@@ -204,6 +234,7 @@ def flash_mla_with_kvcache(
     out: Optional[torch.Tensor] = None,
     softmax_lse: Optional[torch.Tensor] = None,
     return_softmax_lse: bool = True,
+    kv_format: Optional[str] = None,
 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """FlashMLA's sparse ``flash_mla_with_kvcache`` on :func:`mla_ext.sparse_mla_decode`.
 
@@ -250,6 +281,13 @@ def flash_mla_with_kvcache(
             token dims merge likewise (e.g. ``torch.empty(b, s_q, h).transpose(1, 2)``; any
             layout when ``batch_size`` or ``seq_len_q`` is 1). **Mutated**; returned. None:
             allocated (contiguous).
+        kv_format: None (default): from the cache's dtype and q's head size: bfloat16 ->
+            ``"bf16"``; float8_e4m3fnuz -> the ``_fnuz`` formats; float8_e4m3fn, uint8 and int8
+            -> OCP e4m3fn bytes (``"fp8_ds_mla"`` for d_qk 576, ``"fp8_ds_mla_v4"`` for 512).
+            **A uint8 cache holding e4m3fnuz bytes (gfx942 engines) needs**
+            ``kv_format="fp8_ds_mla_fnuz"`` / ``"fp8_ds_mla_v4_fnuz"`` (or a float8_e4m3fnuz
+            view): the bytes cannot say which flavour they are. Any of
+            :func:`mla_ext.sparse_mla_decode`'s formats is taken as given.
         return_softmax_lse: False skips the LSE (nothing computed, no ``softmax_lse`` buffer
             allowed) and returns ``(out, None)``, as vLLM's FlashMLA wrapper does; decode
             callers that drop the LSE save its +inf fix-up (one small elementwise kernel).
@@ -278,7 +316,7 @@ def flash_mla_with_kvcache(
                                   "decode over block_table / cache_seqlens is not")
     if causal:
         raise ValueError(f"{_FN}: causal must be False for sparse decode (indices given)")
-    if type(head_dim_v) is not int or head_dim_v != 512:
+    if _as_int(head_dim_v) != 512:
         raise ValueError(f"{_FN}: expected head_dim_v=512, got {head_dim_v!r}")
     sched = tile_scheduler_metadata
     if sched is not None and not isinstance(sched, FlashMLASchedMeta):
@@ -286,12 +324,12 @@ def flash_mla_with_kvcache(
                         f"(a FlashMLASchedMeta) or None, got {type(sched).__module__}.{type(sched).__name__}")
     if num_splits is None:
         splits = 0
-    elif isinstance(num_splits, int) and not isinstance(num_splits, bool):
-        if not 0 <= num_splits <= 256:
-            raise ValueError(f"{_FN}: expected num_splits None or 0..256, got {num_splits}")
-        splits = num_splits
     else:
-        raise TypeError(f"{_FN}: expected num_splits to be None or an int, got {type(num_splits).__name__}")
+        splits = _as_int(num_splits)
+        if splits is None:
+            raise TypeError(f"{_FN}: expected num_splits to be None or an int, got {type(num_splits).__name__}")
+        if not 0 <= splits <= 256:
+            raise ValueError(f"{_FN}: expected num_splits None or 0..256, got {splits}")
     if not isinstance(q, torch.Tensor) or not isinstance(k_cache, torch.Tensor):
         bad = "q" if not isinstance(q, torch.Tensor) else "k_cache"
         raise TypeError(f"{_FN}: expected {bad} to be a tensor")
@@ -299,7 +337,7 @@ def flash_mla_with_kvcache(
         raise ValueError(f"{_FN}: expected q of shape [batch_size, seq_len_q, num_heads_q, head_dim], got {list(q.shape)}")
     b, s_q, h_q, d_qk = q.shape
     T = b * s_q
-    kv_format = _kv_format(q, k_cache, is_fp8_kvcache)
+    kv_format = _kv_format(q, k_cache, is_fp8_kvcache, kv_format)
     if (extra_k_cache is None) != (extra_indices_in_kvcache is None):
         raise ValueError(f"{_FN}: extra_k_cache and extra_indices_in_kvcache must be given together")
     out = _buffer("out", out, (b, s_q, h_q, 512), torch.bfloat16, q.device)
@@ -334,6 +372,10 @@ def flash_mla_with_kvcache(
     workspace = None if sched is None else sched.workspace
     fresh = workspace is None
     if fresh:
+        if torch.compiler.is_compiling():
+            raise RuntimeError(f"{_FN}: under torch.compile the sched meta must hold a workspace (the size query "
+                               "is a host call that does not trace): get_mla_metadata(workspace="
+                               "mla_ext.DecodeWorkspace(max_num_tokens, num_heads).tensor) outside the compiled code")
         try:
             workspace = DecodeWorkspace(T, h_q, num_splits=splits, device=q.device).tensor
         except (RuntimeError, ValueError, TypeError) as e:
