@@ -6,7 +6,7 @@
 #     kernel headers also for sm_80 and sm_90 (the mma.sync fallback bodies); compat.h's
 #     environment-switch parser built for the host and run; the launcher's policy helpers
 #     (tests/compile/policy_check.cpp) built for the host and run.
-#  2. hipcc (Debian's, HIP_PLATFORM=amd), gfx90a and gfx940: the torch-free
+#  2. hipcc (Debian's, HIP_PLATFORM=amd), gfx90a and gfx940, -Wall -Wextra -Werror: the torch-free
 #     kernel headers (Debian 12's hipcc 5.2 knows no gfx942; gfx940 is its
 #     nearest CDNA3 target).
 set -euo pipefail
@@ -31,7 +31,9 @@ if command -v nvcc >/dev/null; then
       "${inc[@]}" $torch_inc $py_inc "$src"
   done
   echo "nvcc sm_90a: tests/compile/kernels_check.cu"
-  nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a "${inc[@]}" -c tests/compile/kernels_check.cu -o "$out/k_cuda.o"
+  # Host side under -Wall -Wextra -Werror (the headers' host code is what C++ engines compile).
+  nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Xcompiler -Wall,-Wextra,-Werror "${inc[@]}" \
+    -c tests/compile/kernels_check.cu -o "$out/k_cuda.o"
   # The bodies a build without sm_90a runs (the default arch list's 8.0, and Hopper builds for
   # plain 9.0, where the warpgroup kernels fall back to mma.sync bodies, two-token grids included).
   echo "nvcc sm_80 + sm_90: tests/compile/kernels_check.cu"
@@ -61,7 +63,7 @@ if ! command -v hipcc >/dev/null; then
 fi
 for arch in gfx90a gfx940; do
   echo "hipcc $arch: tests/compile/kernels_check.cu"
-  HIP_PLATFORM=amd hipcc --offload-arch=$arch -std=c++17 -O2 -Werror=return-type "${inc[@]}" -x hip \
+  HIP_PLATFORM=amd hipcc --offload-arch=$arch -std=c++17 -O2 -Wall -Wextra -Werror "${inc[@]}" -x hip \
     -c tests/compile/kernels_check.cu -o "$out/k_hip_$arch.o"
 done
 echo "compile_check: ok"

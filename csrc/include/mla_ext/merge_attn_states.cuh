@@ -266,7 +266,7 @@ Status launch_merge_typed(const MergeParams& p, gpuStream_t stream) {
 
 // Launch on `stream`. Allocates nothing, never synchronises. `num_sms` is
 // kept for interface stability and unused: the grid covers the whole call.
-inline Status launch_merge_attn_states(const MergeParams& p, int num_sms, gpuStream_t stream) {
+inline Status launch_merge_attn_states(const MergeParams& p, [[maybe_unused]] int num_sms, gpuStream_t stream) {
   if (p.num_tokens < 0 || p.num_heads < 0 || p.head_size < 0) return Status::kInvalidArgument;
   if (p.num_tokens == 0 || p.num_heads == 0 || p.head_size == 0) return Status::kSuccess;
   if (p.num_heads >= (int64_t(1) << 31)) return Status::kInvalidArgument;

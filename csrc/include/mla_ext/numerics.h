@@ -16,9 +16,14 @@
 
 #if defined(__CUDACC__) || defined(__HIPCC__)
 #define MLA_EXT_HD __host__ __device__ __forceinline__
-#define MLA_EXT_UNROLL4 _Pragma("unroll 4")  // loop hint in code shared with the CPU twins
 #else
 #define MLA_EXT_HD inline
+#endif
+// Loop hint in code shared with the CPU twins: device passes only (a host compiler warns about an
+// unknown pragma under -Wall).
+#if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__)
+#define MLA_EXT_UNROLL4 _Pragma("unroll 4")
+#else
 #define MLA_EXT_UNROLL4
 #endif
 
