@@ -291,8 +291,12 @@ def merge_attn_states(
     if rec and (getattr(output, "requires_grad", False) or getattr(output_lse, "requires_grad", False)):
         refuse_requires_grad("merge_attn_states", ("output", "output_lse"), (output, output_lse))
     try:
-        (_merge_op if compiling else _merge_eager)(output, output_lse, prefix_output, prefix_lse, suffix_output,
-                                                   suffix_lse, ctx, output_scale)
+        if ctx is None and output_scale is None and not compiling:
+            # The schema's defaults for the last two: two arguments fewer to parse (~0.1 us per call).
+            _merge_eager(output, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse)
+        else:
+            (_merge_op if compiling else _merge_eager)(output, output_lse, prefix_output, prefix_lse, suffix_output,
+                                                       suffix_lse, ctx, output_scale)
     except (RuntimeError, TypeError):
         explain_bad_merge_args("merge_attn_states", output, output_lse, prefix_output, prefix_lse, suffix_output,
                                suffix_lse, output_scale)
