@@ -20,7 +20,7 @@ from tabulate import tabulate
 import mla_ext
 from mla_ext import bench, builders
 from mla_ext._decode import _real_arg
-from mla_ext._ops import _grad_enabled, _is_compiling, any_requires_grad, int_arg as _int_arg, refuse_requires_grad
+from mla_ext._ops import eager_callable, _grad_enabled, _is_compiling, any_requires_grad, int_arg as _int_arg, refuse_requires_grad
 
 
 def main() -> None:
@@ -36,6 +36,7 @@ def main() -> None:
     ol = torch.empty(T, H, device=dev)
     a, b, c = (torch.randn(64, device=dev) for _ in range(3))
     merge_op = torch.ops.mla_ext.merge_attn_states.default
+    merge_eager = eager_callable(merge_op)
 
     def merge_before(output, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse):
         # The wrapper's body before the change (prefill_tokens_with_context and output_scale None).
@@ -73,6 +74,9 @@ def main() -> None:
         "merge: wrapper before": lambda: merge_before(out, ol, po, pl, so, sl),
         "merge: wrapper now": lambda: mla_ext.merge_attn_states(out, ol, po, pl, so, sl),
         "merge: OpOverload, bare": lambda: merge_op(out, ol, po, pl, so, sl, None, None),
+        # fiftieth session: the wrapper passes six arguments when the last two are None
+        "merge: C++ callable, 8 arguments": lambda: merge_eager(out, ol, po, pl, so, sl, None, None),
+        "merge: C++ callable, 6 arguments": lambda: merge_eager(out, ol, po, pl, so, sl),
         "decode: wrapper before": lambda: decode_before(**kw, output=dout, workspace=ws, lse=dlse),
         "decode: wrapper now": lambda: mla_ext.sparse_mla_decode(**kw, output=dout, workspace=ws, lse=dlse),
     }
