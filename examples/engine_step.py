@@ -1,5 +1,6 @@
 """The README's "Using it from an engine" calls, runnable: one DeepSeek V4 C4 attention layer of
-one decode step, then a chunked-prefill merge, on made-up tensors with the names the README uses.
+one decode step, then a chunked-prefill merge, on made-up tensors with the names the README uses;
+then the same layer through FlashMLA's call shape (mla_ext.compat.flashmla).
 
     python examples/engine_step.py                 # CPU
     python examples/engine_step.py --device cuda   # GPU
@@ -16,6 +17,7 @@ import torch
 
 import mla_ext
 from mla_ext import formats, reference
+from mla_ext.compat import flashmla as flash_mla
 
 
 def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
@@ -79,7 +81,20 @@ def main() -> int:
     print(f"sparse_mla_decode ({T} tokens x {H} heads, window {W} + top-{W2}, {dev}): "
           f"max error {err_d:.2e} of max |ref| (tolerance {tol:g})")
     print(f"merge_attn_states into a [T, H*128] buffer's view: max error {err_m:.2e} of max |ref| (tolerance {merge_tol:g})")
-    ok = err_d <= tol and err_m <= merge_tol
+
+    # The same layer as an engine on FlashMLA calls it (README, "Coming from FlashMLA's sparse
+    # decode"): one request per query row (seq_len_q = 1), FlashMLA's 4-D cache views, the
+    # per-request lengths; the same op underneath, so the same bits.
+    sched, _ = flash_mla.get_mla_metadata(workspace=ws.tensor)
+    flash_out = torch.empty_like(attn_out)
+    flash_mla.flash_mla_with_kvcache(
+        q.unsqueeze(1), kv_cache.unsqueeze(2), None, None, 512, sched, softmax_scale=reference.softmax_scale_v4(),
+        is_fp8_kvcache=True, indices=indices.unsqueeze(1), attn_sink=sinks, extra_k_cache=c4_cache.unsqueeze(2),
+        extra_indices_in_kvcache=topk_indices.unsqueeze(1), topk_length=window_lens, extra_topk_length=topk_lens,
+        out=flash_out[:T].view(-1, 1, H, 512), return_softmax_lse=False)
+    same = torch.equal(flash_out[:T], attn_out[:T])
+    print(f"the same layer through mla_ext.compat.flashmla: {'bit-identical' if same else 'DIFFERENT'}")
+    ok = err_d <= tol and err_m <= merge_tol and same
     print("ok" if ok else "FAILED")
     return 0 if ok else 1
 

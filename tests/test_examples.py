@@ -15,3 +15,4 @@ def test_engine_step_example(device):
     assert lines[-1] == "ok"
     assert lines[0].startswith("sparse_mla_decode (4 tokens x 8 heads") and "max error" in lines[0]
     assert lines[1].startswith("merge_attn_states") and "max error" in lines[1]
+    assert lines[2] == "the same layer through mla_ext.compat.flashmla: bit-identical"
