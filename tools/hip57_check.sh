@@ -4,8 +4,8 @@
 # hipcc 5.2 (compile_check.sh, hipify_check.sh: gfx90a and gfx940) does not. Debian 13 comes as a
 # minimal debootstrap chroot (~25 s, plus ~20 s for hipcc, ~1.7 GB; kept in $MLA_EXT_TRIXIE_ROOT,
 # default /tmp/mla_ext_trixie, and reused once complete). It compiles
-# tests/compile/kernels_check.cu, which instantiates every kernel, with -Wall -Wextra, and fails
-# on an error or on any warning from csrc/. trixie is not pinned to a snapshot:
+# tests/compile/kernels_check.cu, which instantiates every kernel, and the C API source as
+# CMake's HIP build does, with -Wall -Wextra, and fails on an error or on any warning from csrc/. trixie is not pinned to a snapshot:
 # a point release may bring a newer clang and new warnings.
 # The chroot needs root and the Debian mirror; where either is missing the check prints
 # "hip57_check: SKIPPED" and exits 0 (a missing tool is not a kernel defect), or exits 1 when
@@ -57,13 +57,16 @@ work=$(mktemp -d "$root/tmp/mla_ext.XXXXXX")
 mkdir -p "$work/tests"
 cp -r csrc "$work/"
 cp -r tests/compile "$work/tests/"
-echo "hipcc 5.7 gfx942: tests/compile/kernels_check.cu"
-in_root "cd ${work#"$root"} && hipcc --offload-arch=gfx942 -std=c++17 -O2 -Wall -Wextra -Werror=return-type \
-  -Icsrc/include -Icsrc/cpu -Icsrc/torch -x hip -c tests/compile/kernels_check.cu -o kernels_check.o" \
-  >"$work/log" 2>&1 || { cat "$work/log"; echo "hip57_check: FAILED"; exit 1; }
-if grep -q "csrc/.*warning:" "$work/log"; then
-  cat "$work/log"
-  echo "hip57_check: FAILED (warnings from csrc/)"
-  exit 1
-fi
+# The kernels, every instance; then the C API as CMake's HIP build (-DMLA_EXT_GPU=HIP) compiles it.
+for src in tests/compile/kernels_check.cu csrc/capi/mla_ext_capi.cu; do
+  echo "hipcc 5.7 gfx942: $src"
+  in_root "cd ${work#"$root"} && hipcc --offload-arch=gfx942 -std=c++17 -O2 -fPIC -Wall -Wextra -Werror=return-type \
+    -Icsrc/include -Icsrc/cpu -Icsrc/torch -Icsrc/capi -x hip -c $src -o $(basename "$src").o" \
+    >"$work/log" 2>&1 || { cat "$work/log"; echo "hip57_check: FAILED"; exit 1; }
+  if grep -q "csrc/.*warning:" "$work/log"; then
+    cat "$work/log"
+    echo "hip57_check: FAILED (warnings from csrc/)"
+    exit 1
+  fi
+done
 echo "hip57_check: ok ($((SECONDS - t0)) s)"
