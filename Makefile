@@ -5,7 +5,7 @@
 PYTHON ?= python3
 export MAX_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 
-.PHONY: setup run test compile-check cmake-check hipify-check hip57-check wheel-size bench wheel clean
+.PHONY: setup run test compile-check cmake-check hipify-check hip-chroot-check wheel-size bench wheel clean
 
 setup:
 	$(PYTHON) tools/bootstrap.py numpy tabulate tqdm pytest setuptools wheel ninja --optional matplotlib
@@ -32,9 +32,11 @@ hipify-check:
 	$(PYTHON) tools/bootstrap.py
 	tools/hipify_check.sh
 
-# The kernel headers for gfx942 (MI300) with Debian 13's hipcc 5.7 in a debootstrap chroot.
-hip57-check:
-	tools/hip57_check.sh
+# The kernels and the C API for gfx942 (MI300) with Debian 13's hipcc 5.7 and for gfx950 (MI350)
+# with Debian unstable's (HIP 6.4, clang 21), each in a debootstrap chroot (tools/hip_chroot_check.sh).
+hip-chroot-check:
+	tools/hip_chroot_check.sh trixie gfx942
+	tools/hip_chroot_check.sh sid gfx950
 
 # Size of the built extension per kernel family (builds nothing; run `make setup` first).
 wheel-size:
