@@ -33,7 +33,7 @@ hipify-check:
 	tools/hipify_check.sh
 
 # The kernels and the C API for gfx942 (MI300) with Debian 13's hipcc 5.7 and for gfx950 (MI350)
-# with Debian unstable's (HIP 6.4, clang 21), each in a debootstrap chroot (tools/hip_chroot_check.sh).
+# with Debian unstable's hipcc (HIP 6.4, clang 21), each in a debootstrap chroot (tools/hip_chroot_check.sh).
 hip-chroot-check:
 	tools/hip_chroot_check.sh trixie gfx942
 	tools/hip_chroot_check.sh sid gfx950
