@@ -10,23 +10,17 @@ import mla_ext
 from mla_ext import formats, reference
 from mla_ext.compat import flashmla
 from conftest import poison_, requires_gpu
+from test_sparse_mla_decode import make_cache as decode_test_cache
 
 INF = float("inf")
 
 
 def make_cache(g, fmt, num_pages, page_size, d_qk, device):
-    """A garbage-filled cache (NaN under any reading) with random rows in every even slot, and the
-    float64 rows the reference reads ([num_pages * page_size, d_qk], NaN in the odd slots)."""
-    cache = formats.alloc_kv_cache(fmt, num_pages, page_size, d_qk)
-    slots = torch.arange(0, num_pages * page_size, 2)
-    formats.write_kv_rows(cache, fmt, slots, torch.randn(slots.numel(), d_qk, generator=g) * 2)
-    rows = formats.unpack_kv_cache(cache, fmt, torch.float64).reshape(-1, d_qk)
-    if device != "cpu":
-        if cache.stride(0) != cache.shape[1] * cache.shape[2]:  # V4: keep the padded page stride
-            base = cache.as_strided((num_pages * cache.stride(0),), (1,), 0).to(device)
-            cache = base.as_strided(cache.shape, cache.stride(), 0)
-        else:
-            cache = cache.to(device)
+    """The decode tests' garbage-filled cache (NaN under any reading) with random rows in every even
+    slot, and the float64 rows the reference reads ([num_pages * page_size, d_qk], NaN in the odd
+    slots)."""
+    cache = decode_test_cache(g, fmt, d_qk, num_pages, page_size, torch.arange(0, num_pages * page_size, 2), device)
+    rows = formats.unpack_kv_cache(cache.cpu(), fmt, torch.float64).reshape(-1, d_qk)
     return cache, rows
 
 
