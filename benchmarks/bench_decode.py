@@ -10,7 +10,12 @@ Layers (DESIGN.md §4): v4_swa (sliding window 128, page 256), v4_c4_flash / v4_
 top-k 512 / 1024 of 4:1 rows, page 64, sink), v4_c128 (window + 8192 128:1 rows, page 2),
 v4_c128_mixed (one token 8192 rows, the others ~500), v32 (top-k 2048, page 64, fp8_ds_mla).
 
-Usage: python benchmarks/bench_decode.py [--quick] [--json FILE] [--ab-mma-sync]
+Usage: python benchmarks/bench_decode.py [--quick] [--json FILE] [--baseline FILE] [--ab-mma-sync]
+
+--baseline FILE (a --json file of an earlier run: another build, commit or environment switch)
+adds the columns us_base and vs_base = us / us_base (below 1: faster now) for the shapes both
+runs have. A/B of two builds: run each build with --json, the second with --baseline the first's;
+alternate the order over rounds (the GPU's state drifts between processes).
 
 --ab-mma-sync times every shape a second time with the 64-head blocks forced onto the mma.sync
 kernel (torch.ops.mla_ext._set_force_mma_sync; Hopper runs them on warpgroup MMAs otherwise) and
@@ -22,7 +27,8 @@ import json
 import torch
 from tabulate import tabulate
 
-from mla_ext.bench import DECODE_LAYERS, require_gpu, copy_bandwidth_gbs, matmul_tflops, measure_decode
+from mla_ext.bench import (DECODE_LAYERS, compare_to_baseline, copy_bandwidth_gbs, matmul_tflops, measure_decode,
+                           require_gpu)
 
 FULL = dict(heads=[8, 16, 64, 128], tokens=[1, 16, 64, 128, 512])
 QUICK = dict(heads=[16, 128], tokens=[1, 64])
@@ -35,10 +41,15 @@ def main():
     ap.add_argument("--heads", help="comma list, overrides the grid's heads")
     ap.add_argument("--tokens", help="comma list, overrides the grid's num_tokens")
     ap.add_argument("--json")
+    ap.add_argument("--baseline", metavar="FILE", help="a --json file of an earlier run: columns us_base, vs_base")
     ap.add_argument("--ab-mma-sync", action="store_true",
                     help="also time each shape on the forced mma.sync kernel (columns us_mma_sync, ratio)")
     args = ap.parse_args()
     require_gpu("bench_decode.py")
+    baseline = None
+    if args.baseline:
+        with open(args.baseline) as f:  # read first: a bad file fails before any measuring
+            baseline = json.load(f)["rows"]
     grid = dict(QUICK if args.quick else FULL)
     if args.heads:
         grid["heads"] = [int(x) for x in args.heads.split(",")]
@@ -67,6 +78,10 @@ def main():
                 print(rows[-1], flush=True)
     cols = ["layer", "H", "T", "rows", "us", "GBps", "TFLOPs", "pct_roofline", "gather_us", "pct_gather",
             "max_rel_err"] + (["us_mma_sync", "ratio"] if args.ab_mma_sync else [])
+    if baseline is not None:
+        n = compare_to_baseline(rows, baseline)
+        print(f"baseline {args.baseline}: {n} of {len(rows)} shapes matched")
+        cols += ["us_base", "vs_base"]
     print(f"\nsparse_mla_decode, {torch.cuda.get_device_name()}: copy {bw:.0f} GB/s, bf16 matmul {mm:.0f} TFLOP/s")
     print(tabulate([[r.get(c, "") for c in cols] for r in rows], headers=cols, floatfmt=".5g"))
     if args.json:

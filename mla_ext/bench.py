@@ -506,6 +506,25 @@ def decode_metrics(us: float, kv_bytes: float, flops: float, copy_gbs: Optional[
     return row
 
 
+def compare_to_baseline(rows: List[dict], baseline_rows: Sequence[dict]) -> int:
+    """Set ``us_base`` (the baseline's µs) and ``vs_base`` (``us / us_base``: below 1 is faster)
+    on each row of ``rows`` whose (layer, H, T) a row of ``baseline_rows`` has, both lists as
+    bench_decode.py's ``--json`` file holds them (another build, an environment switch, an
+    earlier run). Rows without a match, or where either time is not a positive number (a shape
+    that ran out of memory), get neither key. Returns the number of rows compared."""
+    def key(r):
+        return (r.get("layer"), r.get("H"), r.get("T"))
+
+    base = {key(r): r.get("us") for r in baseline_rows}
+    n = 0
+    for r in rows:
+        b, us = base.get(key(r)), r.get("us")
+        if isinstance(b, (int, float)) and isinstance(us, (int, float)) and b > 0 and us > 0:
+            r["us_base"], r["vs_base"] = float(b), float(us) / float(b)
+            n += 1
+    return n
+
+
 def time_calls(calls: Sequence[Callable[[], None]], device, *, replays: int = 30) -> float:
     """Median µs per call of ``calls`` run in order: CUDA-graph replay (:func:`time_graph`) on a
     GPU, :func:`time_cpu` over the whole sequence on the CPU."""

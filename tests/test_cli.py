@@ -304,6 +304,27 @@ def test_measure_decode_cpu(layer):
     assert "gather_us" not in row
 
 
+def test_compare_to_baseline():
+    """bench_decode.py --baseline: rows measured in two runs (here on the CPU, through the JSON
+    round trip the script does) get us_base and vs_base = us / us_base where (layer, H, T)
+    match; unmatched shapes and shapes without a positive time (out of memory: NaN) get
+    neither."""
+    import json
+    import math
+
+    from mla_ext.bench import compare_to_baseline, measure_decode
+
+    kw = dict(copy_gbs=10.0, mm_tflops=1.0, device="cpu")
+    base = json.loads(json.dumps({"rows": [measure_decode("v4_swa", 8, 2, **kw),
+                                           dict(layer="v32", H=8, T=2, us=float("nan"))]}))["rows"]
+    rows = [measure_decode("v4_swa", 8, 2, **kw), measure_decode("v4_swa", 16, 2, **kw),
+            dict(layer="v32", H=8, T=2, us=7.0)]
+    assert compare_to_baseline(rows, base) == 1
+    assert rows[0]["us_base"] == base[0]["us"] > 0
+    assert math.isclose(rows[0]["vs_base"], rows[0]["us"] / base[0]["us"])
+    assert all("us_base" not in r and "vs_base" not in r for r in rows[1:])
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message a machine without a GPU gets")
 @pytest.mark.parametrize("folder,script", [("benchmarks", "bench_merge.py"), ("benchmarks", "bench_merge_n.py"),
                                            ("benchmarks", "bench_decode.py"),
