@@ -1,0 +1,68 @@
+#!/bin/bash
+# One device call (<= 600 s) for the open measurements of benchmarks/NOTES.md (forty-eighth to
+# fifty-second sessions), run in the repository root on the GPU machine:
+#
+#   benchmarks/dev/device_call.sh BASE A16      (carry [".dev"]; logs and JSON under $OUT)
+#
+# BASE, A16: folders under .dev/ made by tools/build_variant.sh (BASE: main; A16: main + the
+# independent-accumulator patch, benchmarks/dev/asym16_independent_accumulators.patch).
+#  1. bench_merge.py, host_time_ab.py and the full bench_decode.py grid on BASE (RESULTS.md);
+#  2. two rounds of A16 against its own mma.sync tile: MLA_EXT_ASYM16=0 / 1 (A16 everywhere it
+#     applies) / 2 (the launch rule: V3.2 splits of >= 512 entries), at C4 Pro, C128 and V3.2 x
+#     8-16 heads x 16-512 tokens, modes 1 and 2 through --baseline against mode 0 of the round;
+#  3. the gather probe (benchmarks/dev/v4_gather_probe.cu, compiled there, 3 s);
+#  4. test_gpu_asym16_switch on A16; the compat, merge and decode GPU tests on BASE, the decode
+#     file last with the time left (per-test times in $OUT/times.txt).
+# Prints a short table last. Preparation on the CPU machine (~3 min; .dev/ is git-ignored):
+#   PYTHON=<python with the cu130 torch> tools/build_variant.sh base HEAD
+#   PYTHON=... tools/build_variant.sh a16 HEAD benchmarks/dev/asym16_independent_accumulators.patch
+set -u
+BASE=${1:?BASE}; A16=${2:?A16}
+T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+use() { cp ".dev/$1/_C.abi3.so" ".dev/$1/_build_info.py" mla_ext/; }
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw --format=csv,noheader | tee "$OUT/smi.txt"
+use "$BASE"
+python3 -c "import mla_ext, torch; print(mla_ext.__file__, torch.__version__, torch.cuda.get_device_name())"
+echo "== bench_merge $(el)"; timeout 60 python3 benchmarks/bench_merge.py --json "$OUT/merge.json" > "$OUT/merge.log" 2>&1; echo rc $?
+echo "== host_time_ab $(el)"; timeout 40 python3 benchmarks/dev/host_time_ab.py --rounds 3 > "$OUT/host.log" 2>&1; echo rc $?
+echo "== bench_decode $(el)"; timeout 90 python3 benchmarks/bench_decode.py --json "$OUT/decode.json" > "$OUT/decode.log" 2>&1; echo rc $?
+G=(--layers v4_c4_pro,v4_c128,v32 --heads 8,16 --tokens 16,64,128,512)
+use "$A16"
+for r in 1 2; do
+  for m in 0 1 2; do
+    b=(); [ $m != 0 ] && b=(--baseline "$OUT/ab_r${r}_m0.json")
+    echo "== A16 round $r mode $m $(el)"
+    MLA_EXT_ASYM16=$m timeout 60 python3 benchmarks/bench_decode.py "${G[@]}" "${b[@]}" --json "$OUT/ab_r${r}_m$m.json" \
+      > "$OUT/ab_r${r}_m$m.log" 2>&1; echo rc $?
+  done
+done
+echo "== gather probe $(el)"
+nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -o /tmp/gp benchmarks/dev/v4_gather_probe.cu && timeout 60 /tmp/gp > "$OUT/gp.log" 2>&1; echo rc $?
+echo "== asym16 switch test on $A16 $(el)"
+timeout 60 python3 -m pytest -q tests/test_sparse_mla_decode.py -k asym16_switch > "$OUT/switch.log" 2>&1; echo rc $?; tail -2 "$OUT/switch.log"
+use "$BASE"
+echo "== compat tests $(el)"; timeout 60 python3 -m pytest -q -n 8 tests/test_compat_flashmla.py > "$OUT/compat.log" 2>&1; echo rc $?; tail -2 "$OUT/compat.log"
+echo "== merge GPU tests $(el)"
+timeout 70 python3 -m pytest -q -n 16 tests/test_merge_attn_states.py tests/test_merge_attn_states_n.py -k "cuda or gpu" > "$OUT/mtests.log" 2>&1
+echo rc $?; tail -2 "$OUT/mtests.log"
+left=$(( 560 - $(el) )); [ $left -gt 300 ] && left=300
+echo "== decode GPU tests, limit $left s $(el)"
+MLA_EXT_TEST_TIMES="$OUT/times.txt" timeout $left python3 -m pytest -q -n 16 tests/test_sparse_mla_decode.py -k "cuda or gpu" \
+  > "$OUT/dtests.log" 2>&1; echo rc $?; tail -3 "$OUT/dtests.log"; sort -rn "$OUT/times.txt" 2>/dev/null | head -5
+echo "== end $(el)"
+tail -4 "$OUT/merge.log"; tail -6 "$OUT/host.log"
+python3 - "$OUT" <<'PY'
+import json, os, sys
+from tabulate import tabulate
+out = sys.argv[1]
+def rows(n):
+    p = os.path.join(out, n)
+    return {(r["layer"], r["H"], r["T"]): r for r in json.load(open(p))["rows"]} if os.path.exists(p) else {}
+r10, r11, r12, r21, r22 = (rows(f"ab_r{n}.json") for n in ("1_m0", "1_m1", "1_m2", "2_m1", "2_m2"))
+t = [[*k, v["us"], v.get("gather_us"), *(d.get(k, {}).get("vs_base") for d in (r11, r21, r12, r22)),
+      max(d.get(k, {}).get("max_rel_err", 0) for d in (r11, r12))] for k, v in r10.items()]
+print(tabulate(t, headers=["layer", "H", "T", "mma_us", "gather_us", "A16 r1", "A16 r2", "rule r1", "rule r2", "err"],
+               floatfmt=".4g"))
+PY
+head -40 "$OUT/gp.log"
