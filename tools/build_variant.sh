@@ -11,8 +11,9 @@
 # cu130 wheel, `pip install torch==2.14.1 numpy ninja setuptools wheel`; the stable-ABI build
 # then loads under the GPU machine's torch >= 2.10). nvcc must be on PATH (CUDA_HOME default
 # /usr/local/cuda). Where the linker finds no libcudart.so (the wheel ships libcudart.so.13
-# only), point LIBRARY_PATH at a folder with a libcudart.so link to it. ~75 s on 2 cores.
+# only), point LIBRARY_PATH at a folder with a libcudart.so link to it. ~80 s on 2 cores.
 set -euo pipefail
+[ $# -ge 2 ] || { sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 2; }
 NAME=$1; REV=$2; shift 2
 ROOT=$(git -C "$(dirname "$0")" rev-parse --show-toplevel)
 SRC=/tmp/mla_ext_variants/$NAME
