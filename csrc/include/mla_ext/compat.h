@@ -65,7 +65,9 @@ using gpuError_t = cudaError_t;
 
 // Warp ("wavefront" on AMD) size as a compile-time constant in device code.
 // CDNA (gfx9) runs 64-wide wavefronts; RDNA is not a target of this library.
-#if defined(MLA_EXT_HIP)
+// (MLA_EXT_SIMT_EMU: the CPU emulator of the tests, tests/simt/simt_emu.h, which runs the HIP
+// branch with either warp size.)
+#if defined(MLA_EXT_HIP) && !(defined(MLA_EXT_SIMT_EMU) && MLA_EXT_SIMT_WARP == 32)
 #define MLA_EXT_WARP_SIZE 64
 using lane_mask_t = uint64_t;
 #else
@@ -246,6 +248,14 @@ __device__ __forceinline__ uint32_t thread_index_x() {
   return threadIdx.x;
 #endif
 }
+
+// Declares `name`, the block's dynamic shared memory, as 16-byte aligned bytes (an array on
+// the GPU, a pointer into the emulator's per-block buffer under MLA_EXT_SIMT_EMU).
+#if defined(MLA_EXT_SIMT_EMU)
+#define MLA_EXT_DYNAMIC_SMEM(name) uint8_t* const name = ::mla_ext_simt::dynamic_smem()
+#else
+#define MLA_EXT_DYNAMIC_SMEM(name) extern __shared__ __align__(16) uint8_t name[]
+#endif
 
 // A 64-bit value the compiler must keep as computed (NVIDIA): an empty asm
 // statement that claims to change it, so that a loop using it cannot recompute it
@@ -436,9 +446,15 @@ inline Status launch_kernel_ex(bool programmatic, unsigned cluster_x, void (*ker
   (void)programmatic;
   if (cluster_x > 1) return Status::kUnsupported;
 #endif
+#if defined(MLA_EXT_SIMT_EMU)
+  err = ::mla_ext_simt::launch_kernel(kernel, grid, block, smem, params);
+  (void)argv;
+  (void)stream;
+#else
   {
     err = mlaLaunchKernel(reinterpret_cast<const void*>(kernel), grid, block, argv, smem, stream);
   }
+#endif
   return err == MLA_EXT_GPU_SUCCESS ? Status::kSuccess : Status::kLaunchFailed;
 }
 template <typename... KArgs, typename... Args>

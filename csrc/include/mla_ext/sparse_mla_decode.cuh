@@ -1300,7 +1300,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
   constexpr int HTp = C::HTp, BN = C::BN, KST = C::KST, SST = C::SST, PST = C::PST;
   constexpr int TPR = C::TPR, CPT = C::CPT;
   static_assert(!SC || MT > 2 || TPR % 2 == 0, "SC P-pair writes need an even number of threads per softmax row");
-  extern __shared__ __align__(16) uint8_t smem_base[];
+  MLA_EXT_DYNAMIC_SMEM(smem_base);
   // The swizzled layout needs 1024-byte aligned regions: round the base up
   // (kAlignPad spare bytes are allocated for this).
   uint8_t* const smem = smem_base + (WG ? ((1024u - (smem_addr(smem_base) & 1023u)) & 1023u) : 0u);
