@@ -1,0 +1,358 @@
+"""The GPU launchers and portable kernels run on the CPU through the SIMT emulator
+(tests/simt/simt_emu.h, bound by tests/simt_capi.py): with 64-lane wavefronts, the code an AMD
+GPU runs (compat.h's HIP branch), and with 32-lane warps, NVIDIA's portable kernels. Without a
+GPU these paths were only compiled before. Each call is checked against the float64 reference
+on poisoned outputs and a NaN-filled workspace, and repeated with the threads of every block in
+reverse and shuffled order: a result that changes with the order is a race (shared or global
+memory read without a barrier after another thread's write). The emulator's own checks
+(divergent collectives, races, unwritten shared memory) are tested on small kernels of their own
+(tests/simt/selftest.cpp). Last, the warp-64 cases run again in a child process with
+AddressSanitizer (a read or write outside the caller's tensors or the workspace stops it).
+
+Needs a host C++17 compiler (CXX, default g++); each library builds once per source state
+(~10 s) into the temporary directory.
+"""
+import ctypes as C
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from mla_ext import reference
+from conftest import assert_close_rel, poison_
+from test_sparse_mla_decode import make_cache, make_indices, make_sink
+import simt_capi
+
+pytestmark = pytest.mark.skipif(simt_capi.compiler() is None, reason="needs a host C++ compiler (CXX / g++)")
+
+INF = float("inf")
+WARPS = [64, 32]
+# (order, seed) besides the forward order: reversed; shuffled. Not again under AddressSanitizer
+# (the memcheck run below), where the order does not change what is read.
+ORDERS = [] if simt_capi.ASAN else [(1, 1), (2, 7)]
+
+
+@pytest.fixture(scope="module", params=WARPS, ids=lambda w: f"warp{w}")
+def lib(request):
+    return simt_capi.library(request.param)
+
+
+@pytest.fixture(scope="module", params=WARPS, ids=lambda w: f"warp{w}")
+def selftest(request):
+    return request.param, simt_capi.selftest_library(request.param)
+
+
+# ---------------------------------------------------------------------------------------------
+# the emulator's own checks
+# ---------------------------------------------------------------------------------------------
+
+def test_collectives_match_hip_semantics(selftest):
+    warp, st = selftest
+    threads = 4 * warp
+    out = torch.full((2 * 4,), float("nan"))
+    out64 = torch.zeros(4, dtype=torch.int64)
+    simt_capi.configure(st, 0)
+    assert st.simt_collectives(C.c_void_p(out.data_ptr()), C.c_void_p(out64.data_ptr()), threads) == 0
+    assert out[:4].tolist() == [warp * (warp - 1) / 2] * 4  # the butterfly sums every lane
+    assert out[4:].tolist() == [50.0] * 4  # lane 5's value, broadcast
+    want = sum(1 << lane for lane in range(warp) if lane % 3 == 0)
+    got = [int(x) & ((1 << 64) - 1) for x in out64.tolist()]
+    assert got == [want] * 4
+
+
+@pytest.mark.parametrize("kernel", ["simt_divergent_shuffle", "simt_divergent_barrier"])
+def test_divergent_collectives_are_refused(selftest, kernel):
+    warp, st = selftest
+    out = torch.zeros(2 * warp)
+    simt_capi.configure(st, 0)
+    assert getattr(st, kernel)(C.c_void_p(out.data_ptr()), 2 * warp) == 3  # kLaunchFailed
+    assert b"divergent" in st.mla_ext_simt_last_error()
+
+
+def test_a_missing_barrier_shows_as_order_dependence(selftest):
+    warp, st = selftest
+    blocks, threads = 3, 2 * warp
+    results = {}
+    for race in (0, 1):
+        for order, seed in [(0, 1), *ORDERS]:
+            out = torch.full((blocks * threads,), float("nan"))
+            simt_capi.configure(st, order, seed)
+            assert st.simt_neighbour(C.c_void_p(out.data_ptr()), blocks, threads, race) == 0
+            results[(race, order)] = out
+    want = torch.tensor([float((t + 1) % threads + 1000 * b) for b in range(blocks) for t in range(threads)])
+    for order in (0, 1, 2):
+        assert torch.equal(results[(0, order)], want)
+    assert not all(torch.equal(results[(1, 0)], results[(1, o)]) for o in (1, 2))
+
+
+def test_unwritten_shared_memory_reads_as_nan(selftest):
+    warp, st = selftest
+    out = torch.zeros(warp)
+    simt_capi.configure(st, 0)
+    assert st.simt_unwritten_smem(C.c_void_p(out.data_ptr()), warp) == 0
+    assert (out[0::2] == 1).all() and torch.isnan(out[1::2]).all()
+
+
+# ---------------------------------------------------------------------------------------------
+# sparse_mla_decode
+# ---------------------------------------------------------------------------------------------
+
+# fmt, d_qk, H, T, W, invalid, lengths, sink, splits (0 = automatic), extra (width, page size),
+# head_tile (0 = automatic), CUs. Chosen to reach every portable head tile (16 / 32 / 64 heads),
+# each reduce form (per-thread scan with batches of 2 / 4 / 8, block scan, column groups with
+# 2 and 4 column chunks), both geometries, all five cache formats, main-only and two-set calls,
+# sinks of every kind, empty rows, and the CU counts of a small GPU and of an MI300X (304).
+DECODE_CASES = [
+    ("fp8_ds_mla_v4", 512, 1, 3, 70, "scattered", "random", "random", 0, (64, 2), 0, 8),
+    ("fp8_ds_mla_v4", 512, 16, 2, 128, "trailing", None, None, 2, None, 0, 8),
+    ("fp8_ds_mla_v4", 512, 17, 2, 64, "leading", "zeros", "mixed", 3, (40, 64), 0, 8),
+    ("fp8_ds_mla_v4", 512, 64, 1, 96, "middle", "random", "-inf", 4, None, 0, 8),
+    ("fp8_ds_mla_v4", 512, 128, 1, 64, "all_rows", None, "+inf", 1, (64, 2), 0, 304),
+    ("fp8_ds_mla_v4", 512, 40, 2, 80, "scattered", "random", "random", 2, None, 16, 8),
+    ("fp8_ds_mla_v4", 512, 40, 2, 80, "scattered", "random", "random", 2, None, 32, 8),
+    ("fp8_ds_mla_v4", 512, 40, 2, 80, "scattered", "random", "random", 2, None, 64, 8),
+    ("fp8_ds_mla_v4_fnuz", 512, 8, 4, 80, "scattered", "random", "random", 0, (64, 64), 0, 8),
+    ("fp8_ds_mla", 576, 16, 2, 128, "scattered", None, None, 0, None, 0, 8),
+    ("fp8_ds_mla", 576, 5, 3, 100, "middle", "random", None, 3, None, 0, 8),
+    ("fp8_ds_mla", 576, 32, 1, 64, "leading", "zeros", None, 20, None, 0, 8),
+    ("fp8_ds_mla", 576, 128, 2, 64, "scattered", None, None, 0, None, 0, 304),
+    ("fp8_ds_mla_fnuz", 576, 16, 2, 90, "trailing", None, None, 2, None, 0, 8),
+    ("bf16", 576, 3, 5, 50, "scattered", "random", None, 0, None, 0, 8),
+    ("bf16", 512, 2, 1, 200, None, None, "random", 40, None, 0, 8),
+    ("bf16", 512, 1, 1, 300, "scattered", None, None, 65, None, 0, 64),
+    ("bf16", 512, 64, 2, 64, "middle", "random", "random", 0, (64, 16), 0, 304),
+]
+
+
+def _decode_inputs(case, seed):
+    fmt, d_qk, H, T, W, invalid, lengths_mode, sink_mode, S, extra, head_tile, cus = case
+    g = torch.Generator().manual_seed(seed)
+    page_size, num_pages = 64, 6
+    idx, lengths = make_indices(g, T, W, num_pages * page_size, invalid, lengths_mode)
+    inp = dict(q=torch.randn(T, H, d_qk, generator=g).to(torch.bfloat16),
+               kv_cache=make_cache(g, fmt, d_qk, num_pages, page_size, idx, "cpu"), indices=idx,
+               kv_format=fmt, softmax_scale=d_qk ** -0.5 * 1.5, lengths=lengths,
+               attn_sink=make_sink(g, H, sink_mode))
+    if extra is not None:
+        w2, ps2 = extra
+        pages2 = max(2, 256 // ps2)
+        eidx, elen = make_indices(g, T, w2, pages2 * ps2, "scattered", "random")
+        inp.update(extra_kv_cache=make_cache(g, fmt, d_qk, pages2, ps2, eidx, "cpu"), extra_indices=eidx,
+                   extra_lengths=elen)
+    return inp, S, head_tile, cus
+
+
+def _decode_reference(inp):
+    return reference.sparse_mla_decode(
+        inp["q"], inp["kv_cache"], inp["indices"], kv_format=inp["kv_format"], softmax_scale=inp["softmax_scale"],
+        lengths=inp["lengths"], extra_kv_cache=inp.get("extra_kv_cache"), extra_indices=inp.get("extra_indices"),
+        extra_lengths=inp.get("extra_lengths"), attn_sink=inp["attn_sink"])
+
+
+def _run_decode(lib, inp, S, head_tile, cus, order=0, seed=1):
+    T, H = inp["q"].shape[:2]
+    out = poison_(torch.empty(T, H, 512, dtype=torch.bfloat16))
+    lse = poison_(torch.empty(T, H))
+    ws = torch.full((max(16, simt_capi.decode_workspace_bytes(lib, T, H, S, cus)),), 0xFF, dtype=torch.uint8)
+    simt_capi.configure(lib, order, seed, cus)
+    simt_capi.sparse_mla_decode(lib, output=out, workspace=ws, lse=lse, num_splits=S, head_tile=head_tile, num_cus=cus,
+                                **inp)
+    return out, lse
+
+
+def _check_decode(out, lse, ref_o, ref_l, fmt):
+    out_tol, lse_tol = reference.decode_tolerances("cuda", fmt)
+    assert not torch.isnan(out).any(), "output: NaN (an element not written, or a wrong one)"
+    err = ((out.double() - ref_o).abs().max() / ref_o.abs().max().clamp_min(1e-30)).item()
+    assert err <= out_tol, f"output: max error {err:.3g} of max |ref| > {out_tol}"
+    assert not torch.isnan(lse).any(), "lse: NaN"
+    assert torch.equal(torch.isneginf(lse), torch.isneginf(ref_l)), "lse: -inf pattern differs from the reference"
+    assert reference.lse_error(lse, ref_l) <= lse_tol
+
+
+@pytest.mark.parametrize("i", range(len(DECODE_CASES)),
+                         ids=[f"{c[0]}-H{c[2]}-T{c[3]}-W{c[4]}-S{c[8]}-ht{c[10]}" for c in DECODE_CASES])
+def test_decode(lib, i):
+    inp, S, head_tile, cus = _decode_inputs(DECODE_CASES[i], seed=100 + i)
+    ref_o, ref_l = _decode_reference(inp)
+    out, lse = _run_decode(lib, inp, S, head_tile, cus)
+    _check_decode(out, lse, ref_o, ref_l, inp["kv_format"])
+    for order, seed in ORDERS:
+        o2, l2 = _run_decode(lib, inp, S, head_tile, cus, order, seed)
+        assert torch.equal(o2.view(torch.int16), out.view(torch.int16)), f"output differs in thread order {order}"
+        assert torch.equal(l2.view(torch.int32), lse.view(torch.int32)), f"lse differs in thread order {order}"
+
+
+@pytest.mark.parametrize("T", [6, 12])
+def test_decode_balanced_split_map(lib, T):
+    """A V4 C128-like call (window of 128 + 4096 compressed rows with lengths, 8 heads, automatic
+    splits on 8 CUs): the balanced split map deals the splits by the rows' lengths, one straggler
+    with all 4096 and the rest short, so its token map and the reduce over a token's many splits run."""
+    g = torch.Generator().manual_seed(T)
+    H, fmt = 8, "fp8_ds_mla_v4"
+    idx, _ = make_indices(g, T, 128, 4 * 64, None, None)
+    lengths = torch.randint(1, 129, (T,), dtype=torch.int32, generator=g)
+    eidx = torch.randint(0, 2048 * 2, (T, 4096), generator=g, dtype=torch.int32)
+    elen = torch.randint(0, 400, (T,), dtype=torch.int32, generator=g)
+    elen[1] = 4096
+    inp = dict(q=torch.randn(T, H, 512, generator=g).to(torch.bfloat16),
+               kv_cache=make_cache(g, fmt, 512, 4, 64, idx, "cpu"), indices=idx, kv_format=fmt,
+               softmax_scale=512 ** -0.5, lengths=lengths,
+               extra_kv_cache=make_cache(g, fmt, 512, 2048, 2, eidx, "cpu"), extra_indices=eidx,
+               extra_lengths=elen, attn_sink=make_sink(g, H, "random"))
+    assert simt_capi.library(64).mla_ext_sparse_mla_decode_num_splits(T, H, 128 + 4096, 8) >= 2
+    ref_o, ref_l = _decode_reference(inp)
+    out, lse = _run_decode(lib, inp, 0, 0, 8)
+    _check_decode(out, lse, ref_o, ref_l, fmt)
+    for order, seed in ORDERS:
+        o2, l2 = _run_decode(lib, inp, 0, 0, 8, order, seed)
+        assert torch.equal(o2.view(torch.int16), out.view(torch.int16))
+        assert torch.equal(l2.view(torch.int32), lse.view(torch.int32))
+
+
+def test_decode_bad_input_is_refused_before_any_launch(lib):
+    inp, S, head_tile, cus = _decode_inputs(DECODE_CASES[1], seed=3)
+    T, H = inp["q"].shape[:2]
+    out = poison_(torch.empty(T, H, 512, dtype=torch.bfloat16))
+    before = simt_capi.counters(lib)["launches"]
+    with pytest.raises(simt_capi.SimtError, match="workspace"):
+        simt_capi.sparse_mla_decode(lib, output=out, workspace=torch.empty(16, dtype=torch.uint8), num_splits=3,
+                                    num_cus=cus, **inp)
+    assert simt_capi.counters(lib)["launches"] == before
+    assert torch.isnan(out.float()).all()
+
+
+# ---------------------------------------------------------------------------------------------
+# merge_attn_states, merge_attn_states_n
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("head_size", [1, 5, 48, 128, 512])
+@pytest.mark.parametrize("layout", ["contiguous", "padded_strided"])
+def test_merge(lib, dtype, head_size, layout):
+    g = torch.Generator().manual_seed(head_size * 7 + len(layout))
+    T, H, D = 7, 3, head_size
+    if layout == "contiguous":
+        po, so = (torch.randn(T, H, D, generator=g).to(dtype) for _ in range(2))
+        out_buf = poison_(torch.empty(T, H, D, dtype=dtype))
+        out = out_buf
+        pl, sl = (torch.randn(T, H, generator=g) * 3 for _ in range(2))
+        ol = poison_(torch.empty(T, H))
+    else:  # [..., :D] views of [T, H, D + 64], output a token-offset view of a [T + 2, H * D] buffer,
+        # LSEs as transposed views of [H, T] buffers (vLLM's layout)
+        po, so = (torch.randn(T, H, D + 64, generator=g).to(dtype)[..., :D] for _ in range(2))
+        out_buf = poison_(torch.empty(T + 2, H * D, dtype=dtype))
+        out = out_buf[1:T + 1].view(T, H, D)
+        pl, sl = (torch.randn(H, T, generator=g).mul(3).t() for _ in range(2))
+        ol = poison_(torch.empty(H, T)).t()
+    # token 0: prefix empty (+inf) with NaN values; token 1: suffix empty (-inf) with NaN values;
+    # token 2: both empty; token 3: NaN LSE on the prefix
+    pl[0, :] = INF
+    po[0] = float("nan")
+    sl[1, :] = -INF
+    so[1] = float("nan")
+    pl[2, :], sl[2, :] = -INF, INF
+    pl[3, 1] = float("nan")
+    ref_o, ref_l = reference.merge_attn_states(po, pl, so, sl)
+    simt_capi.configure(lib, 0)
+    simt_capi.merge_attn_states(lib, out, ol, po, pl, so, sl)
+    nan_rows = torch.isnan(ref_o)
+    assert torch.equal(torch.isnan(out.double()), nan_rows)
+    assert_close_rel(out.masked_fill(nan_rows, 0), ref_o.masked_fill(nan_rows, 0), dtype)
+    assert torch.equal(torch.isnan(ol), torch.isnan(ref_l))
+    fin = torch.isfinite(ref_l)
+    assert torch.equal(ol[~fin & ~torch.isnan(ref_l)], ref_l[~fin & ~torch.isnan(ref_l)].float())
+    assert (ol[fin].double() - ref_l[fin]).abs().max() <= 1e-5 * ref_l[fin].abs().max().clamp_min(1)
+    assert torch.equal(out[0].view(torch.uint8), so[0].contiguous().view(torch.uint8))  # selected, not weighted
+    if layout == "padded_strided":  # nothing outside the view written
+        assert torch.isnan(out_buf[0].float()).all() and torch.isnan(out_buf[T + 1].float()).all()
+    for order, seed in ORDERS:
+        o2 = poison_(torch.empty_like(out))
+        simt_capi.configure(lib, order, seed)
+        simt_capi.merge_attn_states(lib, o2, None, po, pl, so, sl)
+        assert torch.equal(torch.isnan(o2), torch.isnan(out))
+        assert torch.equal(o2.nan_to_num(), out.nan_to_num())
+
+
+def test_merge_in_place_on_the_prefix(lib):
+    g = torch.Generator().manual_seed(5)
+    T, H, D = 9, 4, 128
+    po, so = (torch.randn(T, H, D, generator=g).to(torch.bfloat16) for _ in range(2))
+    pl, sl = (torch.randn(T, H, generator=g) for _ in range(2))
+    ref_o, _ = reference.merge_attn_states(po, pl, so, sl)
+    simt_capi.configure(lib, 0)
+    simt_capi.merge_attn_states(lib, po, None, po, pl, so, sl)
+    assert_close_rel(po, ref_o, torch.bfloat16)
+
+
+@pytest.mark.parametrize("sink", [False, True])
+def test_merge_n(lib, sink):
+    g = torch.Generator().manual_seed(11 + sink)
+    S, T, H, D = 3, 5, 4, 512
+    values = torch.randn(S, T, H, D + 16, generator=g).to(torch.bfloat16)[..., :D]
+    lses = torch.randn(S, T, H, generator=g) * 2
+    lses[0, 0] = INF
+    lses[:, 1] = -INF
+    values[0, 0] = float("nan")
+    attn_sink = torch.randn(H, generator=g) if sink else None
+    ref_o, ref_l = reference.merge_attn_states_n(values, lses, attn_sink=attn_sink)
+    out = poison_(torch.empty(T, H, D, dtype=torch.bfloat16))
+    ol = poison_(torch.empty(T, H))
+    simt_capi.configure(lib, 0)
+    simt_capi.merge_attn_states_n(lib, out, ol, values, lses, attn_sink)
+    assert_close_rel(out, ref_o, torch.bfloat16)
+    fin = torch.isfinite(ref_l)
+    assert torch.equal(torch.isneginf(ol), torch.isneginf(ref_l))
+    assert (ol[fin].double() - ref_l[fin]).abs().max() <= 1e-5 * max(1.0, ref_l[fin].abs().max().item())
+
+
+# ---------------------------------------------------------------------------------------------
+# memcheck: the warp-64 cases again under AddressSanitizer
+# ---------------------------------------------------------------------------------------------
+
+def _asan_env():
+    return dict(os.environ, LD_PRELOAD=simt_capi.asan_runtime(), MLA_EXT_SIMT_ASAN="1",
+                ASAN_OPTIONS="detect_leaks=0:halt_on_error=1:abort_on_error=0")
+
+
+def _overrun():
+    """A decode told its main index set is twice as wide as the indices tensor: reads past it."""
+    lib = simt_capi.library(64)
+    inp, S, head_tile, cus = _decode_inputs(DECODE_CASES[1], seed=3)
+    inp["indices"] = inp["indices"][:, :64].clone()
+    orig = simt_capi._kv_set
+
+    def wide(cache, fmt, indices, lengths):
+        s = orig(cache, fmt, indices, lengths)
+        s.width = 128
+        return s
+
+    simt_capi._kv_set = wide
+    _run_decode(lib, inp, S, head_tile, cus)
+
+
+ASAN_SKIP = pytest.mark.skipif(simt_capi.ASAN or simt_capi.compiler() is None or simt_capi.asan_runtime() is None,
+                               reason="needs the compiler's AddressSanitizer runtime (and not already under it)")
+
+
+@ASAN_SKIP
+def test_memcheck_under_address_sanitizer():
+    here = os.path.dirname(os.path.abspath(__file__))
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", __file__,
+                        "-k", "warp64 and (test_decode or test_merge)"],
+                       env=_asan_env(), cwd=here, capture_output=True, text=True, timeout=1800)
+    report = r.stdout[-3000:] + r.stderr[-6000:]
+    assert "ERROR: AddressSanitizer" not in r.stderr, report
+    assert r.returncode == 0, report
+    assert " passed" in r.stdout and " deselected" in r.stdout, report
+
+
+@ASAN_SKIP
+def test_memcheck_catches_an_overrun():
+    here = os.path.dirname(os.path.abspath(__file__))
+    r = subprocess.run([sys.executable, "-c", "import test_simt_emu; test_simt_emu._overrun()"],
+                       env=_asan_env(), cwd=here, capture_output=True, text=True, timeout=600)
+    assert r.returncode != 0
+    assert "ERROR: AddressSanitizer: heap-buffer-overflow" in r.stderr and "load_index" in r.stderr, r.stderr[-3000:]
