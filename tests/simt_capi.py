@@ -51,7 +51,10 @@ def asan_runtime() -> Optional[str]:
 
 def build_command(warp: int, source: pathlib.Path, out: pathlib.Path) -> list:
     flags = ["-O1", "-g", "-fsanitize=address", "-fno-omit-frame-pointer"] if ASAN else ["-O2"]
-    return [compiler(), "-std=c++17", *flags, "-fPIC", "-shared", "-x", "c++",
+    # -fno-gnu-unique: the function-local statics (__shared__ arrays, the emulator's state) of
+    # each library stay its own; as GNU unique symbols the dynamic linker would share them
+    # between the warp-32 and warp-64 builds (and their sizes differ).
+    return [compiler(), "-std=c++17", *flags, "-fno-gnu-unique", "-fPIC", "-shared", "-x", "c++",
             "-D__HIP_PLATFORM_AMD__", "-DMLA_EXT_SIMT_EMU", f"-DMLA_EXT_SIMT_WARP={warp}",
             f"-I{ROOT / 'tests' / 'simt'}", f"-I{ROOT / 'csrc' / 'include'}", f"-I{ROOT / 'csrc' / 'capi'}",
             str(source), "-o", str(out)]
@@ -175,6 +178,19 @@ def counters(lib) -> dict:
     return dict(zip(("launches", "blocks", "switches", "warp_collectives", "barriers"), c))
 
 
+def kernels(lib) -> dict:
+    """{kernel signature (template arguments included): launches} since the library was loaded."""
+    lib.mla_ext_simt_kernels.restype = C.c_size_t
+    n = lib.mla_ext_simt_kernels(None, 0)
+    buf = C.create_string_buffer(n)
+    lib.mla_ext_simt_kernels(buf, n)
+    out = {}
+    for line in buf.value.decode().splitlines():
+        count, sig = line.split(" ", 1)
+        out[sig] = int(count)
+    return out
+
+
 def _kv_set(cache: torch.Tensor, fmt: str, indices: torch.Tensor, lengths: Optional[torch.Tensor]) -> KvSet:
     c = cache if cache.dim() == 3 else cache.reshape(cache.shape[0], cache.shape[1], -1)
     es = c.element_size()
@@ -221,10 +237,20 @@ def sparse_mla_decode(lib, q, kv_cache, indices, kv_format, softmax_scale, outpu
     _status(lib, rc, "mla_ext_sparse_mla_decode")
 
 
-def merge_attn_states(lib, output, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse) -> None:
-    """mla_ext_merge_attn_states on CPU tensors ([T, H, D] values, [T, H] fp32 LSEs, any strides)."""
+FP8_OUTPUT = {torch.float8_e4m3fn: 1, torch.float8_e4m3fnuz: 2}
+
+
+def merge_attn_states(lib, output, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse, *,
+                      output_scale=None, prefill_tokens_with_context=None) -> None:
+    """mla_ext_merge_attn_states on CPU tensors ([T, H, D] values, [T, H] fp32 LSEs, any strides;
+    an FP8 output takes a one-element fp32 output_scale)."""
     p = MergeParams()
-    p.dtype = DTYPE[output.dtype]
+    p.dtype = DTYPE[prefix_output.dtype]
+    p.output_kind = FP8_OUTPUT.get(output.dtype, 0)
+    p.output_scale = _ptr(output_scale)
+    if prefill_tokens_with_context is not None:
+        p.has_prefill_tokens_with_context = 1
+        p.prefill_tokens_with_context = prefill_tokens_with_context
     p.num_tokens, p.num_heads, p.head_size = output.shape
     p.output, p.output_stride_token, p.output_stride_head = output.data_ptr(), output.stride(0), output.stride(1)
     if output_lse is not None:

@@ -101,9 +101,12 @@ def test_unwritten_shared_memory_reads_as_nan(selftest):
 
 # fmt, d_qk, H, T, W, invalid, lengths, sink, splits (0 = automatic), extra (width, page size),
 # head_tile (0 = automatic), CUs. Chosen to reach every portable head tile (16 / 32 / 64 heads),
-# each reduce form (per-thread scan with batches of 2 / 4 / 8, block scan, column groups with
-# 2 and 4 column chunks), both geometries, all five cache formats, main-only and two-set calls,
-# sinks of every kind, empty rows, and the CU counts of a small GPU and of an MI300X (304).
+# each reduce form (per-thread scan with batches of 2 / 4 / 8, block scan, column groups in 1, 2
+# and, with 32-lane warps, 4 column chunks), both geometries, all five cache formats, main-only
+# and two-set calls, sinks of every kind, empty rows, and the CU counts of a small GPU and of an
+# MI300X (304). EXPECT: the kernels a case must launch, where the launcher's choice is not left
+# to the policy (forced head tiles, explicit split counts); {chunks} is the reduce's most column
+# chunks (4 with 32-lane warps, 2 with 64).
 DECODE_CASES = [
     ("fp8_ds_mla_v4", 512, 1, 3, 70, "scattered", "random", "random", 0, (64, 2), 0, 8),
     ("fp8_ds_mla_v4", 512, 16, 2, 128, "trailing", None, None, 2, None, 0, 8),
@@ -118,12 +121,30 @@ DECODE_CASES = [
     ("fp8_ds_mla", 576, 5, 3, 100, "middle", "random", None, 3, None, 0, 8),
     ("fp8_ds_mla", 576, 32, 1, 64, "leading", "zeros", None, 20, None, 0, 8),
     ("fp8_ds_mla", 576, 128, 2, 64, "scattered", None, None, 0, None, 0, 304),
+    ("fp8_ds_mla", 576, 64, 1, 70, "scattered", "random", None, 2, None, 64, 8),
     ("fp8_ds_mla_fnuz", 576, 16, 2, 90, "trailing", None, None, 2, None, 0, 8),
     ("bf16", 576, 3, 5, 50, "scattered", "random", None, 0, None, 0, 8),
-    ("bf16", 512, 2, 1, 200, None, None, "random", 40, None, 0, 8),
+    ("bf16", 576, 40, 2, 64, "middle", None, None, 2, None, 32, 8),
+    ("bf16", 512, 3, 1, 200, None, None, "random", 40, None, 0, 8),
+    ("bf16", 512, 5, 1, 150, "trailing", "random", None, 40, None, 0, 8),
     ("bf16", 512, 1, 1, 300, "scattered", None, None, 65, None, 0, 64),
     ("bf16", 512, 64, 2, 64, "middle", "random", "random", 0, (64, 16), 0, 304),
 ]
+_SPLIT = "decode_split_portable_kernel<{}, {}, (mla_ext::KvFormat){}, false, false>"
+_REDUCE = "decode_reduce_kernel<{}>"
+EXPECT = {
+    1: [_REDUCE.format("false, 2, false, 1, 1")],
+    3: [_REDUCE.format("false, 4, false, 1, 1")],
+    5: [_SPLIT.format(1, 512, 2), _REDUCE.format("false, 2, false, 1, 1")],
+    6: [_SPLIT.format(2, 512, 2)],
+    7: [_SPLIT.format(4, 512, 2)],
+    11: [_REDUCE.format("true, 8, false, 1, 1")],
+    13: [_SPLIT.format(4, 576, 1)],
+    16: [_SPLIT.format(2, 576, 0)],
+    17: [_REDUCE.format("true, 8, true, 2, 1")],
+    18: [_REDUCE.format("true, 8, true, 1, 1")],
+    19: [_REDUCE.format("true, 8, true, {chunks}, 1")],
+}
 
 
 def _decode_inputs(case, seed):
@@ -149,6 +170,16 @@ def _decode_reference(inp):
         inp["q"], inp["kv_cache"], inp["indices"], kv_format=inp["kv_format"], softmax_scale=inp["softmax_scale"],
         lengths=inp["lengths"], extra_kv_cache=inp.get("extra_kv_cache"), extra_indices=inp.get("extra_indices"),
         extra_lengths=inp.get("extra_lengths"), attn_sink=inp["attn_sink"])
+
+
+def _check_launched(lib, before, expected):
+    """Each of `expected` (signature parts) names a kernel launched since `before` (kernels())."""
+    after = simt_capi.kernels(lib)
+    ran = [k for k, n in after.items() if n > before.get(k, 0)]
+    chunks = 4 if lib.mla_ext_simt_warp_size() == 32 else 2
+    for e in expected:
+        e = e.format(chunks=chunks)
+        assert any(e in k for k in ran), f"{e} not launched; launched: {ran}"
 
 
 def _run_decode(lib, inp, S, head_tile, cus, order=0, seed=1):
@@ -177,8 +208,10 @@ def _check_decode(out, lse, ref_o, ref_l, fmt):
 def test_decode(lib, i):
     inp, S, head_tile, cus = _decode_inputs(DECODE_CASES[i], seed=100 + i)
     ref_o, ref_l = _decode_reference(inp)
+    before = simt_capi.kernels(lib)
     out, lse = _run_decode(lib, inp, S, head_tile, cus)
     _check_decode(out, lse, ref_o, ref_l, inp["kv_format"])
+    _check_launched(lib, before, EXPECT.get(i, []))
     for order, seed in ORDERS:
         o2, l2 = _run_decode(lib, inp, S, head_tile, cus, order, seed)
         assert torch.equal(o2.view(torch.int16), out.view(torch.int16)), f"output differs in thread order {order}"
@@ -207,6 +240,35 @@ def test_decode_balanced_split_map(lib, T):
     out, lse = _run_decode(lib, inp, 0, 0, 8)
     _check_decode(out, lse, ref_o, ref_l, fmt)
     for order, seed in ORDERS:
+        o2, l2 = _run_decode(lib, inp, 0, 0, 8, order, seed)
+        assert torch.equal(o2.view(torch.int16), out.view(torch.int16))
+        assert torch.equal(l2.view(torch.int32), lse.view(torch.int32))
+
+
+@pytest.mark.parametrize("H", [8, 20])
+def test_decode_anchored_map(lib, H):
+    """Past 256 tokens a balanced V4 call runs the anchored map (a token's first split block knows
+    its token before the map's sums; a token of one split is finished in the split kernel), at
+    17-128 heads with the reduce's 4 heads per block: 260 tokens of short rows and two stragglers."""
+    T, fmt = 260, "fp8_ds_mla_v4"
+    g = torch.Generator().manual_seed(H)
+    idx = torch.randint(0, 4 * 64, (T, 8), generator=g, dtype=torch.int32)
+    lengths = torch.randint(0, 9, (T,), dtype=torch.int32, generator=g)
+    eidx = torch.randint(0, 2048 * 2, (T, 4096), generator=g, dtype=torch.int32)
+    elen = torch.randint(0, 6, (T,), dtype=torch.int32, generator=g)
+    elen[7], elen[200] = 4096, 1500
+    inp = dict(q=torch.randn(T, H, 512, generator=g).to(torch.bfloat16),
+               kv_cache=make_cache(g, fmt, 512, 4, 64, idx, "cpu"), indices=idx, kv_format=fmt,
+               softmax_scale=512 ** -0.5, lengths=lengths,
+               extra_kv_cache=make_cache(g, fmt, 512, 2048, 2, eidx, "cpu"), extra_indices=eidx,
+               extra_lengths=elen, attn_sink=make_sink(g, H, "random"))
+    ref_o, ref_l = _decode_reference(inp)
+    before = simt_capi.kernels(lib)
+    out, lse = _run_decode(lib, inp, 0, 0, 8)
+    _check_decode(out, lse, ref_o, ref_l, fmt)
+    _check_launched(lib, before, [", (mla_ext::KvFormat)2, true, true>"] +
+                    ([_REDUCE.format("false, 8, false, 1, 4")] if H > 16 else []))
+    for order, seed in ORDERS[:1]:
         o2, l2 = _run_decode(lib, inp, 0, 0, 8, order, seed)
         assert torch.equal(o2.view(torch.int16), out.view(torch.int16))
         assert torch.equal(l2.view(torch.int32), lse.view(torch.int32))
@@ -285,6 +347,28 @@ def test_merge_in_place_on_the_prefix(lib):
     simt_capi.configure(lib, 0)
     simt_capi.merge_attn_states(lib, po, None, po, pl, so, sl)
     assert_close_rel(po, ref_o, torch.bfloat16)
+
+
+@pytest.mark.parametrize("fp8_dtype", [torch.float8_e4m3fn, torch.float8_e4m3fnuz], ids=str)
+def test_merge_fp8_output_and_prefill_tokens(lib, fp8_dtype):
+    """The FP8 output (OCP e4m3fn on NVIDIA and gfx950, fnuz on gfx942) scaled by 1 / output_scale
+    and saturated, and tokens from prefill_tokens_with_context on copying the suffix."""
+    g = torch.Generator().manual_seed(21)
+    T, H, D, P = 6, 4, 128, 4
+    po, so = (torch.randn(T, H, D, generator=g).mul(200).to(torch.bfloat16) for _ in range(2))
+    pl, sl = (torch.randn(T, H, generator=g) for _ in range(2))
+    scale = torch.tensor([0.75])
+    ref_o, ref_l = reference.merge_attn_states(po, pl, so, sl, prefill_tokens_with_context=P, output_scale=0.75,
+                                               fp8_dtype=fp8_dtype)
+    out = torch.full((T, H, D), 0x55, dtype=torch.uint8).view(fp8_dtype)
+    ol = poison_(torch.empty(T, H))
+    simt_capi.configure(lib, 0)
+    simt_capi.merge_attn_states(lib, out, ol, po, pl, so, sl, output_scale=scale, prefill_tokens_with_context=P)
+    want = ref_o.to(fp8_dtype)  # round to nearest even, as the kernel does
+    assert torch.equal(out.view(torch.uint8), want.view(torch.uint8))
+    assert (out.float().abs() == torch.finfo(fp8_dtype).max).any()  # some saturated
+    assert torch.equal(ol[P:], sl[P:])
+    assert (ol[:P].double() - ref_l[:P]).abs().max() <= 1e-5
 
 
 @pytest.mark.parametrize("sink", [False, True])

@@ -32,12 +32,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <cxxabi.h>
+#include <dlfcn.h>
 #include <sys/mman.h>
 #include <ucontext.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <functional>
+#include <map>
 #include <random>
 #include <string>
 #include <tuple>
@@ -149,6 +152,7 @@ struct State {
   hipError_t last_error = hipSuccess;
   std::string error;  // why the last failed launch failed
   uint64_t launches = 0, blocks = 0, switches = 0, warp_collectives = 0, barriers = 0;
+  std::map<std::string, uint64_t> kernels;  // launches per kernel (its signature, template arguments included)
 };
 
 inline State& state() {
@@ -423,12 +427,31 @@ inline unsigned char* dynamic_smem() {
   return p + ((16 - (reinterpret_cast<uintptr_t>(p) & 15)) & 15);
 }
 
+// A kernel's demangled name (from the shared library's symbol table), or its address.
+inline std::string kernel_name(const void* fn) {
+  Dl_info info;
+  if (dladdr(fn, &info) != 0 && info.dli_sname != nullptr) {
+    int st = 0;
+    char* d = abi::__cxa_demangle(info.dli_sname, nullptr, nullptr, &st);
+    std::string name = st == 0 && d != nullptr ? d : info.dli_sname;
+    free(d);
+    return name;
+  }
+  // (a symbol the dynamic table lacks: its offset in the library, for nm)
+  char buf[48];
+  snprintf(buf, sizeof buf, "+0x%lx", static_cast<unsigned long>(reinterpret_cast<uintptr_t>(fn) -
+                                                              reinterpret_cast<uintptr_t>(info.dli_fbase)));
+  return buf;
+}
+
 // compat.h's launch_kernel_ex in this runtime: the kernel called with its parameters.
 template <typename... KArgs>
 inline hipError_t launch_kernel(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
                                 std::tuple<KArgs...>& params) {
   const std::function<void()> body = [&]() { std::apply(kernel, params); };
-  return launch(grid, block, smem, body);
+  const hipError_t e = launch(grid, block, smem, body);
+  if (e == hipSuccess) ++state().kernels[kernel_name(reinterpret_cast<const void*>(kernel))];
+  return e;
 }
 
 }  // namespace mla_ext_simt
@@ -472,6 +495,18 @@ __attribute__((used, visibility("default"))) inline const char* mla_ext_simt_las
   return ::mla_ext_simt::state().error.c_str();
 }
 __attribute__((used, visibility("default"))) inline int mla_ext_simt_warp_size() { return MLA_EXT_SIMT_WARP; }
+// The kernels launched so far, one "count signature" line each, into buf (NUL-terminated,
+// truncated to n bytes); returns the bytes the whole list needs.
+__attribute__((used, visibility("default"))) inline size_t mla_ext_simt_kernels(char* buf, size_t n) {
+  std::string all;
+  for (const auto& k : ::mla_ext_simt::state().kernels) all += std::to_string(k.second) + " " + k.first + "\n";
+  if (n > 0) {
+    const size_t m = std::min(n - 1, all.size());
+    memcpy(buf, all.data(), m);
+    buf[m] = 0;
+  }
+  return all.size() + 1;
+}
 // counters[0..4]: launches, blocks, fiber switches, warp collectives, block barriers.
 __attribute__((used, visibility("default"))) inline void mla_ext_simt_counters(unsigned long long* c) {
   const ::mla_ext_simt::State& s = ::mla_ext_simt::state();
