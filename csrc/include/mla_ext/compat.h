@@ -257,6 +257,16 @@ __device__ __forceinline__ uint32_t thread_index_x() {
 #define MLA_EXT_DYNAMIC_SMEM(name) extern __shared__ __align__(16) uint8_t name[]
 #endif
 
+// Declares a static __shared__ array `name` of `type` with dimensions `dims` (e.g. [64][4]).
+// Under MLA_EXT_SIMT_EMU also registers it, so that the emulator poisons it before each block.
+#if defined(MLA_EXT_SIMT_EMU)
+#define MLA_EXT_SHARED(type, name, dims) \
+  __shared__ type name dims;             \
+  ::mla_ext_simt::register_shared(name, sizeof(name))
+#else
+#define MLA_EXT_SHARED(type, name, dims) __shared__ type name dims
+#endif
+
 // A 64-bit value the compiler must keep as computed (NVIDIA): an empty asm
 // statement that claims to change it, so that a loop using it cannot recompute it
 // from its inputs (rematerialisation) instead of keeping it in a register. An

@@ -3437,11 +3437,11 @@ __global__ void __launch_bounds__(GROUPED ? (kReduceThreads / CH) * kReduceMaxGr
         finish(L, mx);
       }
     } else {
-      __shared__ float s_w[kMaxSplits];
-      __shared__ float s_max[kReduceMaxWarps];
-      __shared__ float s_sum[kReduceMaxWarps];
-      __shared__ int s_nan[kReduceMaxWarps];
-      __shared__ float4 s_part[kReduceMaxGroups - 1][kReduceThreads];
+      MLA_EXT_SHARED(float, s_w, [kMaxSplits]);
+      MLA_EXT_SHARED(float, s_max, [kReduceMaxWarps]);
+      MLA_EXT_SHARED(float, s_sum, [kReduceMaxWarps]);
+      MLA_EXT_SHARED(int, s_nan, [kReduceMaxWarps]);
+      MLA_EXT_SHARED(float4, s_part, [kReduceMaxGroups - 1][kReduceThreads]);
       const int lane = tid % kWarpSize, warp = tid / kWarpSize;
       // GROUPED = false: one group, every count below a compile-time constant.
       const int nt = GROUPED ? int(blockDim.x) : TPG;
