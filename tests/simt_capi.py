@@ -3,7 +3,8 @@ tensors through ctypes: the GPU launchers and the portable kernels an AMD GPU ru
 wavefronts), or NVIDIA's portable kernels (32-lane warps), executed without a GPU.
 
 Used by tests/test_simt_emu.py. `library(warp)` builds the shared library once per source
-state (a content hash names the file) with the host C++ compiler (CXX, default g++).
+state, build flags and compiler version (a hash names its folder, under a private folder of the
+user's in the temporary directory) with the host C++ compiler (CXX, default g++).
 """
 from __future__ import annotations
 
@@ -69,7 +70,14 @@ def _build(warp: int, target: str) -> C.CDLL:
         h.update(p.name.encode())
         h.update(p.read_bytes())
     h.update(" ".join(build_command(warp, TARGETS[target], pathlib.Path("x"))[:-1]).encode())
-    folder = pathlib.Path(tempfile.gettempdir()) / f"mla_ext_simt-{h.hexdigest()[:12]}"
+    h.update(_compiler_version().encode())
+    # One folder per user (mode 0700: another user cannot plant a library there), one
+    # subfolder per source state.
+    top = pathlib.Path(tempfile.gettempdir()) / f"mla_ext_simt-{os.getuid()}"
+    top.mkdir(mode=0o700, exist_ok=True)
+    if top.stat().st_uid != os.getuid() or top.stat().st_mode & 0o077:
+        raise RuntimeError(f"{top} is not a private folder of this user; remove it")
+    folder = top / h.hexdigest()[:12]
     folder.mkdir(exist_ok=True)
     so = folder / f"lib{target}_warp{warp}.so"
     if not so.exists():
@@ -83,6 +91,11 @@ def _build(warp: int, target: str) -> C.CDLL:
     lib.mla_ext_simt_configure.argtypes = [C.c_int, C.c_uint, C.c_int]
     assert lib.mla_ext_simt_warp_size() == warp
     return lib
+
+
+def _compiler_version() -> str:
+    r = subprocess.run([compiler(), "--version"], capture_output=True, text=True)
+    return r.stdout
 
 
 def selftest_library(warp: int) -> C.CDLL:

@@ -9,6 +9,9 @@ memory read without a barrier after another thread's write). The emulator's own 
 (tests/simt/selftest.cpp). Last, the warp-64 cases run again in a child process with
 AddressSanitizer (a read or write outside the caller's tensors or the workspace stops it).
 
+A kernel that crashes on the CPU (a read past a guard page, an integer division by zero, which a
+GPU does not trap) takes the test process down with it: the run fails without a report.
+
 Needs a host C++17 compiler (CXX, default g++); each library builds once per source state
 (~10 s) into the temporary directory.
 """
@@ -62,7 +65,7 @@ def test_collectives_match_hip_semantics(selftest):
     assert got == [want] * 4
 
 
-@pytest.mark.parametrize("kernel", ["simt_divergent_shuffle", "simt_divergent_barrier"])
+@pytest.mark.parametrize("kernel", ["simt_divergent_shuffle", "simt_divergent_barrier", "simt_split_sites"])
 def test_divergent_collectives_are_refused(selftest, kernel):
     warp, st = selftest
     out = torch.zeros(2 * warp)
@@ -85,6 +88,41 @@ def test_a_missing_barrier_shows_as_order_dependence(selftest):
     for order in (0, 1, 2):
         assert torch.equal(results[(0, order)], want)
     assert not all(torch.equal(results[(1, 0)], results[(1, o)]) for o in (1, 2))
+
+
+def test_a_race_between_warps_across_a_shuffle_shows(selftest):
+    """Warps run one at a time between barriers, so a collective does not hide a race between
+    warps (lane 0 of warp w reads what lane 0 of warp w + 1 writes, a reduction in between)."""
+    warp, st = selftest
+    threads = 4 * warp
+    results = {}
+    for race in (0, 1):
+        for order, seed in [(0, 1), *ORDERS]:
+            out = torch.full((4,), float("nan"))
+            simt_capi.configure(st, order, seed)
+            assert st.simt_cross_warp(C.c_void_p(out.data_ptr()), threads, race) == 0
+            results[(race, order)] = out
+    for order in (0, 1, 2):
+        assert results[(0, order)].tolist() == [2.0, 3.0, 4.0, 1.0]
+    assert not all(torch.equal(results[(1, 0)], results[(1, o)]) for o in (1, 2))
+
+
+def test_static_shared_memory_is_poisoned_per_block(selftest):
+    warp, st = selftest
+    blocks, threads = 3, warp
+    out = torch.zeros(blocks * threads)
+    simt_capi.configure(st, 0)
+    assert st.simt_static_smem(C.c_void_p(out.data_ptr()), blocks, threads) == 0
+    assert (out[:threads] == 7).all() and torch.isnan(out[threads:]).all()
+
+
+def test_a_read_past_dynamic_shared_memory_faults(selftest):
+    warp, _ = selftest
+    code = ("import ctypes as C, torch, simt_capi; st = simt_capi.selftest_library(%d); "
+            "out = torch.zeros(%d); st.simt_dynamic_smem_overrun(C.c_void_p(out.data_ptr()), %d)" % (warp, warp, warp))
+    r = subprocess.run([sys.executable, "-c", code], cwd=os.path.dirname(os.path.abspath(__file__)),
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == -11, (r.returncode, r.stderr[-2000:])  # SIGSEGV at the guard page
 
 
 def test_unwritten_shared_memory_reads_as_nan(selftest):
@@ -274,6 +312,24 @@ def test_decode_anchored_map(lib, H):
         assert torch.equal(l2.view(torch.int32), lse.view(torch.int32))
 
 
+def test_decode_steep_scores_in_late_splits(lib):
+    """40 splits of one row whose largest score (by ~350 nats) sits in split 39: the block-scan
+    reduce's max must cover every split's lse (a max over 32 lanes of a 64-lane warp would miss
+    it, and exp of the difference would overflow)."""
+    g = torch.Generator().manual_seed(8)
+    fmt, W = "bf16", 400
+    idx = torch.randperm(8 * 64, generator=g)[:W].to(torch.int32).reshape(1, W)
+    cache = make_cache(g, fmt, 512, 8, 64, idx, "cpu")
+    q = torch.randn(1, 1, 512, generator=g).to(torch.bfloat16)
+    cache.reshape(-1, 512)[idx[0, W - 5].long()] = q[0, 0]  # its score |q|^2 ~ 500: ~350 above any other row's
+    inp = dict(q=q, kv_cache=cache, indices=idx, kv_format=fmt, softmax_scale=1.0, lengths=None, attn_sink=None)
+    ref_o, ref_l = _decode_reference(inp)
+    before = simt_capi.kernels(lib)
+    out, lse = _run_decode(lib, inp, 40, 0, 8)
+    _check_decode(out, lse, ref_o, ref_l, fmt)
+    _check_launched(lib, before, [_REDUCE.format("true, 8, true, {chunks}, 1")])
+
+
 def test_decode_bad_input_is_refused_before_any_launch(lib):
     inp, S, head_tile, cus = _decode_inputs(DECODE_CASES[1], seed=3)
     T, H = inp["q"].shape[:2]
@@ -439,4 +495,4 @@ def test_memcheck_catches_an_overrun():
     r = subprocess.run([sys.executable, "-c", "import test_simt_emu; test_simt_emu._overrun()"],
                        env=_asan_env(), cwd=here, capture_output=True, text=True, timeout=600)
     assert r.returncode != 0
-    assert "ERROR: AddressSanitizer: heap-buffer-overflow" in r.stderr and "load_index" in r.stderr, r.stderr[-3000:]
+    assert "ERROR: AddressSanitizer: heap-buffer-overflow" in r.stderr and "READ of size 4" in r.stderr, r.stderr[-3000:]

@@ -6,17 +6,21 @@
 // reference; only compile checks reached that code before.
 //
 // What it checks beyond the results:
-// - a warp collective (shuffle, ballot) must be reached by every lane of the warp, the same
-//   number of times (no divergent or partial-warp collectives, no exited lanes);
+// - a warp collective (shuffle, ballot) must be reached by every lane of the warp, at the same
+//   place in the source, the same number of times (no divergent or partial-warp collectives, no
+//   exited lanes);
 // - a block barrier must be reached by every thread of the block (none may have exited: CUDA
 //   leaves a barrier in divergent code undefined), and no lane may wait at a shuffle while
 //   another lane of its warp waits at a barrier;
-// - the threads of a block run in a chosen order between synchronisation points (forward,
-//   reverse, or shuffled by a seed): a kernel whose result depends on that order reads shared
-//   or global memory that another thread writes without a barrier in between (a race), which a
-//   test sees as outputs that differ bit for bit between orders;
-// - dynamic shared memory is filled with 0xff bytes (NaN as bf16 / fp32) before each block, so
-//   a read of a shared-memory byte the block did not write shows up in the results.
+// - between two barriers the warps of a block run one after another, each to the barrier, in a
+//   chosen order (forward, reversed, or shuffled by a seed), and the lanes of a warp between its
+//   collectives likewise: a kernel whose result depends on the order reads shared or global
+//   memory that another thread writes without a barrier in between (a race), which a test sees
+//   as outputs that differ bit for bit between orders;
+// - shared memory (dynamic, and the static arrays declared through compat.h's MLA_EXT_SHARED) is
+//   filled with 0xff bytes (NaN as bf16 / fp32) before each block, so a read of a byte the block
+//   did not write shows up in the results; the dynamic shared memory ends at a PROT_NONE page,
+//   so a read or write past it faults.
 // Violations abort the launch: hipLaunchKernel-style failure (the launcher returns
 // kLaunchFailed) and mla_ext_simt_last_error() says what happened.
 //
@@ -69,7 +73,9 @@ static_assert(MLA_EXT_SIMT_WARP == 32 || MLA_EXT_SIMT_WARP == 64, "MLA_EXT_SIMT_
 #define __launch_bounds__(...)
 #define __align__(n) alignas(n)
 // A __shared__ variable is one object for every thread of the block: a function-local static
-// (blocks run one at a time). Dynamic shared memory comes from mla_ext_simt::dynamic_smem().
+// (blocks run one at a time). Declared through compat.h's MLA_EXT_SHARED it is also registered
+// (register_shared) and poisoned before each block. Dynamic shared memory comes from
+// mla_ext_simt::dynamic_smem().
 #define __shared__ static
 
 // ---- vector types (HIP's names and alignment) ----
@@ -128,6 +134,8 @@ struct Fiber {
   int linear = 0;
   Wait wait = Wait::kRun;
   uint32_t warp_ops = 0;  // warp collectives this thread has reached
+  const char* site_file = nullptr;  // the source line of the collective it waits at
+  int site_line = 0;
 };
 
 // Process-wide emulator state (tests are single-threaded; one launch at a time).
@@ -139,12 +147,13 @@ struct State {
   // the block being run
   std::vector<Fiber> fibers;
   std::vector<char*> stacks;
-  std::vector<int> sequence;  // the order fibers run in
+  std::vector<int> warp_sequence, lane_sequence;  // the order warps, and lanes in a warp, run in
   ucontext_t scheduler;
   int current = -1;
   dim3 block_dim, grid_dim, block_idx;
   std::vector<uint64_t> slots[2];  // warp exchange buffers, one 64-bit value per thread
-  std::vector<unsigned char> dyn_smem;
+  unsigned char* dyn_smem = nullptr;  // the block's dynamic shared memory, a guard page after it
+  size_t dyn_smem_bytes = 0;
   const std::function<void()>* body = nullptr;
   const void* scheduler_stack = nullptr;  // (AddressSanitizer) the launching thread's stack
   size_t scheduler_stack_bytes = 0;
@@ -210,12 +219,15 @@ inline void fiber_entry() {
 
 // Exchange one 64-bit value per lane across the warp: every lane of the warp must arrive.
 // Returns the value lane `src` (in the warp) contributed.
+// `file` / `line`: the collective's place in the source (every lane must wait at the same one).
 template <typename SrcOf>
-inline uint64_t warp_exchange(uint64_t mine, SrcOf&& src_of) {
+inline uint64_t warp_exchange(uint64_t mine, SrcOf&& src_of, const char* file, int line) {
   State& s = state();
   Fiber& f = s.fibers[s.current];
   const uint32_t parity = f.warp_ops & 1u;
   ++f.warp_ops;
+  f.site_file = file;
+  f.site_line = line;
   s.slots[parity][size_t(f.linear)] = mine;
   f.wait = Wait::kWarp;
   yield_to_scheduler();
@@ -255,32 +267,39 @@ inline T from_bits(uint64_t u) {
 }  // namespace mla_ext_simt
 
 // HIP's semantics: the source lane is taken modulo the width (the whole warp here);
-// __shfl_xor returns the caller's own value when lane ^ mask falls outside the warp.
+// __shfl_xor returns the caller's own value when lane ^ mask falls outside the warp. Macros, so
+// that each call carries its place in the source (the lanes of a warp must meet at one).
+namespace mla_ext_simt {
 template <typename T>
-inline T __shfl(T v, int src_lane) {
-  using namespace ::mla_ext_simt;
-  return from_bits<T>(warp_exchange(to_bits(v), [&](int) { return ((src_lane % kWarp) + kWarp) % kWarp; }));
+inline T shfl_at(T v, int src_lane, const char* file, int line) {
+  return from_bits<T>(
+      warp_exchange(to_bits(v), [&](int) { return ((src_lane % kWarp) + kWarp) % kWarp; }, file, line));
 }
 template <typename T>
-inline T __shfl_xor(T v, int lane_mask) {
-  using namespace ::mla_ext_simt;
-  return from_bits<T>(warp_exchange(to_bits(v), [&](int lane) {
-    const int other = lane ^ lane_mask;
-    return other >= 0 && other < kWarp ? other : lane;
-  }));
+inline T shfl_xor_at(T v, int lane_mask, const char* file, int line) {
+  return from_bits<T>(warp_exchange(
+      to_bits(v),
+      [&](int lane) {
+        const int other = lane ^ lane_mask;
+        return other >= 0 && other < kWarp ? other : lane;
+      },
+      file, line));
 }
 // Bit l of the result is lane l's predicate.
-inline uint64_t __ballot(int pred) {
-  using namespace ::mla_ext_simt;
+inline uint64_t ballot_at(int pred, const char* file, int line) {
   State& s = state();
   const int lane = self().linear % kWarp, base = self().linear - lane;
   const uint32_t parity = self().warp_ops & 1u;
-  (void)warp_exchange(pred != 0 ? 1u : 0u, [](int l) { return l; });
+  (void)warp_exchange(pred != 0 ? 1u : 0u, [](int l) { return l; }, file, line);
   uint64_t mask = 0;
   for (int l = 0; l < kWarp; ++l)
     if (s.slots[parity][size_t(base + l)] != 0) mask |= uint64_t(1) << l;
   return mask;
 }
+}  // namespace mla_ext_simt
+#define __shfl(v, src_lane) ::mla_ext_simt::shfl_at((v), (src_lane), __FILE__, __LINE__)
+#define __shfl_xor(v, lane_mask) ::mla_ext_simt::shfl_xor_at((v), (lane_mask), __FILE__, __LINE__)
+#define __ballot(pred) ::mla_ext_simt::ballot_at((pred), __FILE__, __LINE__)
 
 namespace mla_ext_simt {
 
@@ -290,8 +309,47 @@ inline void fail(hipError_t code, const std::string& why) {
   s.error = why;
 }
 
+// Releases warp w's lanes from the collective they all wait at; false (with the reason) when
+// they do not all wait at the same one.
+inline bool release_warp(int w, int lo, int hi, int at_warp, int barrier, int finished) {
+  State& s = state();
+  char why[400];
+  if (hi - lo != kWarp) {
+    snprintf(why, sizeof why, "block %u: a warp collective in a partial warp (%d threads)", s.block_idx.x, hi - lo);
+    fail(hipErrorLaunchFailure, why);
+    return false;
+  }
+  if (at_warp != hi - lo) {
+    snprintf(why, sizeof why,
+             "block %u warp %d: %d lanes at a shuffle/ballot, %d at a barrier, %d exited (divergent collective)",
+             s.block_idx.x, w, at_warp, barrier, finished);
+    fail(hipErrorLaunchFailure, why);
+    return false;
+  }
+  const Fiber& f0 = s.fibers[size_t(lo)];
+  for (int i = lo; i < hi; ++i) {
+    const Fiber& f = s.fibers[size_t(i)];
+    if (f.warp_ops != f0.warp_ops || f.site_line != f0.site_line || strcmp(f.site_file, f0.site_file) != 0) {
+      snprintf(why, sizeof why,
+               "block %u warp %d: lanes at different warp collectives (lane %d: #%u at %s:%d, lane 0: #%u at "
+               "%s:%d; divergent collective)",
+               s.block_idx.x, w, i - lo, f.warp_ops, f.site_file, f.site_line, f0.warp_ops, f0.site_file,
+               f0.site_line);
+      fail(hipErrorLaunchFailure, why);
+      return false;
+    }
+  }
+  for (int i = lo; i < hi; ++i) s.fibers[size_t(i)].wait = Wait::kRun;
+  ++s.warp_collectives;
+  return true;
+}
+
 // Runs the fibers of the current block to completion; false (with the reason in state().error)
-// on a synchronisation error.
+// on a synchronisation error. Between two block barriers the warps run one after another in
+// warp_sequence (each to its next barrier or its end, its collectives resolved as its lanes
+// reach them), the lanes of a warp in lane_sequence between collectives: so reversing or
+// shuffling the sequences reorders every pair of writes and reads that no barrier (or, inside a
+// warp, no collective) separates.
 inline bool run_block() {
   State& s = state();
   const int n = int(s.fibers.size());
@@ -308,71 +366,74 @@ inline bool run_block() {
 #endif
     makecontext(&f.ctx, fiber_entry, 0);
   }
-  const int warps = (n + kWarp - 1) / kWarp;
   for (;;) {
-    for (int i : s.sequence) {
-      if (s.fibers[size_t(i)].wait != Wait::kRun) continue;
-      switch_to_fiber(i);
-    }
-    s.current = -1;
-    // Every fiber now waits at a collective or is done.
-    bool released = false;
-    int done = 0, at_block = 0;
-    for (int w = 0; w < warps; ++w) {
+    for (int w : s.warp_sequence) {
       const int lo = w * kWarp, hi = std::min(n, lo + kWarp);
-      int at_warp = 0, finished = 0, barrier = 0;
-      for (int i = lo; i < hi; ++i) {
-        const Wait x = s.fibers[size_t(i)].wait;
-        at_warp += x == Wait::kWarp;
-        finished += x == Wait::kDone;
-        barrier += x == Wait::kBlock;
-      }
-      done += finished;
-      at_block += barrier;
-      if (at_warp == 0) continue;
-      char why[200];
-      if (hi - lo != kWarp) {
-        snprintf(why, sizeof why, "block %u: a warp collective in a partial warp (%d threads)", s.block_idx.x, hi - lo);
-        fail(hipErrorLaunchFailure, why);
-        return false;
-      }
-      if (at_warp != hi - lo) {
-        snprintf(why, sizeof why,
-                 "block %u warp %d: %d lanes at a shuffle/ballot, %d at a barrier, %d exited (divergent collective)",
-                 s.block_idx.x, w, at_warp, barrier, finished);
-        fail(hipErrorLaunchFailure, why);
-        return false;
-      }
-      const uint32_t ops = s.fibers[size_t(lo)].warp_ops;
-      for (int i = lo; i < hi; ++i) {
-        if (s.fibers[size_t(i)].warp_ops != ops) {
-          snprintf(why, sizeof why, "block %u warp %d: lanes at different warp collectives (%u vs %u)",
-                   s.block_idx.x, w, s.fibers[size_t(i)].warp_ops, ops);
-          fail(hipErrorLaunchFailure, why);
-          return false;
+      for (;;) {
+        for (int l : s.lane_sequence) {
+          const int i = lo + l;
+          if (i < hi && s.fibers[size_t(i)].wait == Wait::kRun) switch_to_fiber(i);
         }
+        s.current = -1;
+        int at_warp = 0, finished = 0, barrier = 0;
+        for (int i = lo; i < hi; ++i) {
+          const Wait x = s.fibers[size_t(i)].wait;
+          at_warp += x == Wait::kWarp;
+          finished += x == Wait::kDone;
+          barrier += x == Wait::kBlock;
+        }
+        if (at_warp == 0) break;  // the warp is at the barrier or done
+        if (!release_warp(w, lo, hi, at_warp, barrier, finished)) return false;
       }
-      for (int i = lo; i < hi; ++i) s.fibers[size_t(i)].wait = Wait::kRun;
-      ++s.warp_collectives;
-      released = true;
+    }
+    int done = 0, at_block = 0;
+    for (const Fiber& f : s.fibers) {
+      done += f.wait == Wait::kDone;
+      at_block += f.wait == Wait::kBlock;
     }
     if (done == n) return true;
-    if (released) continue;
-    if (at_block + done == n) {
-      if (done > 0) {  // CUDA: a barrier in code that not every thread reaches is undefined
-        fail(hipErrorLaunchFailure, "block " + std::to_string(s.block_idx.x) + ": " + std::to_string(at_block) +
-                                        " threads wait at a barrier that " + std::to_string(done) +
-                                        " exited threads never reached (divergent barrier)");
-        return false;
-      }
-      for (auto& f : s.fibers)
-        if (f.wait == Wait::kBlock) f.wait = Wait::kRun;
-      ++s.barriers;
-      continue;
+    if (done > 0) {  // CUDA: a barrier in code that not every thread reaches is undefined
+      fail(hipErrorLaunchFailure, "block " + std::to_string(s.block_idx.x) + ": " + std::to_string(at_block) +
+                                      " threads wait at a barrier that " + std::to_string(done) +
+                                      " exited threads never reached (divergent barrier)");
+      return false;
     }
-    fail(hipErrorLaunchFailure, "block " + std::to_string(s.block_idx.x) + ": no thread can proceed (deadlock)");
-    return false;
+    for (auto& f : s.fibers) f.wait = Wait::kRun;
+    ++s.barriers;
   }
+}
+
+// Places the launch's `bytes` of dynamic shared memory (rounded up to 16) so that they end where
+// a PROT_NONE page begins: a kernel that reads or writes past them faults (SIGSEGV) instead of
+// reading whatever follows.
+inline bool reserve_dynamic_smem(size_t bytes) {
+  State& s = state();
+  static unsigned char* region = nullptr;
+  constexpr size_t kPage = 4096, kRegion = kMaxDynamicSmem + kPage;
+  if (region == nullptr) {
+    void* p = mmap(nullptr, kRegion + kPage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return false;
+    region = static_cast<unsigned char*>(p);
+    mprotect(region + kRegion, kPage, PROT_NONE);
+  }
+  s.dyn_smem_bytes = (bytes + 15) & ~size_t(15);
+  s.dyn_smem = region + kRegion - s.dyn_smem_bytes;
+  return true;
+}
+
+
+// The library's static __shared__ variables (compat.h's MLA_EXT_SHARED registers each where it
+// is declared, filled with 0xff bytes the first time), filled with 0xff bytes before each block
+// as dynamic shared memory is: a block reads what it wrote, never a previous block's values.
+inline std::map<void*, size_t>& shared_registry() {
+  static std::map<void*, size_t> r;
+  return r;
+}
+inline void register_shared(void* p, size_t bytes) {
+  if (shared_registry().emplace(p, bytes).second) memset(p, 0xff, bytes);
+}
+inline void poison_static_smem() {
+  for (const auto& v : shared_registry()) memset(v.first, 0xff, v.second);
 }
 
 // Runs `body` as a grid of `grid` blocks of `block` threads with `smem` bytes of dynamic
@@ -398,22 +459,31 @@ inline hipError_t launch(dim3 grid, dim3 block, size_t smem, const std::function
     f.linear = int(i);
     f.tid = dim3(uint32_t(i % block.x), uint32_t((i / block.x) % block.y), uint32_t(i / (int64_t(block.x) * block.y)));
   }
-  s.sequence.resize(size_t(n));
-  for (int64_t i = 0; i < n; ++i) s.sequence[size_t(i)] = int(i);
-  if (s.order == 1) std::reverse(s.sequence.begin(), s.sequence.end());
+  const int warps = int((n + kWarp - 1) / kWarp);
+  s.warp_sequence.resize(size_t(warps));
+  s.lane_sequence.resize(size_t(kWarp));
+  for (int w = 0; w < warps; ++w) s.warp_sequence[size_t(w)] = s.order == 1 ? warps - 1 - w : w;
+  for (int l = 0; l < kWarp; ++l) s.lane_sequence[size_t(l)] = s.order == 1 ? kWarp - 1 - l : l;
   std::mt19937 rng(s.seed);
   s.slots[0].assign(size_t(n), 0);
   s.slots[1].assign(size_t(n), 0);
   s.block_dim = block;
   s.grid_dim = grid;
   s.body = &body;
-  s.dyn_smem.assign(smem + 16, 0xff);
+  if (!reserve_dynamic_smem(smem)) {
+    fail(hipErrorInvalidValue, "launch: no memory for the dynamic shared memory");
+    return hipErrorInvalidValue;
+  }
   const uint64_t total = uint64_t(grid.x) * grid.y * grid.z;
   for (uint64_t k = 0; k < total; ++k) {
     const uint64_t b = s.order == 1 ? total - 1 - k : k;
     s.block_idx = dim3(uint32_t(b % grid.x), uint32_t((b / grid.x) % grid.y), uint32_t(b / (uint64_t(grid.x) * grid.y)));
-    if (s.order == 2) std::shuffle(s.sequence.begin(), s.sequence.end(), rng);
-    std::fill(s.dyn_smem.begin(), s.dyn_smem.end(), 0xff);
+    if (s.order == 2) {
+      std::shuffle(s.warp_sequence.begin(), s.warp_sequence.end(), rng);
+      std::shuffle(s.lane_sequence.begin(), s.lane_sequence.end(), rng);
+    }
+    memset(s.dyn_smem, 0xff, s.dyn_smem_bytes);
+    poison_static_smem();
     ++s.blocks;
     if (!run_block()) return s.last_error;
   }
@@ -422,10 +492,7 @@ inline hipError_t launch(dim3 grid, dim3 block, size_t smem, const std::function
 }
 
 // The block's dynamic shared memory (16-byte aligned).
-inline unsigned char* dynamic_smem() {
-  unsigned char* p = state().dyn_smem.data();
-  return p + ((16 - (reinterpret_cast<uintptr_t>(p) & 15)) & 15);
-}
+inline unsigned char* dynamic_smem() { return state().dyn_smem; }
 
 // A kernel's demangled name (from the shared library's symbol table), or its address.
 inline std::string kernel_name(const void* fn) {
