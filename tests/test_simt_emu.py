@@ -283,7 +283,7 @@ def test_decode_balanced_split_map(lib, T):
         assert torch.equal(l2.view(torch.int32), lse.view(torch.int32))
 
 
-@pytest.mark.parametrize("H", [8, 20])
+@pytest.mark.parametrize("H", [8, 18])  # 18: a last reduce block of 2 of its 4 heads
 def test_decode_anchored_map(lib, H):
     """Past 256 tokens a balanced V4 call runs the anchored map (a token's first split block knows
     its token before the map's sums; a token of one split is finished in the split kernel), at
@@ -310,6 +310,36 @@ def test_decode_anchored_map(lib, H):
         o2, l2 = _run_decode(lib, inp, 0, 0, 8, order, seed)
         assert torch.equal(o2.view(torch.int16), out.view(torch.int16))
         assert torch.equal(l2.view(torch.int32), lse.view(torch.int32))
+
+
+@pytest.mark.parametrize("fmt,d_qk", [("bf16", 512), ("fp8_ds_mla", 576)])
+@pytest.mark.parametrize("S", [1, 3])
+def test_decode_nan_in_q_and_in_a_selected_row(lib, fmt, d_qk, S):
+    """A NaN in a selected row's key makes NaN the output and lse of every head of the tokens that
+    select it (and only those); a NaN in q those of its own token and head."""
+    g = torch.Generator().manual_seed(S)
+    T, H, W = 3, 16, 80
+    idx = torch.randperm(6 * 64, generator=g)[:T * W].to(torch.int32).reshape(T, W)  # no slot in two rows
+    cache = make_cache(g, fmt, d_qk, 6, 64, idx, "cpu")
+    slot = int(idx[0, 50])
+    if fmt == "bf16":
+        cache.view(-1, d_qk)[slot, 3] = float("nan")
+    else:
+        cache.view(-1, cache.shape[-1])[slot, 3] = 0x7F  # an e4m3fn NaN in the latent part
+    q = torch.randn(T, H, d_qk, generator=g).to(torch.bfloat16)
+    q[2, 5, 7] = float("nan")
+    inp = dict(q=q, kv_cache=cache, indices=idx, kv_format=fmt, softmax_scale=d_qk ** -0.5, lengths=None,
+               attn_sink=None)
+    ref_o, ref_l = _decode_reference(inp)
+    out, lse = _run_decode(lib, inp, S, 0, 8)
+    nan_rows = torch.zeros(T, H, dtype=torch.bool)
+    nan_rows[0] = True
+    nan_rows[2, 5] = True
+    assert torch.equal(torch.isnan(ref_l), nan_rows)  # the reference agrees on where NaN goes
+    assert torch.isnan(out[nan_rows].float()).all() and torch.isnan(lse[nan_rows]).all()
+    keep = ~nan_rows
+    _check_decode(out[keep].unsqueeze(0), lse[keep].unsqueeze(0), ref_o[keep].unsqueeze(0),
+                  ref_l[keep].unsqueeze(0), fmt)
 
 
 def test_decode_steep_scores_in_late_splits(lib):
@@ -351,7 +381,9 @@ def test_decode_bad_input_is_refused_before_any_launch(lib):
 @pytest.mark.parametrize("layout", ["contiguous", "padded_strided"])
 def test_merge(lib, dtype, head_size, layout):
     g = torch.Generator().manual_seed(head_size * 7 + len(layout))
-    T, H, D = 7, 3, head_size
+    # padded_strided: token-major LSEs and 13 tokens, so the kernel takes its token tiles of 8
+    # (a full tile and a partial one)
+    T, H, D = (7 if layout == "contiguous" else 13), 3, head_size
     if layout == "contiguous":
         po, so = (torch.randn(T, H, D, generator=g).to(dtype) for _ in range(2))
         out_buf = poison_(torch.empty(T, H, D, dtype=dtype))
@@ -364,7 +396,8 @@ def test_merge(lib, dtype, head_size, layout):
         out_buf = poison_(torch.empty(T + 2, H * D, dtype=dtype))
         out = out_buf[1:T + 1].view(T, H, D)
         pl, sl = (torch.randn(H, T, generator=g).mul(3).t() for _ in range(2))
-        ol = poison_(torch.empty(H, T)).t()
+        ol_buf = poison_(torch.empty(H, T + 3))
+        ol = ol_buf[:, 1:T + 1].t()
     # token 0: prefix empty (+inf) with NaN values; token 1: suffix empty (-inf) with NaN values;
     # token 2: both empty; token 3: NaN LSE on the prefix
     pl[0, :] = INF
@@ -384,7 +417,9 @@ def test_merge(lib, dtype, head_size, layout):
     assert torch.equal(ol[~fin & ~torch.isnan(ref_l)], ref_l[~fin & ~torch.isnan(ref_l)].float())
     assert (ol[fin].double() - ref_l[fin]).abs().max() <= 1e-5 * ref_l[fin].abs().max().clamp_min(1)
     assert torch.equal(out[0].view(torch.uint8), so[0].contiguous().view(torch.uint8))  # selected, not weighted
-    if layout == "padded_strided":  # nothing outside the view written
+    if layout == "padded_strided":
+        assert torch.isnan(ol_buf[:, 0]).all() and torch.isnan(ol_buf[:, T + 1:]).all()
+    if layout == "padded_strided":  # nothing outside the views written
         assert torch.isnan(out_buf[0].float()).all() and torch.isnan(out_buf[T + 1].float()).all()
     for order, seed in ORDERS:
         o2 = poison_(torch.empty_like(out))
@@ -433,18 +468,23 @@ def test_merge_n(lib, sink):
     S, T, H, D = 3, 5, 4, 512
     values = torch.randn(S, T, H, D + 16, generator=g).to(torch.bfloat16)[..., :D]
     lses = torch.randn(S, T, H, generator=g) * 2
-    lses[0, 0] = INF
-    lses[:, 1] = -INF
+    lses[0, 0] = INF  # token 0: state 0 empty (NaN values)
     values[0, 0] = float("nan")
+    lses[:, 1] = -INF  # token 1: all empty
+    lses[1:, 2] = -INF  # token 2: state 0 alone (with a sink: scaled, not copied)
+    lses[1, 3, 0] = float("nan")  # token 3, head 0: NaN
     attn_sink = torch.randn(H, generator=g) if sink else None
     ref_o, ref_l = reference.merge_attn_states_n(values, lses, attn_sink=attn_sink)
     out = poison_(torch.empty(T, H, D, dtype=torch.bfloat16))
     ol = poison_(torch.empty(T, H))
     simt_capi.configure(lib, 0)
     simt_capi.merge_attn_states_n(lib, out, ol, values, lses, attn_sink)
-    assert_close_rel(out, ref_o, torch.bfloat16)
+    nan = torch.isnan(ref_o)
+    assert nan[3, 0].all() and torch.equal(torch.isnan(out), nan)
+    assert_close_rel(out.masked_fill(nan, 0), ref_o.masked_fill(nan, 0), torch.bfloat16)
+    assert (out[1] == 0).all()
     fin = torch.isfinite(ref_l)
-    assert torch.equal(torch.isneginf(ol), torch.isneginf(ref_l))
+    assert torch.equal(torch.isneginf(ol), torch.isneginf(ref_l)) and torch.equal(torch.isnan(ol), torch.isnan(ref_l))
     assert (ol[fin].double() - ref_l[fin]).abs().max() <= 1e-5 * max(1.0, ref_l[fin].abs().max().item())
 
 
