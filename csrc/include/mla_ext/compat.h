@@ -26,6 +26,9 @@
 #define MLA_EXT_HIP 1
 #include <hip/hip_runtime.h>
 #else
+#if defined(MLA_EXT_SIMT_EMU)
+#error "MLA_EXT_SIMT_EMU (the tests' CPU emulator) builds the HIP branch: add -D__HIP_PLATFORM_AMD__ -I tests/simt"
+#endif
 #define MLA_EXT_CUDA 1
 #include <cuda.h>  // types of the driver entry point set_max_dynamic_smem looks up (no driver library linked)
 #include <cuda_runtime.h>
