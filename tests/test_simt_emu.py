@@ -220,6 +220,14 @@ def _check_launched(lib, before, expected):
         assert any(e in k for k in ran), f"{e} not launched; launched: {ran}"
 
 
+def _check_orders(lib, inp, S, head_tile, cus, out, lse, orders=None):
+    """The call again in each of `orders` (default ORDERS): bit-identical output and lse."""
+    for order, seed in ORDERS if orders is None else orders:
+        o2, l2 = _run_decode(lib, inp, S, head_tile, cus, order, seed)
+        assert torch.equal(o2.view(torch.int16), out.view(torch.int16)), f"output differs in thread order {order}"
+        assert torch.equal(l2.view(torch.int32), lse.view(torch.int32)), f"lse differs in thread order {order}"
+
+
 def _run_decode(lib, inp, S, head_tile, cus, order=0, seed=1):
     T, H = inp["q"].shape[:2]
     out = poison_(torch.empty(T, H, 512, dtype=torch.bfloat16))
@@ -250,10 +258,7 @@ def test_decode(lib, i):
     out, lse = _run_decode(lib, inp, S, head_tile, cus)
     _check_decode(out, lse, ref_o, ref_l, inp["kv_format"])
     _check_launched(lib, before, EXPECT.get(i, []))
-    for order, seed in ORDERS:
-        o2, l2 = _run_decode(lib, inp, S, head_tile, cus, order, seed)
-        assert torch.equal(o2.view(torch.int16), out.view(torch.int16)), f"output differs in thread order {order}"
-        assert torch.equal(l2.view(torch.int32), lse.view(torch.int32)), f"lse differs in thread order {order}"
+    _check_orders(lib, inp, S, head_tile, cus, out, lse)
 
 
 @pytest.mark.parametrize("T", [6, 12])
@@ -277,10 +282,7 @@ def test_decode_balanced_split_map(lib, T):
     ref_o, ref_l = _decode_reference(inp)
     out, lse = _run_decode(lib, inp, 0, 0, 8)
     _check_decode(out, lse, ref_o, ref_l, fmt)
-    for order, seed in ORDERS:
-        o2, l2 = _run_decode(lib, inp, 0, 0, 8, order, seed)
-        assert torch.equal(o2.view(torch.int16), out.view(torch.int16))
-        assert torch.equal(l2.view(torch.int32), lse.view(torch.int32))
+    _check_orders(lib, inp, 0, 0, 8, out, lse)
 
 
 @pytest.mark.parametrize("H", [8, 18])  # 18: a last reduce block of 2 of its 4 heads
@@ -306,10 +308,7 @@ def test_decode_anchored_map(lib, H):
     _check_decode(out, lse, ref_o, ref_l, fmt)
     _check_launched(lib, before, [", (mla_ext::KvFormat)2, true, true>"] +
                     ([_REDUCE.format("false, 8, false, 1, 4")] if H > 16 else []))
-    for order, seed in ORDERS[:1]:
-        o2, l2 = _run_decode(lib, inp, 0, 0, 8, order, seed)
-        assert torch.equal(o2.view(torch.int16), out.view(torch.int16))
-        assert torch.equal(l2.view(torch.int32), lse.view(torch.int32))
+    _check_orders(lib, inp, 0, 0, 8, out, lse, ORDERS[:1])
 
 
 @pytest.mark.parametrize("fmt,d_qk", [("bf16", 512), ("fp8_ds_mla", 576)])

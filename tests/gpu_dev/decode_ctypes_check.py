@@ -23,46 +23,9 @@ FMT_ID = {"bf16": 0, "fp8_ds_mla": 1, "fp8_ds_mla_v4": 2}
 NAN_U8 = 0xFF
 
 
-class KvSet(C.Structure):
-    _fields_ = [
-        ("cache", C.c_void_p),
-        ("page_stride_bytes", C.c_int64),
-        ("token_stride_bytes", C.c_int64),
-        ("page_size", C.c_int64),
-        ("num_slots", C.c_int64),
-        ("indices", C.c_void_p),
-        ("indices_stride_token", C.c_int64),
-        ("width", C.c_int64),
-        ("lengths", C.c_void_p),
-        ("lengths_stride", C.c_int64),
-    ]
-
-
-class Params(C.Structure):
-    _fields_ = [
-        ("kv_format", C.c_int32),
-        ("d_qk", C.c_int32),
-        ("num_tokens", C.c_int64),
-        ("num_heads", C.c_int64),
-        ("softmax_scale", C.c_float),
-        ("q", C.c_void_p),
-        ("q_stride_token", C.c_int64),
-        ("q_stride_head", C.c_int64),
-        ("main", KvSet),
-        ("extra", KvSet),
-        ("attn_sink", C.c_void_p),
-        ("attn_sink_stride", C.c_int64),
-        ("output", C.c_void_p),
-        ("output_stride_token", C.c_int64),
-        ("output_stride_head", C.c_int64),
-        ("lse", C.c_void_p),
-        ("lse_stride_token", C.c_int64),
-        ("lse_stride_head", C.c_int64),
-        ("num_splits", C.c_int32),
-        ("force_portable", C.c_bool),
-        ("head_tile", C.c_int32),
-        ("smem_limit", C.c_int64),
-    ]
+# The C structs' ctypes mirrors (one copy, shared with the CPU emulator's binding).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from simt_capi import DecodeParams as Params, KvSet  # noqa: E402
 
 
 def load_lib(path):

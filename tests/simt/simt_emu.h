@@ -170,8 +170,6 @@ inline State& state() {
 }
 inline Fiber& self() { return state().fibers[state().current]; }
 
-[[noreturn]] inline void fail_and_exit_fiber(const char* what);
-
 // Fiber -> scheduler. `finished`: the fiber never runs again.
 inline void switch_to_scheduler(Fiber& f, bool finished) {
   State& s = state();
