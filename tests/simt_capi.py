@@ -32,7 +32,8 @@ def compiler() -> Optional[str]:
 
 
 # What each library is built from: the C API, or the emulator's own self-test kernels.
-TARGETS = {"capi": ROOT / "csrc" / "capi" / "mla_ext_capi.cu", "selftest": ROOT / "tests" / "simt" / "selftest.cpp"}
+# (capi_probes.cpp: mla_ext_capi.cu and the tests' host-side probes, token_map below.)
+TARGETS = {"capi": ROOT / "tests" / "simt" / "capi_probes.cpp", "selftest": ROOT / "tests" / "simt" / "selftest.cpp"}
 
 
 # MLA_EXT_SIMT_ASAN=1: the libraries are built with AddressSanitizer (the process must preload
@@ -225,10 +226,9 @@ def decode_workspace_bytes(lib, T: int, H: int, num_splits: int, num_cus: int) -
     return int(lib.mla_ext_sparse_mla_decode_workspace_size_for(T, H, num_splits, num_cus))
 
 
-def sparse_mla_decode(lib, q, kv_cache, indices, kv_format, softmax_scale, output, workspace, *, lengths=None,
-                      extra_kv_cache=None, extra_indices=None, extra_lengths=None, attn_sink=None, lse=None,
-                      num_splits=0, head_tile=0, num_cus=8) -> None:
-    """mla_ext_sparse_mla_decode on CPU tensors (the torch op's argument names and layouts)."""
+def _decode_params(q, kv_cache, indices, kv_format, softmax_scale, output, *, lengths=None, extra_kv_cache=None,
+                   extra_indices=None, extra_lengths=None, attn_sink=None, lse=None, num_splits=0,
+                   head_tile=0) -> DecodeParams:
     p = DecodeParams()
     p.kv_format = KV_FORMAT[kv_format]
     p.d_qk = q.shape[2]
@@ -245,9 +245,32 @@ def sparse_mla_decode(lib, q, kv_cache, indices, kv_format, softmax_scale, outpu
         p.lse, p.lse_stride_token, p.lse_stride_head = lse.data_ptr(), lse.stride(0), lse.stride(1)
     p.num_splits = num_splits
     p.head_tile = head_tile
+    return p
+
+
+def sparse_mla_decode(lib, *, workspace, num_cus=8, **args) -> None:
+    """mla_ext_sparse_mla_decode on CPU tensors (the torch op's argument names and layouts)."""
+    p = _decode_params(**args)
     ws_bytes = workspace.numel() if workspace is not None else 0
     rc = lib.mla_ext_sparse_mla_decode(C.byref(p), C.c_void_p(_ptr(workspace)), C.c_size_t(ws_bytes), num_cus, None)
     _status(lib, rc, "mla_ext_sparse_mla_decode")
+
+
+def token_map(lib, workspace: torch.Tensor, *, num_cus=8, **args):
+    """(the token map the decode of `args` left in `workspace`, the host's map): two [T, 2]
+    int64 tensors of {first cell, cell count} per token (tests/simt/capi_probes.cpp), or None
+    where the call runs no token map (one split, or not the balanced map)."""
+    p = _decode_params(**args)
+    T = p.num_tokens
+    host = torch.zeros(T, 2, dtype=torch.int32)
+    offset = C.c_longlong(0)
+    rc = lib.mla_ext_simt_token_map(C.byref(p), num_cus, C.c_void_p(host.data_ptr()), C.byref(offset))
+    assert rc >= 0, "mla_ext_simt_token_map refused the arguments"
+    if rc == 1:
+        return None
+    kernel = workspace[offset.value:offset.value + 8 * T].view(torch.int32).view(T, 2)
+    # (uint32 fields, all below 2^31)
+    return kernel.to(torch.int64), host.to(torch.int64)
 
 
 FP8_OUTPUT = {torch.float8_e4m3fn: 1, torch.float8_e4m3fnuz: 2}

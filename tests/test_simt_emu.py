@@ -223,7 +223,7 @@ def _check_launched(lib, before, expected):
 def _check_orders(lib, inp, S, head_tile, cus, out, lse, orders=None):
     """The call again in each of `orders` (default ORDERS): bit-identical output and lse."""
     for order, seed in ORDERS if orders is None else orders:
-        o2, l2 = _run_decode(lib, inp, S, head_tile, cus, order, seed)
+        o2, l2, _ = _run_decode(lib, inp, S, head_tile, cus, order, seed)
         assert torch.equal(o2.view(torch.int16), out.view(torch.int16)), f"output differs in thread order {order}"
         assert torch.equal(l2.view(torch.int32), lse.view(torch.int32)), f"lse differs in thread order {order}"
 
@@ -236,7 +236,18 @@ def _run_decode(lib, inp, S, head_tile, cus, order=0, seed=1):
     simt_capi.configure(lib, order, seed, cus)
     simt_capi.sparse_mla_decode(lib, output=out, workspace=ws, lse=lse, num_splits=S, head_tile=head_tile, num_cus=cus,
                                 **inp)
-    return out, lse
+    return out, lse, ws
+
+
+def _check_token_map(lib, inp, S, head_tile, cus, out, ws, required=False):
+    """The token map a _run_decode call left in its workspace ws (the balanced map's, built
+    with block-wide scans of the rows' costs) equals the host's, built with plain sums
+    (tests/simt/capi_probes.cpp): a wrong scan keeps the output right and only loses balance."""
+    maps = simt_capi.token_map(lib, ws, output=out, num_splits=S, head_tile=head_tile, num_cus=cus, **inp)
+    assert maps is not None or not required, "the call ran no token map"
+    if maps is not None:
+        kernel, host = maps
+        assert torch.equal(kernel, host), f"token map differs from the host's:\n{kernel.T}\n{host.T}"
 
 
 def _check_decode(out, lse, ref_o, ref_l, fmt):
@@ -255,8 +266,9 @@ def test_decode(lib, i):
     inp, S, head_tile, cus = _decode_inputs(DECODE_CASES[i], seed=100 + i)
     ref_o, ref_l = _decode_reference(inp)
     before = simt_capi.kernels(lib)
-    out, lse = _run_decode(lib, inp, S, head_tile, cus)
+    out, lse, ws = _run_decode(lib, inp, S, head_tile, cus)
     _check_decode(out, lse, ref_o, ref_l, inp["kv_format"])
+    _check_token_map(lib, inp, S, head_tile, cus, out, ws)
     _check_launched(lib, before, EXPECT.get(i, []))
     _check_orders(lib, inp, S, head_tile, cus, out, lse)
 
@@ -280,8 +292,9 @@ def test_decode_balanced_split_map(lib, T):
                extra_lengths=elen, attn_sink=make_sink(g, H, "random"))
     assert simt_capi.library(64).mla_ext_sparse_mla_decode_num_splits(T, H, 128 + 4096, 8) >= 2
     ref_o, ref_l = _decode_reference(inp)
-    out, lse = _run_decode(lib, inp, 0, 0, 8)
+    out, lse, ws = _run_decode(lib, inp, 0, 0, 8)
     _check_decode(out, lse, ref_o, ref_l, fmt)
+    _check_token_map(lib, inp, 0, 0, 8, out, ws, required=True)
     _check_orders(lib, inp, 0, 0, 8, out, lse)
 
 
@@ -304,8 +317,9 @@ def test_decode_anchored_map(lib, H):
                extra_lengths=elen, attn_sink=make_sink(g, H, "random"))
     ref_o, ref_l = _decode_reference(inp)
     before = simt_capi.kernels(lib)
-    out, lse = _run_decode(lib, inp, 0, 0, 8)
+    out, lse, ws = _run_decode(lib, inp, 0, 0, 8)
     _check_decode(out, lse, ref_o, ref_l, fmt)
+    _check_token_map(lib, inp, 0, 0, 8, out, ws, required=True)
     _check_launched(lib, before, [", (mla_ext::KvFormat)2, true, true>"] +
                     ([_REDUCE.format("false, 8, false, 1, 4")] if H > 16 else []))
     _check_orders(lib, inp, 0, 0, 8, out, lse, ORDERS[:1])
@@ -330,7 +344,7 @@ def test_decode_nan_in_q_and_in_a_selected_row(lib, fmt, d_qk, S):
     inp = dict(q=q, kv_cache=cache, indices=idx, kv_format=fmt, softmax_scale=d_qk ** -0.5, lengths=None,
                attn_sink=None)
     ref_o, ref_l = _decode_reference(inp)
-    out, lse = _run_decode(lib, inp, S, 0, 8)
+    out, lse, ws = _run_decode(lib, inp, S, 0, 8)
     nan_rows = torch.zeros(T, H, dtype=torch.bool)
     nan_rows[0] = True
     nan_rows[2, 5] = True
@@ -354,7 +368,7 @@ def test_decode_steep_scores_in_late_splits(lib):
     inp = dict(q=q, kv_cache=cache, indices=idx, kv_format=fmt, softmax_scale=1.0, lengths=None, attn_sink=None)
     ref_o, ref_l = _decode_reference(inp)
     before = simt_capi.kernels(lib)
-    out, lse = _run_decode(lib, inp, 40, 0, 8)
+    out, lse, ws = _run_decode(lib, inp, 40, 0, 8)
     _check_decode(out, lse, ref_o, ref_l, fmt)
     _check_launched(lib, before, [_REDUCE.format("true, 8, true, {chunks}, 1")])
 

@@ -87,6 +87,35 @@ mla_ext::KvSet to_cpp(const mla_ext_kv_set& c) {
   return s;
 }
 
+// The launcher's params from the C struct's; num_splits as given (0: automatic, resolved by the
+// caller).
+mla_ext::SparseDecodeParams to_cpp(const mla_ext_sparse_decode_params& c) {
+  mla_ext::SparseDecodeParams p;
+  p.kv_format = static_cast<mla_ext::KvFormat>(c.kv_format);
+  p.d_qk = c.d_qk;
+  p.num_tokens = c.num_tokens;
+  p.num_heads = c.num_heads;
+  p.softmax_scale = c.softmax_scale;
+  p.q = c.q;
+  p.q_stride_token = c.q_stride_token;
+  p.q_stride_head = c.q_stride_head;
+  p.main = to_cpp(c.main);
+  p.extra = to_cpp(c.extra);
+  p.attn_sink = c.attn_sink;
+  p.attn_sink_stride = c.attn_sink_stride;
+  p.output = c.output;
+  p.output_stride_token = c.output_stride_token;
+  p.output_stride_head = c.output_stride_head;
+  p.lse = c.lse;
+  p.lse_stride_token = c.lse_stride_token;
+  p.lse_stride_head = c.lse_stride_head;
+  p.force_portable = c.force_portable != 0;
+  p.head_tile = c.head_tile;
+  p.smem_limit = c.smem_limit;
+  p.num_splits = c.num_splits;
+  return p;
+}
+
 }  // namespace
 
 extern "C" {
@@ -187,33 +216,11 @@ int mla_ext_sparse_mla_decode(const mla_ext_sparse_decode_params* c, void* works
   if (!rows_disjoint(c->num_tokens, c->num_heads, c->output_stride_token, c->output_stride_head, 512) ||
       (c->lse != nullptr && !rows_disjoint(c->num_tokens, c->num_heads, c->lse_stride_token, c->lse_stride_head, 1)))
     return MLA_EXT_STATUS_INVALID_ARGUMENT;
-  mla_ext::SparseDecodeParams p;
-  p.kv_format = static_cast<mla_ext::KvFormat>(c->kv_format);
-  p.d_qk = c->d_qk;
-  p.num_tokens = c->num_tokens;
-  p.num_heads = c->num_heads;
-  p.softmax_scale = c->softmax_scale;
-  p.q = c->q;
-  p.q_stride_token = c->q_stride_token;
-  p.q_stride_head = c->q_stride_head;
-  p.main = to_cpp(c->main);
-  p.extra = to_cpp(c->extra);
-  p.attn_sink = c->attn_sink;
-  p.attn_sink_stride = c->attn_sink_stride;
-  p.output = c->output;
-  p.output_stride_token = c->output_stride_token;
-  p.output_stride_head = c->output_stride_head;
-  p.lse = c->lse;
-  p.lse_stride_token = c->lse_stride_token;
-  p.lse_stride_head = c->lse_stride_head;
-  p.force_portable = c->force_portable != 0;
-  p.head_tile = c->head_tile;
-  p.smem_limit = c->smem_limit;
+  mla_ext::SparseDecodeParams p = to_cpp(*c);
   const int sms = resolve_sms(num_sms);
   // No processor count (num_sms <= 0 and no current device to ask): the automatic split count
   // has nothing to go by, and a launch could not run anyway.
   if (sms <= 0 && c->num_splits == 0) return MLA_EXT_STATUS_LAUNCH_FAILED;
-  p.num_splits = c->num_splits;
   if (p.num_splits == 0) p.num_splits = mla_ext::decode_auto_splits(p, sms);
   return int(mla_ext::launch_sparse_mla_decode(p, workspace, workspace_bytes, sms,
                                                static_cast<mla_ext::gpuStream_t>(stream), c->num_splits == 0));
