@@ -11,8 +11,8 @@
 #     applies) / 2 (the launch rule: V3.2 splits of >= 512 entries), at C4 Pro, C128 and V3.2 x
 #     8-16 heads x 16-512 tokens, modes 1 and 2 through --baseline against mode 0 of the round;
 #  3. the gather probe (benchmarks/dev/v4_gather_probe.cu, compiled there, 3 s);
-#  4. test_gpu_asym16_switch on A16; then every GPU test on BASE through tools/device_check.sh
-#     with the time left (logs and per-test times under $OUT/tests).
+#  4. test_gpu_asym16_switch on A16; then every GPU test on A16 under the launch rule
+#     (MLA_EXT_ASYM16=2) through tools/device_check.sh with the time left (logs and per-test times under $OUT/tests).
 # Prints a short table last. Preparation on the CPU machine (~3 min; .dev/ is git-ignored):
 #   PYTHON=<python with the cu130 torch> tools/build_variant.sh base HEAD
 #   PYTHON=... tools/build_variant.sh a16 HEAD benchmarks/dev/asym16_independent_accumulators.patch
@@ -42,8 +42,10 @@ nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -o /tmp/gp benchmarks/
 echo "== asym16 switch test on $A16 $(el)"
 timeout 60 python3 -m pytest -q tests/test_sparse_mla_decode.py -k asym16_switch > "$OUT/switch.log" 2>&1; echo rc $?; tail -2 "$OUT/switch.log"
 left=$(( 560 - $(el) )); [ $left -gt 300 ] && left=300
-echo "== GPU tests on $BASE (tools/device_check.sh), limit $left s $(el)"
-OUT="$OUT/tests" PREBUILT=".dev/$BASE" PYTEST_LIMIT=$left tools/device_check.sh; echo rc $?
+# On A16 under the launch rule (MLA_EXT_ASYM16=2, the candidate default): every kernel but
+# A16 is BASE's, and A16 runs where the rule picks it.
+echo "== GPU tests on $A16, MLA_EXT_ASYM16=2 (tools/device_check.sh), limit $left s $(el)"
+MLA_EXT_ASYM16=2 OUT="$OUT/tests" PREBUILT=".dev/$A16" PYTEST_LIMIT=$left tools/device_check.sh; echo rc $?
 sort -rn "$OUT/tests/test_times.txt" 2>/dev/null | head -5
 echo "== end $(el)"
 tail -4 "$OUT/merge.log"; tail -6 "$OUT/host.log"
