@@ -266,18 +266,20 @@ def test_decode(lib, i):
     inp, S, head_tile, cus = _decode_inputs(DECODE_CASES[i], seed=100 + i)
     ref_o, ref_l = _decode_reference(inp)
     before = simt_capi.kernels(lib)
-    out, lse, ws = _run_decode(lib, inp, S, head_tile, cus)
+    out, lse, _ = _run_decode(lib, inp, S, head_tile, cus)
     _check_decode(out, lse, ref_o, ref_l, inp["kv_format"])
-    _check_token_map(lib, inp, S, head_tile, cus, out, ws)
     _check_launched(lib, before, EXPECT.get(i, []))
     _check_orders(lib, inp, S, head_tile, cus, out, lse)
 
 
+@pytest.mark.parametrize("S", [0, 6], ids=["auto", "S6"])
 @pytest.mark.parametrize("T", [6, 12])
-def test_decode_balanced_split_map(lib, T):
+def test_decode_balanced_split_map(lib, T, S):
     """A V4 C128-like call (window of 128 + 4096 compressed rows with lengths, 8 heads, automatic
-    splits on 8 CUs): the balanced split map deals the splits by the rows' lengths, one straggler
-    with all 4096 and the rest short, so its token map and the reduce over a token's many splits run."""
+    splits on 8 CUs, or 6 per token): the balanced split map deals the splits by the rows'
+    lengths, one straggler with all 4096 and the rest short, so its token map and the reduce over
+    a token's many splits run. Automatic counts use a grid's slots by a table of the rows'
+    lengths (decode_active_splits_table), given ones the map of F(t) (sparse_mla_decode.h)."""
     g = torch.Generator().manual_seed(T)
     H, fmt = 8, "fp8_ds_mla_v4"
     idx, _ = make_indices(g, T, 128, 4 * 64, None, None)
@@ -292,10 +294,10 @@ def test_decode_balanced_split_map(lib, T):
                extra_lengths=elen, attn_sink=make_sink(g, H, "random"))
     assert simt_capi.library(64).mla_ext_sparse_mla_decode_num_splits(T, H, 128 + 4096, 8) >= 2
     ref_o, ref_l = _decode_reference(inp)
-    out, lse, ws = _run_decode(lib, inp, 0, 0, 8)
+    out, lse, ws = _run_decode(lib, inp, S, 0, 8)
     _check_decode(out, lse, ref_o, ref_l, fmt)
-    _check_token_map(lib, inp, 0, 0, 8, out, ws, required=True)
-    _check_orders(lib, inp, 0, 0, 8, out, lse)
+    _check_token_map(lib, inp, S, 0, 8, out, ws, required=True)
+    _check_orders(lib, inp, S, 0, 8, out, lse)
 
 
 @pytest.mark.parametrize("H", [8, 18])  # 18: a last reduce block of 2 of its 4 heads
@@ -344,7 +346,7 @@ def test_decode_nan_in_q_and_in_a_selected_row(lib, fmt, d_qk, S):
     inp = dict(q=q, kv_cache=cache, indices=idx, kv_format=fmt, softmax_scale=d_qk ** -0.5, lengths=None,
                attn_sink=None)
     ref_o, ref_l = _decode_reference(inp)
-    out, lse, ws = _run_decode(lib, inp, S, 0, 8)
+    out, lse, _ = _run_decode(lib, inp, S, 0, 8)
     nan_rows = torch.zeros(T, H, dtype=torch.bool)
     nan_rows[0] = True
     nan_rows[2, 5] = True
@@ -368,7 +370,7 @@ def test_decode_steep_scores_in_late_splits(lib):
     inp = dict(q=q, kv_cache=cache, indices=idx, kv_format=fmt, softmax_scale=1.0, lengths=None, attn_sink=None)
     ref_o, ref_l = _decode_reference(inp)
     before = simt_capi.kernels(lib)
-    out, lse, ws = _run_decode(lib, inp, 40, 0, 8)
+    out, lse, _ = _run_decode(lib, inp, 40, 0, 8)
     _check_decode(out, lse, ref_o, ref_l, fmt)
     _check_launched(lib, before, [_REDUCE.format("true, 8, true, {chunks}, 1")])
 
