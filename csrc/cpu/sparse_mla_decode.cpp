@@ -136,31 +136,6 @@ struct Unit {
   int64_t h0, h1;
 };
 
-// The call's split map (sparse_mla_decode.h): first slot and slot count per token.
-void split_map(const SparseDecodeParams& p, std::vector<int64_t>& first, std::vector<int>& count) {
-  const int64_t T = p.num_tokens;
-  const int S = p.num_splits;
-  first.resize(size_t(T));
-  count.resize(size_t(T));
-  if (!decode_balanced(p)) {
-    for (int64_t t = 0; t < T; ++t) {
-      first[size_t(t)] = t * S;
-      count[size_t(t)] = S;
-    }
-    return;
-  }
-  int64_t total = 0;
-  for (int64_t t = 0; t < T; ++t) total += decode_token_cost(p, t);
-  int64_t prefix = 0, f = 0;  // C_t, F(t)
-  for (int64_t t = 0; t < T; ++t) {
-    prefix += decode_token_cost(p, t);
-    const int64_t next = decode_balanced_first_slot(t + 1, prefix, total, T, S);
-    first[size_t(t)] = f;
-    count[size_t(t)] = decode_balanced_slots(f, next);
-    f = next;
-  }
-}
-
 // One (token, split, head range) unit. Compiled twice on x86-64 (run_unit below):
 // baseline SSE2 and AVX2+FMA, where the 8-wide vectors map onto one ymm register.
 MLA_EXT_ALWAYS_INLINE inline void run_unit_body(const SparseDecodeParams& p, const Unit& u, float* ws_out, float* ws_lse) {
@@ -403,7 +378,9 @@ void sparse_mla_decode(const SparseDecodeParams& p, void* workspace) {
   slot_token.clear();
   slot_split.clear();
   if (S > 1) {
-    split_map(q, first, count);
+    first.resize(size_t(T));
+    count.resize(size_t(T));
+    decode_split_map(q, ActiveSplits(), first.data(), count.data());
     for (int64_t t = 0; t < T; ++t)
       for (int s = 0; s < count[size_t(t)]; ++s) {
         slot_token.push_back(t);

@@ -1,8 +1,11 @@
 // The C API for the SIMT emulator (tests/simt_capi.py builds this file, not mla_ext_capi.cu
-// alone), plus test probes that compute on the host, one token at a time with plain sums, what
-// the kernels compute with block-wide scans: a wrong scan can keep the results right (every
+// alone), plus test probes. mla_ext_simt_token_map gives the split map computed on the host one
+// token at a time with plain sums (mla_ext::decode_split_map, which the CPU twin uses), where
+// the kernels compute it with block-wide scans: a wrong scan can keep the results right (every
 // token still gets a valid run of split slots) and only lose balance, so the tests compare the
 // kernels' token map with this one.
+#include <vector>
+
 #include "mla_ext_capi.cu"
 
 extern "C" {
@@ -22,30 +25,18 @@ int mla_ext_simt_token_map(const mla_ext_sparse_decode_params* c, int num_sms, u
   if (S <= 1 || !mla_ext::decode_balanced(p)) return 1;
   *offset = static_cast<long long>(mla_ext::decode_partial_out_bytes(T, H, S) +
                                    mla_ext::decode_partial_lse_bytes(T, H, S));
-  int64_t total = 0;
-  for (int64_t t = 0; t < T; ++t) total += mla_ext::decode_token_cost(p, t);
   const mla_ext::ActiveSplits act = auto_splits
       ? mla_ext::decode_active_splits_table(T, H, mla_ext::decode_total_width(p), num_sms, S)
       : mla_ext::ActiveSplits();
-  int64_t prefix = 0, first = 0;  // C_t; the token's first cell
+  std::vector<int64_t> first(static_cast<size_t>(T));
+  std::vector<int> count(static_cast<size_t>(T));
+  mla_ext::decode_split_map(p, act, first.data(), count.data());
   for (int64_t t = 0; t < T; ++t) {
-    const int64_t cost = mla_ext::decode_token_cost(p, t);
-    int64_t n, next;
-    if (act.on()) {  // cells in token order, n_t each
-      const int sa = mla_ext::decode_active_count(act, total, T, mla_ext::decode_total_width(p));
-      n = mla_ext::decode_active_slots(cost, total, T, sa);
-      next = first + n;
-    } else {  // F(t) .. F(t + 1)
-      prefix += cost;
-      next = mla_ext::decode_balanced_first_slot(t + 1, prefix, total, T, S);
-      n = mla_ext::decode_balanced_slots(first, next);
-    }
     // The anchored map (decode_active_slack): a token of one slot has no workspace cell, and
     // its first split block writes {0, 1}.
-    const bool anchored_single = act.on() && mla_ext::decode_active_slack(T) && n == 1;
-    map[2 * t] = uint32_t(anchored_single ? 0 : first);
-    map[2 * t + 1] = uint32_t(n);
-    first = next;
+    const bool anchored_single = act.on() && mla_ext::decode_active_slack(T) && count[t] == 1;
+    map[2 * t] = uint32_t(anchored_single ? 0 : first[t]);
+    map[2 * t + 1] = uint32_t(count[t]);
   }
   return 0;
 }

@@ -880,6 +880,40 @@ MLA_EXT_HD int decode_balanced_slots(int64_t first, int64_t next_first) {
   return n > kMaxSplits ? kMaxSplits : int(n);
 }
 
+// The call's split map on the host, token by token with plain sums (the split kernels compute
+// it with block-wide scans; the CPU twin uses this one): token t's first slot first[t] and slot
+// count count[t], for num_tokens tokens. Not decode_balanced(p): the uniform map, t * S and S.
+// Balanced: with `active` on (automatic counts, decode_active_splits_table) n_t =
+// decode_active_slots(c_t) slots in token order, else F(t) .. F(t + 1).
+inline void decode_split_map(const SparseDecodeParams& p, const ActiveSplits& active, int64_t* first, int* count) {
+  const int64_t T = p.num_tokens;
+  const int S = p.num_splits;
+  if (!decode_balanced(p)) {
+    for (int64_t t = 0; t < T; ++t) {
+      first[t] = t * S;
+      count[t] = S;
+    }
+    return;
+  }
+  int64_t total = 0;
+  for (int64_t t = 0; t < T; ++t) total += decode_token_cost(p, t);
+  const int sa = active.on() ? decode_active_count(active, total, T, decode_total_width(p)) : 0;
+  int64_t prefix = 0, f = 0;  // C_t; F(t), or the slots before token t
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t cost = decode_token_cost(p, t);
+    first[t] = f;
+    if (active.on()) {
+      count[t] = int(decode_active_slots(cost, total, T, sa));
+      f += count[t];
+    } else {
+      prefix += cost;
+      const int64_t next = decode_balanced_first_slot(t + 1, prefix, total, T, S);
+      count[t] = decode_balanced_slots(f, next);
+      f = next;
+    }
+  }
+}
+
 MLA_EXT_HD void decode_split_range(int64_t num_positions, int64_t s, int64_t num_splits, int64_t* lo,
                                    int64_t* hi) {
   // Every real call lands in the 32-bit branch (fewer than 2^23 positions, at
