@@ -150,7 +150,8 @@ def sparse_mla_decode(
             bytes this call's split count needs (none for one split), and the automatic count
             depends on the device's processor count, so a workspace that passes on the CPU can
             be too small on a GPU: size it with :func:`sparse_mla_decode_workspace_size`. Its
-            data pointer must be 16-byte aligned (a fresh tensor's is).
+            data pointer must be 16-byte aligned (a fresh tensor's is) whenever it has any
+            bytes, whatever the split count, so that a misaligned one fails on the CPU too.
         lengths: optional ``[num_tokens]`` int32 (any stride): entries at positions
             ``>= lengths[t]`` of ``indices`` are skipped (negative = 0).
         extra_kv_cache, extra_indices, extra_lengths: optional second set (DeepSeek V4
@@ -338,6 +339,9 @@ class DecodeWorkspace:
         tensor: the 1-D uint8 workspace (pass as ``workspace=``); ``nbytes`` bytes, contents
             undefined (the op never needs it zeroed).
         max_num_tokens, num_heads, num_splits, device, nbytes.
+
+    ``ws.check(num_tokens, num_heads)`` returns :attr:`tensor` after checking that a call of
+    that size fits (``workspace=ws.check(T, H)``); see :meth:`check`.
     """
 
     def __init__(self, max_num_tokens: int, num_heads: int, *, num_splits: int = 0,

@@ -224,9 +224,9 @@ def merge_attn_states(
             shape and strides); any other overlap with an input, or with an LSE or
             ``output_scale``, is refused.
         output_lse: optional ``[num_tokens, num_heads]`` float32, any strides, sharing no
-            element with ``prefix_lse`` / ``suffix_lse`` (a separate buffer; disjoint fields
-            of one buffer are fine). **Mutated**: the merged LSE (natural log). ``None``
-            skips it.
+            byte with any other argument (``output``, the inputs, ``output_scale``; disjoint
+            fields of one buffer are fine). **Mutated**: the merged LSE (natural log).
+            ``None`` skips it.
         prefix_output: ``[num_tokens, num_heads, head_size]`` float32 / float16 /
             bfloat16 (``output``'s dtype unless ``output`` is FP8), its own
             token/head strides, last dim stride 1.
@@ -270,7 +270,7 @@ def merge_attn_states(
             dtypes differ or are not float32/float16/bfloat16 (output: or FP8), an
             LSE is not float32, shapes do not match ``output``'s, a last dim is not
             contiguous, tensors are on different devices, ``output_lse`` has the
-            wrong shape or shares memory with an input LSE, ``output`` overlaps an input
+            wrong shape or shares memory with another argument, ``output`` overlaps an input
             other than as the very same view or shares memory with an LSE or
             ``output_scale``, an FP8 output comes
             without ``output_scale`` (or a scale with a non-FP8 output),

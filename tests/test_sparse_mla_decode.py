@@ -1273,6 +1273,14 @@ def _arena(a, first, second):
     return one, two
 
 
+def _misaligned_workspace(a, num_splits):
+    """The workspace one byte into a fresh 0xFF buffer; refused whatever the split count (one
+    split reads none of it), so a workspace that would fail on the GPU fails on the CPU too."""
+    n = a["workspace"].numel()
+    a.update(workspace=torch.full((n + 16,), 0xFF, dtype=torch.uint8, device=a["q"].device)[1:n + 1],
+             num_splits=num_splits)
+
+
 def _ws_over_indices(a):
     ws, idx = _arena(a, a["workspace"], a["indices"])
     a.update(workspace=ws, indices=idx)
@@ -1295,6 +1303,10 @@ ERROR_CASES.update({
     "workspace over indices": (_ws_over_indices, "workspace not to share memory with indices"),
     "output over workspace": (_output_over_workspace, "output not to share memory with workspace"),
     "lse inside output rows": (_lse_inside_output, "output not to share memory with lse"),
+    "workspace misaligned": (lambda a: _misaligned_workspace(a, 2), "workspace's data pointer to be 16-byte aligned, "
+                             "got address offset 1"),
+    "workspace misaligned one split": (lambda a: _misaligned_workspace(a, 1), "workspace's data pointer to be "
+                                       "16-byte aligned"),
 })
 if HAS_GPU:
     ERROR_CASES["devices differ"] = (lambda a: a.update(attn_sink=a["attn_sink"].cpu() if a["q"].is_cuda

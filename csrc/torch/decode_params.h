@@ -305,7 +305,7 @@ inline mla_ext::SparseDecodeParams make_decode_params(
             " bytes for num_tokens=", T, ", num_heads=", H, ", num_splits=", S,
             " (size it with mla_ext.sparse_mla_decode_workspace_size(num_tokens, num_heads, num_splits=",
             num_splits, ", device=...)), got ", workspace.numel(), " bytes");
-  MLA_CHECK(need == 0 || (reinterpret_cast<uintptr_t>(workspace.data_ptr()) & 15u) == 0, kOp,
+  MLA_CHECK(workspace.numel() == 0 || (reinterpret_cast<uintptr_t>(workspace.data_ptr()) & 15u) == 0, kOp,
             "expected workspace's data pointer to be 16-byte aligned, got address offset ",
             int(reinterpret_cast<uintptr_t>(workspace.data_ptr()) & 15u));
 
