@@ -37,7 +37,7 @@ SELECT=(-k "cuda or gpu")
 # still says where the time went); each xdist worker's torch takes its share of the cores
 # (tests/conftest.py).
 MLA_EXT_TEST_TIMES="$OUT/test_times.txt" ${PYTEST_LIMIT:+timeout "$PYTEST_LIMIT"} \
-python3 -X faulthandler -m pytest -q -rfE -p no:cacheprovider --timeout=300 "${XDIST[@]}" "${SELECT[@]}" "$@" tests \
+python3 -X faulthandler -m pytest -q -rfEs -p no:cacheprovider --timeout=300 "${XDIST[@]}" "${SELECT[@]}" "$@" tests \
   > "$OUT/pytest.log" 2>&1
 echo "pytest rc=$? ($(tail -1 "$OUT/pytest.log"))"
 if [ -n "${SANITIZE:-}" ]; then  # SANITIZE="memcheck racecheck synccheck"
