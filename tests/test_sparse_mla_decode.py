@@ -2352,13 +2352,13 @@ def test_gpu_asym_switch_both_kernels(tmp_path):
 def test_gpu_asym16_switch(tmp_path):
     """The 16-head tile of the FP8 caches with MLA_EXT_ASYM16=1 (asymmetric warpgroups with the
     products transposed, S^T = K Q^T and O^T = V^T P^T as wgmma m64n16k16; decode_body's A16) and
-    0 (the mma.sync tile, the default): each against the float64 reference, and within rounding of
-    each other (other summation orders, so not bit-identical). Each in its own process: the switch
-    is read once. Where the profiler names kernels and this GPU and build run the warpgroup kernel,
-    the first ran the A16 instance (MT 1, WG and ASYM set) and the second never did. With
-    MLA_EXT_ASYM16=2 (the launch rule under test): within rounding of the reference, and A16 ran
-    for exactly the V3.2 calls whose splits span >= 512 of the 2048 index entries (explicit
-    counts; the automatic count's case is only checked against the reference)."""
+    0 (the mma.sync tile): each against the float64 reference, and within rounding of each other
+    (other summation orders, so not bit-identical). Each in its own process: the switch is read
+    once. Where the profiler names kernels and this GPU and build run the warpgroup kernel, the
+    first ran the A16 instance (MT 1, WG and ASYM set) and the second never did. Unset (the
+    default launch rule, = 2): within rounding of the reference, and A16 ran for exactly the V3.2
+    calls whose splits span >= 512 of the 2048 index entries (explicit counts; the automatic
+    count's case is only checked against the reference)."""
     # V4 window, C4 and C128 rows at 1-16 heads (partial head tiles: 5, 9, 12): the uniform map
     # (window, C4, C128 at one token) and the balanced map (C128 rows of up to ~1e6 context, 3-6
     # tokens); one split, several, and automatic (splits of one 64-row tile and of many); V3.2
@@ -2370,12 +2370,12 @@ def test_gpu_asym16_switch(tmp_path):
              ("v4_c128", 5, 3, (300, 10**6), 4, 15), ("v32", 16, 6, (300, 5000), 1, 17),
              ("v32", 12, 3, (300, 5000), 3, 19), ("v32", 16, 24, (300, 5000), 0, 21),
              ("v32", 9, 4, (300, 5000), 2, 23, "fp8_ds_mla_fnuz"), ("v32", 16, 4, (300, 5000), 8, 25)]
-    results = _run_switch_children(tmp_path, "MLA_EXT_ASYM16", ("1", "0", "2"), "1", cases, "decode_split")
+    results = _run_switch_children(tmp_path, "MLA_EXT_ASYM16", ("1", "0", ""), "1", cases, "decode_split")
     a16 = r"decode_split_mma_kernel<1, (?:512|576), [^>]*, (?:true|false), true, true, false, false, false>"
     splits = {f"{c[0]}_{c[1]}_{c[2]}" + (f"_{c[6]}" if len(c) > 6 else ""): c[4] for c in cases}
     for key, (out, lse, ref_o, ref_l, names, fmt) in results["1"].items():
         o0, l0, _, _, names0, _ = results["0"][key]
-        o2, l2, _, _, names2, _ = results["2"][key]
+        o2, l2, _, _, names2, _ = results[""][key]
         for o, l_ in ((out, lse), (o0, l0), (o2, l2)):
             check_out(o, ref_o, fmt)
             check_lse(l_, ref_l, kv_format=fmt)

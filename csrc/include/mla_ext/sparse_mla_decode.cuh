@@ -1803,7 +1803,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
     };
     if constexpr (A16) {
       // ---- the asymmetric 16-head tile (A16, sm_90a: V4 rows on either split map but the
-      // anchored one, V3.2 rows on the uniform map; off unless MLA_EXT_ASYM16=1) ----
+      // anchored one, V3.2 rows on the uniform map; where decode_use_asym16 says) ----
       // The 64-head kernel's schedule, stages, barriers and gather halves (above), with the
       // products transposed so that nothing pads to 64 heads: warpgroup 0 multiplies
       // S^T = K Q^T (64 key rows x 16 heads, wgmma m64n16k16: A the K stage, B the Q tile, both
@@ -1846,9 +1846,9 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
         wg_fence_operands(*reinterpret_cast<float(*)[32]>(acc));
         wg_fence();
 #pragma unroll
-        for (int mt = 0; mt < 4; ++mt)
+        for (int kk = 0; kk < BN / 16; ++kk)
 #pragma unroll
-          for (int kk = 0; kk < BN / 16; ++kk)
+          for (int mt = 0; mt < 4; ++mt)  // (m-tiles innermost: independent accumulators back to back)
             wgmma_m64n16k16<true>(*reinterpret_cast<float(*)[8]>(acc + 8 * mt),
                                   wg_desc_add(vd, uint32_t(mt * BN * 128 + kk * 16 * 128)),
                                   wg_desc_add(pd, uint32_t((SC && mt >= 2 ? HTp * 128 : 0) + kk * 32)));
@@ -1884,10 +1884,14 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
             }
             wg_fence_operands(s);
             wg_fence();
+            // (issued round-robin over the five accumulators: back-to-back wgmmas on one
+            // accumulator wait for each other)
 #pragma unroll
-            for (int kk = 0; kk < 32; ++kk) qk_step(x[kk >> 3], kk);
+            for (int i = 0; i < 8; ++i) {
 #pragma unroll
-            for (int kk = 32; kk < 36; ++kk) qk_step(s, kk);
+              for (int g4 = 0; g4 < 4; ++g4) qk_step(x[g4], 8 * g4 + i);
+              if (i < 4) qk_step(s, 32 + i);
+            }
             wg_commit_wait();
             wg_fence_operands(s);
             const float* const ks = ksc_of(cur);
@@ -1900,12 +1904,23 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
               for (int e = 0; e < 8; ++e) s[e] = fmaf(x[g4][e], ksr[g4][(e >> 1) & 1], s[e]);
             }
           } else {
-            wg_fence_operands(s);
+            // Four accumulators, k-step kk into x[kk % 4], added at the end (back-to-back
+            // wgmmas on one accumulator wait for each other).
+            float x[4][8];
+#pragma unroll
+            for (int a4 = 0; a4 < 4; ++a4) {
+#pragma unroll
+              for (int e = 0; e < 8; ++e) x[a4][e] = 0.f;
+              wg_fence_operands(x[a4]);
+            }
             wg_fence();
 #pragma unroll
-            for (int kk = 0; kk < DQK / 16; ++kk) qk_step(s, kk);
+            for (int kk = 0; kk < DQK / 16; ++kk) qk_step(x[kk & 3], kk);
             wg_commit_wait();
-            wg_fence_operands(s);
+#pragma unroll
+            for (int a4 = 0; a4 < 4; ++a4) wg_fence_operands(x[a4]);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) s[e] = (x[0][e] + x[1][e]) + (x[2][e] + x[3][e]);
           }
           // Rows without an address (bit r of the tile's validity mask clear): -inf.
           const uint64_t vm = *reinterpret_cast<const uint64_t*>(vmask + 2 * (j & 3));
@@ -3632,21 +3647,21 @@ inline bool decode_use_asym() {
   static const bool on = env_int("MLA_EXT_ASYM", 1) != 0;
   return on;
 }
-// Whether the 16-head tile of the FP8 rows runs as asymmetric warpgroups with transposed
-// products (decode_body's A16; sm_90a; V4 rows on the uniform and balanced maps, V3.2 rows on
-// the uniform map; not two-token blocks nor the anchored map): where the environment variable
-// MLA_EXT_ASYM16 (read once) is "1". Off by default: H200, one round against the mma.sync tile
-// (benchmarks/RESULTS.md, forty-eighth session), V3.2 16 x 512 tokens -7.7% and V4 C4 at 512
-// tokens -1.7..+2.9%, but V4 +0..+48% at 16-128 tokens and V3.2 +22% at 16 (one block per
-// processor against two, under a split count made for two), +3..+21% at one token.
-// MLA_EXT_ASYM16=2 (to measure a launch rule, not run yet): V3.2 rows only, and only where a
-// split spans at least kAsym16MinSplitRows index entries (W + W2 >= that x num_splits): in the
-// same measurement V3.2 at 8-16 heads gained with splits of 8-32 tiles (64-512 tokens: -2..-7.8%)
-// and lost with splits of 2 tiles (16 tokens: +22%).
+// Whether the 16-head tile of the FP8 rows runs as asymmetric warpgroups with transposed products
+// (decode_body's A16; sm_90a; V4 rows on the uniform and balanced maps, V3.2 rows on the uniform
+// map; not two-token blocks nor the anchored map). The environment variable MLA_EXT_ASYM16 (read
+// once): "2", the default, V3.2 rows only, where a split spans at least kAsym16MinSplitRows index
+// entries (W + W2 >= that x num_splits); "1" wherever it applies; "0" never. H100
+// (benchmarks/RESULTS.md, fifty-fifth session: four rounds in two calls against the mma.sync tile,
+// same build): V3.2 at 8-16 heads x 64 / 128 / 512 tokens -7.6..-10.3% / -15.7..-17.2% /
+// -18.2..-21.1%, 16 tokens (splits of 2 tiles: not taken) unchanged; V4 rows, where it is not
+// taken, lose with it at 16-128 tokens (C4 Pro +3..+42%). The first H200 round (forty-eighth
+// session, before the independent accumulators) had V3.2 16 x 512 at -7.7% and V4 at +0..+48% at
+// 16-128 tokens.
 constexpr int64_t kAsym16MinSplitRows = 512;
 template <KvFormat F>
 inline bool decode_use_asym16(const DecodeArgs& a) {
-  static const int mode = int(env_int("MLA_EXT_ASYM16", 0));
+  static const int mode = int(env_int("MLA_EXT_ASYM16", 2));
   if (mode != 2) return mode != 0;
   const int64_t w = a.p.main.width + (a.p.extra.cache != nullptr ? a.p.extra.width : 0);
   return kv_layout(F) == KvFormat::kFP8DsMla && w >= kAsym16MinSplitRows * int64_t(a.p.num_splits);
