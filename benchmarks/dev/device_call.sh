@@ -1,23 +1,25 @@
 #!/bin/bash
-# One device call (<= 600 s) for the open measurements of benchmarks/NOTES.md (forty-eighth to
-# fifty-second sessions), run in the repository root on the GPU machine:
+# One device call (<= 600 s) for the decode's and merge's measurements, run in the repository
+# root on the GPU machine (carry [".dev"]). The device returns only a few files from $OUT, so
+# write into a folder and pack it:
 #
-#   benchmarks/dev/device_call.sh BASE A16      (carry [".dev"]; logs and JSON under $OUT)
+#   R=$OUT; mkdir -p $R/r; OUT=$R/r bash benchmarks/dev/device_call.sh main > $R/r/call.log 2>&1;
+#   tail -45 $R/r/call.log; tar czf $R/all.tgz -C $R r && rm -rf $R/r
 #
-# BASE, A16: folders under .dev/ made by tools/build_variant.sh (BASE: main; A16: main + the
-# independent-accumulator patch, benchmarks/dev/asym16_independent_accumulators.patch).
+# BASE (and A16, by default BASE): folders under .dev/ made by tools/build_variant.sh.
 #  1. bench_merge.py, host_time_ab.py and the full bench_decode.py grid on BASE (RESULTS.md);
-#  2. two rounds of A16 against its own mma.sync tile: MLA_EXT_ASYM16=0 / 1 (A16 everywhere it
-#     applies) / 2 (the launch rule: V3.2 splits of >= 512 entries), at C4 Pro, C128 and V3.2 x
-#     8-16 heads x 16-512 tokens, modes 1 and 2 through --baseline against mode 0 of the round;
+#  2. two rounds of the A16 16-head tile against the mma.sync tile on A16's build:
+#     MLA_EXT_ASYM16=0 (never) / 1 (wherever it applies) / 2 (the launch rule, the default since
+#     the fifty-fifth session: V3.2 splits of >= 512 entries), at C4 Pro, C128 and V3.2 x 8-16
+#     heads x 16-512 tokens, modes 1 and 2 through --baseline against mode 0 of the round;
 #  3. the gather probe (benchmarks/dev/v4_gather_probe.cu, compiled there, 3 s);
 #  4. test_gpu_asym16_switch on A16; then every GPU test on A16 under the launch rule
 #     (MLA_EXT_ASYM16=2) through tools/device_check.sh with the time left (logs and per-test times under $OUT/tests).
-# Prints a short table last. Preparation on the CPU machine (~3 min; .dev/ is git-ignored):
-#   PYTHON=<python with the cu130 torch> tools/build_variant.sh base HEAD
-#   PYTHON=... tools/build_variant.sh a16 HEAD benchmarks/dev/asym16_independent_accumulators.patch
+# Prints a short table last. ~320 s on an H100 (fifty-fifth session). Preparation on the CPU
+# machine (~90 s; .dev/ is git-ignored):
+#   PYTHON=<python with the cu130 torch> tools/build_variant.sh main HEAD
 set -u
-BASE=${1:?BASE}; A16=${2:?A16}
+BASE=${1:?BASE}; A16=${2:-$BASE}
 T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 use() { cp ".dev/$1/_C.abi3.so" ".dev/$1/_build_info.py" mla_ext/; }
