@@ -10,7 +10,7 @@
 #  1. bench_merge.py, host_time_ab.py and the full bench_decode.py grid on BASE (RESULTS.md);
 #  2. two rounds of the A16 16-head tile against the mma.sync tile on A16's build:
 #     MLA_EXT_ASYM16=0 (never) / 1 (wherever it applies) / 2 (the launch rule, the default since
-#     the fifty-fifth session: V3.2 splits of >= 512 entries), at C4 Pro, C128 and V3.2 x 8-16
+#     the fifty-fifth session: V3.2 splits of >= 320 entries since 5e02a3b's successor, 512 before), at C4 Pro, C128 and V3.2 x 8-16
 #     heads x 16-512 tokens, modes 1 and 2 through --baseline against mode 0 of the round;
 #  3. the gather probe (benchmarks/dev/v4_gather_probe.cu, compiled there, 3 s);
 #  4. test_gpu_asym16_switch on A16; then every GPU test on A16 under the launch rule

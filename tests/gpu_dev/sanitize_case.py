@@ -115,7 +115,7 @@ for kind in [k for k in kinds if k not in ("balanced", "two_token", "reduce_chun
                 bad += not ok
                 print(f"decode {kind:8s} H={heads:3d} portable={portable!s:5s} mma_sync={mma_sync!s:5s} splits={splits}: "
                       f"out err {eo:.3g} lse err {el:.3g} {'ok' if ok else 'FAIL'}")
-# V3.2 at 1-16 heads with splits of >= 512 index entries: on Hopper (sm_90a build) the A16 tile
+# V3.2 at 1-16 heads with splits of >= 320 index entries: on Hopper (sm_90a build) the A16 tile
 # (asymmetric warpgroups, transposed products), the default there since 5e02a3b; contexts
 # shorter than the 1024-entry sets leave invalid rows in the tiles
 if "v32" in kinds:

@@ -3652,13 +3652,13 @@ inline bool decode_use_asym() {
 // map; not two-token blocks nor the anchored map). The environment variable MLA_EXT_ASYM16 (read
 // once): "2", the default, V3.2 rows only, where a split spans at least kAsym16MinSplitRows index
 // entries (W + W2 >= that x num_splits); "1" wherever it applies; "0" never. H100
-// (benchmarks/RESULTS.md, fifty-fifth session: four rounds in two calls against the mma.sync tile,
-// same build): V3.2 at 8-16 heads x 64 / 128 / 512 tokens -7.6..-10.3% / -15.7..-17.2% /
-// -18.2..-21.1%, 16 tokens (splits of 2 tiles: not taken) unchanged; V4 rows, where it is not
-// taken, lose with it at 16-128 tokens (C4 Pro +3..+42%). The first H200 round (forty-eighth
-// session, before the independent accumulators) had V3.2 16 x 512 at -7.7% and V4 at +0..+48% at
-// 16-128 tokens.
-constexpr int64_t kAsym16MinSplitRows = 512;
+// (benchmarks/RESULTS.md, fifty-fifth session; A16 against the mma.sync tile, same build, 8-16
+// heads): V3.2 splits of 2 / 3 / 4 tiles (16 / 24 / 32 tokens: 16, 11, 8 splits of 2048
+// entries) +11..+19% / +5..+8% / -2..+1%, of 5.3 / 6.4 tiles (40 / 48 tokens) -3..-5% /
+// -6..-8%, of 8 tiles and more (56-512 tokens) -7.6..-21.1%; V4 rows lose with it at 16-128
+// tokens (C4 Pro +3..+42%). The first H200 round (forty-eighth session, before the independent
+// accumulators) had V3.2 16 x 512 at -7.7% and V4 at +0..+48% at 16-128 tokens.
+constexpr int64_t kAsym16MinSplitRows = 320;
 template <KvFormat F>
 inline bool decode_use_asym16(const DecodeArgs& a) {
   static const int mode = int(env_int("MLA_EXT_ASYM16", 2));
