@@ -115,6 +115,21 @@ for kind in [k for k in kinds if k not in ("balanced", "two_token", "reduce_chun
                 bad += not ok
                 print(f"decode {kind:8s} H={heads:3d} portable={portable!s:5s} mma_sync={mma_sync!s:5s} splits={splits}: "
                       f"out err {eo:.3g} lse err {el:.3g} {'ok' if ok else 'FAIL'}")
+def run_inputs(label, inp, splits, ref_o, ref_l):
+    """One call on build_decode_inputs' inputs into NaN-poisoned output and lse and a 0xFF
+    workspace, checked with decode_ok; returns whether it passed."""
+    T, H = inp.num_tokens, inp.num_heads
+    out = torch.full((T, H, 512), float("nan"), device=dev, dtype=torch.bfloat16)
+    lse = torch.full((T, H), float("nan"), device=dev)
+    ws = torch.empty(mla_ext.sparse_mla_decode_workspace_size(T, H, num_splits=splits, device=dev),
+                     dtype=torch.uint8, device=dev).fill_(0xFF)
+    mla_ext.sparse_mla_decode(inp.q, inp.kv_cache, inp.indices, output=out, workspace=ws, lse=lse,
+                              num_splits=splits, **inp.op_kwargs())
+    if dev == "cuda":
+        torch.cuda.synchronize()
+    return decode_ok(label, out, lse, ref_o, ref_l)
+
+
 # V3.2 at 1-16 heads with splits of >= 320 index entries: on Hopper (sm_90a build) the A16 tile
 # (asymmetric warpgroups, transposed products), the default there since 5e02a3b; contexts
 # shorter than the 1024-entry sets leave invalid rows in the tiles
@@ -123,17 +138,9 @@ if "v32" in kinds:
         inp = build_decode_inputs("v32", batch=2, num_heads=heads, context_len=(600, 1500), mtp=1, topk=1024,
                                   device=dev, seed=7 + heads)
         ref_o, ref_l = inp.reference()
-        T, H = inp.num_tokens, inp.num_heads
         for splits in (1, 2):
-            out = torch.full((T, H, 512), float("nan"), device=dev, dtype=torch.bfloat16)
-            lse = torch.full((T, H), float("nan"), device=dev)
-            ws = torch.empty(mla_ext.sparse_mla_decode_workspace_size(T, H, num_splits=splits, device=dev),
-                             dtype=torch.uint8, device=dev).fill_(0xFF)
-            mla_ext.sparse_mla_decode(inp.q, inp.kv_cache, inp.indices, output=out, workspace=ws, lse=lse,
-                                      num_splits=splits, **inp.op_kwargs())
-            if dev == "cuda":
-                torch.cuda.synchronize()
-            bad += not decode_ok(f"v32 H={H} T={T} W=1024 splits={splits} (A16 on Hopper)", out, lse, ref_o, ref_l)
+            bad += not run_inputs(f"v32 H={heads} T={inp.num_tokens} W=1024 splits={splits} (A16 on Hopper)", inp,
+                                  splits, ref_o, ref_l)
 # the balanced split map (V4, index width >= 4096, lengths very different), auto and explicit splits;
 # 16 heads, and 64 with the 64-head tile forced (on Hopper: the warpgroup kernel with two K stages)
 if "v4_c128" in kinds or "balanced" in kinds:
@@ -170,16 +177,7 @@ if "v4_c4" in kinds or "reduce_chunks" in kinds:
     for H, splits in ((16, 40), (48, 40), (16, 33)):
         inp = build_decode_inputs("v4_c4", batch=1, num_heads=H, context_len=(2000, 3000), device=dev, seed=11 + H)
         ref_o, ref_l = inp.reference()
-        T = inp.num_tokens
-        out = torch.full((T, H, 512), float("nan"), device=dev, dtype=torch.bfloat16)
-        lse = torch.full((T, H), float("nan"), device=dev)
-        ws = torch.empty(mla_ext.sparse_mla_decode_workspace_size(T, H, num_splits=splits, device=dev),
-                         dtype=torch.uint8, device=dev).fill_(0xFF)
-        mla_ext.sparse_mla_decode(inp.q, inp.kv_cache, inp.indices, output=out, workspace=ws, lse=lse,
-                                  num_splits=splits, **inp.op_kwargs())
-        if dev == "cuda":
-            torch.cuda.synchronize()
-        bad += not decode_ok(f"reduce chunks H={H} splits={splits}", out, lse, ref_o, ref_l)
+        bad += not run_inputs(f"reduce chunks H={H} splits={splits}", inp, splits, ref_o, ref_l)
 # two-token blocks (the V4 64-head kernel, forced: MLA_EXT_SANITIZE_KINDS "two_token", or with v4_swa):
 # window + compressed sets, odd token count, blocks whose first, second or both tokens have no rows
 if "v4_swa" in kinds or "two_token" in kinds:
