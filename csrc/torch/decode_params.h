@@ -282,13 +282,18 @@ inline mla_ext::SparseDecodeParams make_decode_params(
     check_no_repeats(kOp, l, "lse");
   }
 
-  // workspace (tensor properties; size below, once the split count is known)
+  // workspace (tensor properties and alignment; size below, once the split count is known)
   check_same_device(kOp, q, "q", workspace, "workspace");
   MLA_CHECK(workspace.scalar_type() == ScalarType::Byte && workspace.dim() == 1, kOp,
             "expected workspace to be a 1-D uint8 tensor, got ", dtype_name(workspace.scalar_type()),
             " of shape ", shape_str(workspace));
   MLA_CHECK(workspace.numel() <= 1 || workspace.stride(0) == 1, kOp,
             "expected workspace to be contiguous, got stride ", workspace.stride(0));
+  // Aligned whenever it has bytes, whatever the split count: one that only a GPU's larger
+  // count would use must fail on the CPU too.
+  MLA_CHECK(workspace.numel() == 0 || (reinterpret_cast<uintptr_t>(workspace.data_ptr()) & 15u) == 0, kOp,
+            "expected workspace's data pointer to be 16-byte aligned, got address offset ",
+            int(reinterpret_cast<uintptr_t>(workspace.data_ptr()) & 15u));
 
   // scalars
   // Finite as the float32 the kernels use (1e39 is a finite double but +inf as a float).
@@ -305,9 +310,6 @@ inline mla_ext::SparseDecodeParams make_decode_params(
             " bytes for num_tokens=", T, ", num_heads=", H, ", num_splits=", S,
             " (size it with mla_ext.sparse_mla_decode_workspace_size(num_tokens, num_heads, num_splits=",
             num_splits, ", device=...)), got ", workspace.numel(), " bytes");
-  MLA_CHECK(workspace.numel() == 0 || (reinterpret_cast<uintptr_t>(workspace.data_ptr()) & 15u) == 0, kOp,
-            "expected workspace's data pointer to be 16-byte aligned, got address offset ",
-            int(reinterpret_cast<uintptr_t>(workspace.data_ptr()) & 15u));
 
   // The buffers the op writes (output, lse, workspace) share memory with no other argument:
   // the split kernels read q, the caches, indices, lengths and the sink while other blocks

@@ -38,6 +38,21 @@ def decode_ok(label, out, lse, ref_o, ref_l):
     return ok
 
 
+def run_inputs(label, inp, splits, ref_o, ref_l):
+    """One call on build_decode_inputs' inputs into NaN-poisoned output and lse and a 0xFF
+    workspace, checked with decode_ok; returns whether it passed."""
+    T, H = inp.num_tokens, inp.num_heads
+    out = torch.full((T, H, 512), float("nan"), device=dev, dtype=torch.bfloat16)
+    lse = torch.full((T, H), float("nan"), device=dev)
+    ws = torch.empty(mla_ext.sparse_mla_decode_workspace_size(T, H, num_splits=splits, device=dev),
+                     dtype=torch.uint8, device=dev).fill_(0xFF)
+    mla_ext.sparse_mla_decode(inp.q, inp.kv_cache, inp.indices, output=out, workspace=ws, lse=lse,
+                              num_splits=splits, **inp.op_kwargs())
+    if dev == "cuda":
+        torch.cuda.synchronize()
+    return decode_ok(label, out, lse, ref_o, ref_l)
+
+
 # merge: 16-byte path (D=128) and narrow path (D=7), with output_lse; the last case is a large
 # call (tens of thousands of blocks)
 for T, H, D in () if skip_merge else ((5, 3, 128), (5, 3, 7), (4400, 16, 128)):
@@ -115,21 +130,6 @@ for kind in [k for k in kinds if k not in ("balanced", "two_token", "reduce_chun
                 bad += not ok
                 print(f"decode {kind:8s} H={heads:3d} portable={portable!s:5s} mma_sync={mma_sync!s:5s} splits={splits}: "
                       f"out err {eo:.3g} lse err {el:.3g} {'ok' if ok else 'FAIL'}")
-def run_inputs(label, inp, splits, ref_o, ref_l):
-    """One call on build_decode_inputs' inputs into NaN-poisoned output and lse and a 0xFF
-    workspace, checked with decode_ok; returns whether it passed."""
-    T, H = inp.num_tokens, inp.num_heads
-    out = torch.full((T, H, 512), float("nan"), device=dev, dtype=torch.bfloat16)
-    lse = torch.full((T, H), float("nan"), device=dev)
-    ws = torch.empty(mla_ext.sparse_mla_decode_workspace_size(T, H, num_splits=splits, device=dev),
-                     dtype=torch.uint8, device=dev).fill_(0xFF)
-    mla_ext.sparse_mla_decode(inp.q, inp.kv_cache, inp.indices, output=out, workspace=ws, lse=lse,
-                              num_splits=splits, **inp.op_kwargs())
-    if dev == "cuda":
-        torch.cuda.synchronize()
-    return decode_ok(label, out, lse, ref_o, ref_l)
-
-
 # V3.2 at 1-16 heads with splits of >= 320 index entries: on Hopper (sm_90a build) the A16 tile
 # (asymmetric warpgroups, transposed products), the default there since 5e02a3b; contexts
 # shorter than the 1024-entry sets leave invalid rows in the tiles
