@@ -79,11 +79,6 @@
 #ifndef MLA_EXT_DECODE_MT1_MIN_BLOCKS
 #define MLA_EXT_DECODE_MT1_MIN_BLOCKS 2
 #endif
-// Prototype knob: raw-row stages of the 16-head mma.sync tile's V4 gather through cp.async
-// (decode_cpa_stages; 0: rows through registers, the default).
-#ifndef MLA_EXT_DECODE_CPA
-#define MLA_EXT_DECODE_CPA 0
-#endif
 
 namespace mla_ext {
 namespace decode_detail {
@@ -140,19 +135,7 @@ MLA_EXT_HD constexpr bool decode_two_stages(KvFormat f, int d_qk, bool wg, bool 
   return wg && bal && kv_layout(f) == KvFormat::kFP8DsMlaV4 && d_qk == 512;
 }
 
-// Raw-row stages of a kernel's cp.async gather (decode_body's kRaw): the 16-head mma.sync tile of
-// the V4 rows when MLA_EXT_DECODE_CPA is 2 or 3, else none. Each stage holds one tile's raw rows
-// in per-thread slots (Gather::issue_quarters), so the kernel runs one block per processor.
-MLA_EXT_HD constexpr int decode_cpa_stages(KvFormat f, int mt, bool mma, bool wg) {
-  return (MLA_EXT_DECODE_CPA >= 2 && mma && !wg && mt == 1 && kv_layout(f) == KvFormat::kFP8DsMlaV4)
-             ? MLA_EXT_DECODE_CPA
-             : 0;
-}
-// A raw stage's bytes per thread: 9 16-byte chunks (7 FP8, 2 RoPE) and an 8-byte scale word.
-constexpr int kCpaSlotBytes = 9 * 16 + 8;
-
-template <int MT, int DQK, bool MMA, bool SCALED = false, bool WG = false, bool STAGES2 = false, bool ASYM = false,
-          int RAW = 0>
+template <int MT, int DQK, bool MMA, bool SCALED = false, bool WG = false, bool STAGES2 = false, bool ASYM = false>
 struct Cfg {
   static_assert(!WG || (MMA && (MT == 4 || (MT == 1 && ASYM))),
                 "the warpgroup layout: the 64-head tile, or the asymmetric 16-head one");
@@ -189,8 +172,7 @@ struct Cfg {
   // Row-address slots (data and scale pointers of a tile's rows): two, three
   // with two K stages (tiles j, j + 1, j + 2 in flight: decode_body), four in
   // the asymmetric kernels (their addresses are written a tile earlier).
-  // RAW stages (cp.async gather): one slot per tile in flight and one for the tile computed.
-  static constexpr int kMetaSlots = ASYM ? 4 : kStages == 2 ? 3 : RAW > 0 ? RAW + 1 : 2;
+  static constexpr int kMetaSlots = ASYM ? 4 : kStages == 2 ? 3 : 2;
   static constexpr size_t scOff = metaOff + size_t(2 * kMetaSlots) * BN * sizeof(void*);  // float [4][BN]
   // ASYM: one 64-bit row-validity mask per row-address slot (bit r: row r has
   // an address), written with the addresses, read by warpgroup 0's softmax.
@@ -203,11 +185,7 @@ struct Cfg {
   static constexpr size_t mbOff = vmOff + (ASYM ? size_t(kMetaSlots) * 8 : 0);
   // ASYM at 16 heads (MT = 1): warpgroup 0's per-head maxima of each warp, [2 tiles][4 warps][HTp].
   static constexpr size_t rdOff = mbOff + (ASYM && SCALED ? 32 : 0);
-  // RAW: the raw-row stages (16-byte aligned: every offset above is a multiple of 16).
-  static constexpr size_t rawOff = rdOff + (ASYM && MT == 1 ? size_t(2 * 4 * HTp) * 4 : 0);
-  static constexpr size_t kRawStageBytes = size_t(kThreads) * kCpaSlotBytes;
-  static_assert(rawOff % 16 == 0, "raw stages: 16-byte slots");
-  static constexpr size_t bytes = rawOff + size_t(RAW) * kRawStageBytes + kAlignPad;
+  static constexpr size_t bytes = rdOff + (ASYM && MT == 1 ? size_t(2 * 4 * HTp) * 4 : 0) + kAlignPad;
   static constexpr int TPR = kThreads / HTp;  // softmax threads per head row
   static constexpr int CPT = BN / TPR;        // softmax columns per thread
 };
@@ -574,27 +552,6 @@ __device__ __forceinline__ void copy16_async(void* smem_dst, const void* gmem_sr
 __device__ __forceinline__ void copy_async_wait_all() {
 #if defined(MLA_EXT_DECODE_MMA)
   asm volatile("cp.async.wait_all;\n" ::: "memory");
-#endif
-}
-// 8-byte form (cp.async.ca: .cg copies 16 bytes only), a commit group of this thread's copies
-// issued since the last one, and the wait until at most N of its groups are pending.
-__device__ __forceinline__ void copy8_async(void* smem_dst, const void* gmem_src) {
-#if defined(MLA_EXT_DECODE_MMA)
-  const uint32_t d = uint32_t(__cvta_generic_to_shared(smem_dst));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(d), "l"(gmem_src) : "memory");
-#else
-  *reinterpret_cast<uint2*>(smem_dst) = *reinterpret_cast<const uint2*>(gmem_src);
-#endif
-}
-__device__ __forceinline__ void copy_async_commit() {
-#if defined(MLA_EXT_DECODE_MMA)
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-#endif
-}
-template <int N>
-__device__ __forceinline__ void copy_async_wait() {
-#if defined(MLA_EXT_DECODE_MMA)
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 #endif
 }
 
@@ -998,43 +955,6 @@ struct Gather {
     for (int k = 0; k < kUR; ++k)
       raw[kUF + k] = *reinterpret_cast<const uint4*>(d + FT::kRopeByte + 16 * rope_chunk(q, k, row));
   }
-  // The cp.async form of load_quarters for V4 rows (decode_body's kRaw): this thread's 9 chunks
-  // and its row's 8-byte scale word go to its own slots of a raw stage (chunk k at
-  // (k kThreads + tid) x 16 bytes, the scale word at kThreads x 144 + tid x 8), so a warp's copies
-  // and reads of one k cover 512 contiguous bytes (no bank conflicts) and a thread reads back
-  // only what it copied: the wait for its own copies orders them, no barrier needed. A row
-  // without an address gets zeros in its slots (plain stores: the slots' previous copies were
-  // waited for before their refill).
-  static constexpr int kRawChunks = kUF + kUR;
-  __device__ __forceinline__ void issue_quarters(const uint8_t* const* data, const uint8_t* const* scale, int tid,
-                                                 uint8_t* stage) const {
-    static_assert(kQuarters && kLayout == KvFormat::kFP8DsMlaV4 && kRawChunks * 16 + 8 == kCpaSlotBytes,
-                  "raw stages: V4 rows under row quarters");
-    const int row = quarter_row(tid), q = tid & 3;
-    const uint8_t* d = data[row];
-    uint8_t* const sc = stage + kThreads * 16 * kRawChunks + 8 * tid;
-    if (d == nullptr) {
-#pragma unroll
-      for (int k = 0; k < kRawChunks; ++k)
-        *reinterpret_cast<uint4*>(stage + 16 * (k * kThreads + tid)) = make_uint4(0u, 0u, 0u, 0u);
-      *reinterpret_cast<uint2*>(sc) = make_uint2(0u, 0u);
-      return;
-    }
-#pragma unroll
-    for (int k = 0; k < kUF; ++k) copy16_async(stage + 16 * (k * kThreads + tid), d + 16 * (q + 4 * k));
-    copy8_async(sc, scale[row]);
-#pragma unroll
-    for (int k = 0; k < kUR; ++k)
-      copy16_async(stage + 16 * ((kUF + k) * kThreads + tid), d + FT::kRopeByte + 16 * rope_chunk(q, k, row));
-  }
-  // raw[] and the scale bits from this thread's slots of a raw stage (after its copies' wait).
-  __device__ __forceinline__ void refill_quarters(const uint8_t* stage, int tid) {
-#pragma unroll
-    for (int k = 0; k < kRawChunks; ++k) raw[k] = *reinterpret_cast<const uint4*>(stage + 16 * (k * kThreads + tid));
-    const uint2 sc = *reinterpret_cast<const uint2*>(stage + kThreads * 16 * kRawChunks + 8 * tid);
-    sraw[0] = sc.x;
-    sraw[1] = sc.y;
-  }
   template <int PART>
   __device__ __forceinline__ void load_units(const uint8_t* const* data, const uint8_t* const* scale, int tid) {
     constexpr int k0 = PART == 1 ? kUF / 2 : 0, k1 = PART == 0 ? kUF / 2 : kUF;
@@ -1354,11 +1274,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
   static_assert(!A16 || ((kv_layout(F) == KvFormat::kFP8DsMlaV4 || (SC && !BAL)) && !TWO && !CL && !QREG && !ANCH),
                 "the asymmetric 16-head tile: FP8 rows (fp8_ds_mla on the uniform map), one token per block, "
                 "not the anchored map");
-  // kRaw (decode_cpa_stages): the 16-head mma.sync tile's V4 rows go global -> shared raw stage
-  // through cp.async, kRaw tiles in flight (tile j + kRaw issued during tile j into the stage
-  // tile j was read back from), instead of one tile through registers.
-  constexpr int kRaw = decode_cpa_stages(F, MT, MMA, WG);
-  using C = Cfg<MT, DQK, MMA, SC, WG, decode_two_stages(F, DQK, WG, BAL) || ASYM, ASYM, kRaw>;
+  using C = Cfg<MT, DQK, MMA, SC, WG, decode_two_stages(F, DQK, WG, BAL) || ASYM, ASYM>;
   // Warpgroup MMA descriptors by one add per step (wg_desc_add), except in the
   // symmetric kernels of bf16 caches, which then spill (ptxas: 24 -> 124 bytes
   // at d_qk 512, 72 -> 220 at 576; the FP8 kernels' counts are unchanged).
@@ -1398,7 +1314,6 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
   const uint8_t** meta_s = meta_d + C::kMetaSlots * BN;                            // [kMetaSlots][BN]
   uint32_t* const vmask = reinterpret_cast<uint32_t*>(smem + C::vmOff);             // ASYM: [kMetaSlots][2]
   float* ksc = reinterpret_cast<float*>(smem + C::scOff);                          // [4][BN] (SC)
-  auto raw_stage = [&](int st) { return smem + C::rawOff + size_t(st) * C::kRawStageBytes; };
 
   const SparseDecodeParams& p = a.p;
   const int tid = threadIdx.x;
@@ -1654,28 +1569,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
     }
   };
   int32_t idx_next = -1, idx_next2 = -1;
-  if constexpr (kRaw > 0) {
-    // Tiles 0 .. kRaw - 1: their indices in flight together, their addresses in slots 0 ..
-    // kRaw - 1, one barrier, then each tile's copies as one commit group (the Q tile's copies
-    // join tile 0's group).
-    if (tid < BN && NT > 0) {
-      const int64_t k = p_lo + tid;
-      const bool full = kSpecAll && g_ok && E == e_g;
-      int32_t idx[kRaw > 0 ? kRaw : 1];
-      idx[0] = spec && k < p_hi && (full || (s == 0 && k < em)) ? idx_spec : g_index(0);
-#pragma unroll
-      for (int i = 1; i < kRaw; ++i) idx[i] = g_index(i);
-#pragma unroll
-      for (int i = 0; i < kRaw; ++i) g_address(i, idx[i], i);
-    }
-    __syncthreads();
-#pragma unroll
-    for (int i = 0; i < kRaw; ++i) {
-      if (i < ntiles) g.issue_quarters(meta_d + i * BN, meta_s + i * BN, tid, raw_stage(i));
-      copy_async_commit();
-    }
-    if (tid < BN && NT > 0) idx_next = g_index(kRaw);
-  } else if (NT > 0) {
+  if (NT > 0) {
     if (tid < BN) {
       const int64_t k = p_lo + tid;
       const bool full = kSpecAll && g_ok && E == e_g;
@@ -1697,8 +1591,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
       if (ASYM) idx_next2 = g_index(2);
     }
   }
-  // Q tile landed (made visible by the loop's first barrier); kRaw: waited for with tile 0.
-  if (MMA && (kRaw == 0 || NT == 0)) copy_async_wait_all();
+  if (MMA) copy_async_wait_all();  // Q tile landed (made visible by the loop's first barrier)
 
   // Rows of tile jj inside the split (>= 1): the rest are skipped by the
   // dequantisation and the products (MMA path), not just masked. Not for the
@@ -2517,11 +2410,8 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
     float* const St = kPipe ? reinterpret_cast<float*>(smem + C::kOff + nxt * C::kStageBytes) : Ss;
     const int live = live_rows(j);
     // Row-address slot of this tile, and of tile j + 2 ((j + 2) % 3 = (j - 1) % 3).
-    // kRaw: tile k's addresses in slot k % (kRaw + 1), so that tile j's stay for its softmax
-    // while tile j + kRaw's are written (into tile j - 1's slot).
-    const int ms = kPipe ? j % 3 : kRaw > 0 ? j % (kRaw + 1) : cur;
+    const int ms = kPipe ? j % 3 : cur;
     const int ms2 = ms == 0 ? 2 : ms - 1;
-    const int msr = kRaw > 0 ? (j + kRaw) % (kRaw + 1) : 0;
     if constexpr (kPipe) {
       if (tid < BN) {
         row_address<F>(p, p_lo + int64_t(j + 2) * BN + tid, em, idx_next, meta_d[ms2 * BN + tid],
@@ -2530,13 +2420,6 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
       }
     }
     if constexpr (!kPipe) {
-      // kRaw: tile j's raw stage is j % kRaw; its copies are this thread's oldest pending group
-      // but kRaw - 1.
-      const int rs = kRaw > 0 ? j % (kRaw > 0 ? kRaw : 1) : 0;
-      if constexpr (kRaw > 0) {
-        copy_async_wait<(kRaw > 0 ? kRaw - 1 : 0)>();
-        g.refill_quarters(raw_stage(rs), tid);
-      }
       if constexpr (WG) {
         g.template store_swizzled<kWholeK>(Ks, ksc, tid, live);
       } else {
@@ -2546,20 +2429,11 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
       // waited for above) is read by the async proxy.
       if (WG) fence_proxy_async();
       if (tid < BN) {
-        if constexpr (kRaw > 0) {  // tile j + kRaw's addresses
-          row_address<F>(p, p_lo + int64_t(j + kRaw) * BN + tid, em, idx_next, meta_d[msr * BN + tid],
-                         meta_s[msr * BN + tid]);
-        } else {
-          row_address<F>(p, p_lo + int64_t(j + 1) * BN + tid, em, idx_next, meta_d[nxt * BN + tid],
-                         meta_s[nxt * BN + tid]);
-        }
+        row_address<F>(p, p_lo + int64_t(j + 1) * BN + tid, em, idx_next, meta_d[nxt * BN + tid],
+                       meta_s[nxt * BN + tid]);
       }
       __syncthreads();  // K tile + next meta visible
-      if constexpr (kRaw > 0) {
-        if (j + kRaw < ntiles) g.issue_quarters(meta_d + msr * BN, meta_s + msr * BN, tid, raw_stage(rs));
-        copy_async_commit();  // (empty past the last tile: the wait above counts groups)
-        if (tid < BN) idx_next = load_index(p, t, p_lo + int64_t(j + kRaw + 1) * BN + tid, em, p_hi);
-      } else if (j + 1 < ntiles) {
+      if (j + 1 < ntiles) {
         if constexpr (kSplitLoads) {
           g.template load<0>(meta_d + nxt * BN, meta_s + nxt * BN, tid);
         } else {
@@ -3393,10 +3267,7 @@ __device__ __forceinline__ void decode_body_per_token(const DecodeArgs& a) {
 template <int MT, int DQK, KvFormat F, bool BAL, bool WG = false, bool ASYM = false, bool TWO = false,
           bool QREG = false, bool ANCH = false>
 __global__ void __launch_bounds__(kThreads,
-                                  (MT == 1 && F != KvFormat::kBF16 && !QREG && !ASYM &&
-                                   decode_cpa_stages(F, MT, true, WG) == 0)
-                                      ? MLA_EXT_DECODE_MT1_MIN_BLOCKS
-                                      : 1)
+                                  (MT == 1 && F != KvFormat::kBF16 && !QREG && !ASYM) ? MLA_EXT_DECODE_MT1_MIN_BLOCKS : 1)
     decode_split_mma_kernel(const DecodeArgs a) {
   wait_for_prior_grids();
   if (a.early_trigger) launch_dependent_grids();
@@ -3738,7 +3609,7 @@ inline Status launch_split(const DecodeArgs& a, uint32_t blocks, gpuStream_t str
   constexpr bool kSc = kv_layout(F) == KvFormat::kFP8DsMla;
   // WG: room for either body of the kernel (decode_split_mma_kernel).
   using CW = Cfg<MT, DQK, MMA, kSc, WG, decode_two_stages(F, DQK, WG, BAL) || ASYM, ASYM>;
-  using CM = Cfg<MT, DQK, MMA, kSc, false, false, false, decode_cpa_stages(F, MT, MMA, WG)>;
+  using CM = Cfg<MT, DQK, MMA, kSc>;
   constexpr size_t kBytes = WG && CW::bytes > CM::bytes ? CW::bytes : CM::bytes;
   // More than the device lets a block have (A100: the 64-head kernels of d_qk
   // 576; sm_86 / sm_89: every tensor-core kernel above 16 heads): nothing is
