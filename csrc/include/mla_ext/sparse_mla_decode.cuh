@@ -1871,17 +1871,18 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
           // SC: the scales of this thread's two key rows (r0, r0 + 8) in each group, for Q.K
           // and for the P^T copies.
           float ksr[SC ? 4 : 1][2];
+          // Four more accumulators (back-to-back wgmmas on one accumulator wait for each other).
+          float x[4][8];
+#pragma unroll
+          for (int a4 = 0; a4 < 4; ++a4) {
+#pragma unroll
+            for (int e = 0; e < 8; ++e) x[a4][e] = 0.f;
+            wg_fence_operands(x[a4]);
+          }
           if constexpr (SC) {
             // fp8_ds_mla (raw e4m3 keys, exact in bf16): each scale group's 8 k-steps into its
-            // own accumulator, all 36 steps issued together; S^T = sum_g scale_g[key] X_g +
+            // own accumulator x[g], all 36 steps issued together; S^T = sum_g scale_g[key] X_g +
             // RoPE, the key rows' scales per fragment row.
-            float x[4][8];
-#pragma unroll
-            for (int g4 = 0; g4 < 4; ++g4) {
-#pragma unroll
-              for (int e = 0; e < 8; ++e) x[g4][e] = 0.f;
-              wg_fence_operands(x[g4]);
-            }
             wg_fence_operands(s);
             wg_fence();
             // (issued round-robin over the five accumulators: back-to-back wgmmas on one
@@ -1904,15 +1905,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
               for (int e = 0; e < 8; ++e) s[e] = fmaf(x[g4][e], ksr[g4][(e >> 1) & 1], s[e]);
             }
           } else {
-            // Four accumulators, k-step kk into x[kk % 4], added at the end (back-to-back
-            // wgmmas on one accumulator wait for each other).
-            float x[4][8];
-#pragma unroll
-            for (int a4 = 0; a4 < 4; ++a4) {
-#pragma unroll
-              for (int e = 0; e < 8; ++e) x[a4][e] = 0.f;
-              wg_fence_operands(x[a4]);
-            }
+            // k-step kk into x[kk % 4], the four added at the end.
             wg_fence();
 #pragma unroll
             for (int kk = 0; kk < DQK / 16; ++kk) qk_step(x[kk & 3], kk);
