@@ -80,6 +80,12 @@
 #define MLA_EXT_DECODE_MT1_MIN_BLOCKS 2
 #endif
 
+// Switch for the 16-head V4 tile's Q.K from the gathered registers (decode_body's kRawQK);
+// 0 builds the earlier form (Q.K from the dequantised tile), for A/B runs.
+#ifndef MLA_EXT_DECODE_RAWQK
+#define MLA_EXT_DECODE_RAWQK 1
+#endif
+
 namespace mla_ext {
 namespace decode_detail {
 
@@ -1541,6 +1547,130 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
     }
   };
   G g;
+  // kRawQK (V4 rows in the 16-head mma.sync tile, Q fragments from shared memory; not the QREG
+  // kernel): Q.K's key fragments come straight from the gathered registers instead of the
+  // dequantised tile in shared memory. Each thread loads exactly the bytes its B fragments
+  // need: warp w (kg = w % 4, dh = w / 4) takes key rows kg * 16 + lane / 4 and that + 8 over
+  // its k-steps, which lane quarter q = lane % 4 of a quad fills with 4 dims of each row:
+  // dh 0 takes FP8 groups 0-3 (16-byte chunk 4 g + q of group g: 16 dims, 4 k-steps) and
+  // RoPE k-step 0, dh 1 groups 4-6 and RoPE k-steps 1-3 (8 bytes at RoPE byte 32 e + 8 q:
+  // dims 16 e + 4 q ..); 18 words per row and thread, each load instruction reading 32 or
+  // 64 contiguous bytes of 8 rows. Inside a k-step the quad's dims are permuted (lane q's
+  // 4 dims at fragment positions 2 q, 2 q + 1, 2 q + 8, 2 q + 9), and Q's alike: its A
+  // fragments are lane q's own dims of head rows lane / 4 and + 8, plain 16- or 8-byte
+  // shared loads (conflict-free for the FP8 chunks at the row stride KST).
+  // The dequantised values are also stored into the K tile for P.V, as before; Q.K no
+  // longer reads that tile (64 of the ~290 KB a tile moved through shared memory) nor
+  // waits for the barrier after the store, and the barrier after Q.K goes.
+  constexpr bool kRawQK = MLA_EXT_DECODE_RAWQK && MMA && MT == 1 && !SC && !WG && !ASYM && !QREG &&
+                          kv_layout(F) == KvFormat::kFP8DsMlaV4;
+  uint32_t rw[kRawQK ? 2 : 1][kRawQK ? 18 : 1];  // words of the thread's two rows
+  uint32_t rqs[kRawQK ? 2 : 1];                  // their scale bytes of dh's groups
+  // This thread's words of its two rows of a tile (data / scale: the tile's row-address
+  // slot); rows at or past `live_n` and rows without an address load nothing: zeros.
+  auto rq_load = [&](const uint8_t* const* data, const uint8_t* const* scale, int live_n) {
+    if constexpr (kRawQK) {
+      const int lane = tid & 31, w = tid >> 5, q = lane & 3, dh = w >> 2;
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int row = (w & 3) * 16 + 8 * i + (lane >> 2);
+#pragma unroll
+        for (int k = 0; k < 18; ++k) rw[i][k] = 0u;
+        rqs[i] = 0u;
+        const uint8_t* const d = row < live_n ? data[row] : nullptr;
+        if (d == nullptr) continue;
+        rqs[i] = *reinterpret_cast<const uint32_t*>(scale[row] + 4 * dh);
+        // (dh as a constant: the words' indices must be, or rw goes to local memory)
+        auto words = [&](auto dhc) {
+          constexpr int DH = decltype(dhc)::value, NF = DH == 0 ? 4 : 3, NE = DH == 0 ? 1 : 3;
+#pragma unroll
+          for (int g4 = 0; g4 < NF; ++g4) {
+            const uint4 v = *reinterpret_cast<const uint4*>(d + 16 * (4 * (4 * DH + g4) + q));
+            rw[i][4 * g4] = v.x; rw[i][4 * g4 + 1] = v.y; rw[i][4 * g4 + 2] = v.z; rw[i][4 * g4 + 3] = v.w;
+          }
+#pragma unroll
+          for (int e = 0; e < NE; ++e) {
+            const uint2 v = *reinterpret_cast<const uint2*>(d + G::FT::kRopeByte + 32 * (DH + e) + 8 * q);
+            rw[i][4 * NF + 2 * e] = v.x;
+            rw[i][4 * NF + 2 * e + 1] = v.y;
+          }
+        };
+        if (dh == 0) {
+          words(std::integral_constant<int, 0>());
+        } else {
+          words(std::integral_constant<int, 1>());
+        }
+      }
+    }
+  };
+  // Q.K of this warp's 16 key rows over its k-steps from rw into its S copy (Ss + dh
+  // copies), and the values dequantised into the K tile (rows below zero_end; zeros at and
+  // past `live`, whose words were not loaded).
+  auto rq_qk_store = [&](int live) {
+    if constexpr (kRawQK) {
+      const int lane = tid & 31, w = tid >> 5, q = lane & 3, kg = w & 3, dh = w >> 2, rr = lane >> 2;
+      if (kg * 16 >= live) return;  // no live row: nothing stored or read (the softmax masks)
+      const int zero_end = (live + 15) & ~15;
+      float c2[2][4];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) c2[i][0] = c2[i][1] = c2[i][2] = c2[i][3] = 0.f;
+      const uint16_t* const q0 = Qs + rr * KST;
+      const uint16_t* const q1 = q0 + 8 * KST;
+      auto steps = [&](auto dhc) {
+        constexpr int DH = decltype(dhc)::value, NF = DH == 0 ? 4 : 3, NE = DH == 0 ? 1 : 3;
+        // FP8 chunks, 8 dims (two k-steps) at a time: Q's two head rows, then per row its
+        // values dequantised (words 4 g4 + 2 h, + 1), stored and multiplied.
+#pragma unroll
+        for (int g4 = 0; g4 < NF; ++g4) {
+          const int dim0 = 64 * (4 * DH + g4) + 16 * q;
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const uint4 qa0 = *reinterpret_cast<const uint4*>(q0 + dim0 + 8 * h);
+            const uint4 qa1 = *reinterpret_cast<const uint4*>(q1 + dim0 + 8 * h);
+            const uint32_t a0[4] = {qa0.x, qa1.x, qa0.y, qa1.y}, a1[4] = {qa0.z, qa1.z, qa0.w, qa1.w};
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+              const float sc = ue8m0_to_float(uint8_t(rqs[i] >> (8 * g4)));
+              uint4 kv;
+              dequant4<kv_is_fnuz(F), true>(rw[i][4 * g4 + 2 * h], sc, kv.x, kv.y);
+              dequant4<kv_is_fnuz(F), true>(rw[i][4 * g4 + 2 * h + 1], sc, kv.z, kv.w);
+              const int row = kg * 16 + 8 * i + rr;
+              if (row < zero_end) *reinterpret_cast<uint4*>(Ks + row * KST + dim0 + 8 * h) = kv;
+              mma16816(c2[i], a0, kv.x, kv.y);
+              mma16816(c2[i], a1, kv.z, kv.w);
+            }
+          }
+        }
+        // RoPE k-steps (bf16 words as loaded).
+#pragma unroll
+        for (int e = 0; e < NE; ++e) {
+          const int dim0 = G::FT::kRopeDim + 16 * (DH + e) + 4 * q;
+          const uint2 qa0 = *reinterpret_cast<const uint2*>(q0 + dim0);
+          const uint2 qa1 = *reinterpret_cast<const uint2*>(q1 + dim0);
+          const uint32_t a[4] = {qa0.x, qa1.x, qa0.y, qa1.y};
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            const uint2 kv = make_uint2(rw[i][4 * NF + 2 * e], rw[i][4 * NF + 2 * e + 1]);
+            const int row = kg * 16 + 8 * i + rr;
+            if (row < zero_end) *reinterpret_cast<uint2*>(Ks + row * KST + dim0) = kv;
+            mma16816(c2[i], a, kv.x, kv.y);
+          }
+        }
+      };
+      if (dh == 0) {
+        steps(std::integral_constant<int, 0>());
+      } else {
+        steps(std::integral_constant<int, 1>());
+      }
+      float* Sh = Ss + dh * (HTp * SST);
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int col = (kg * 2 + i) * 8 + q * 2;
+        *reinterpret_cast<float2*>(Sh + rr * SST + col) = make_float2(c2[i][0], c2[i][1]);
+        *reinterpret_cast<float2*>(Sh + (rr + 8) * SST + col) = make_float2(c2[i][2], c2[i][3]);
+      }
+    }
+  };
   // CL: warpgroup 1 gathers as the 256-thread dealing's virtual threads 0-127 (rows 0-31) of the
   // tile shifted by c32 rows (row addresses, K rows, scale rows and the live count), so that its
   // row arithmetic stays the committed kernel's (a rank-dependent dealing spilled registers).
@@ -1583,6 +1713,8 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
         g.load(meta_d + c32, meta_s + c32, tid - 128);
         load_rope_peer(0, tid - 128);
       }
+    } else if constexpr (kRawQK) {
+      rq_load(meta_d, meta_s, BN);  // (rows past the split have no address)
     } else {
       g.load(meta_d, meta_s, tid);
     }
@@ -1592,6 +1724,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
     }
   }
   if (MMA) copy_async_wait_all();  // Q tile landed (made visible by the loop's first barrier)
+  if constexpr (kRawQK) __syncthreads();  // (its first Q.K comes before that barrier)
 
   // Rows of tile jj inside the split (>= 1): the rest are skipped by the
   // dequantisation and the products (MMA path), not just masked. Not for the
@@ -2412,7 +2545,18 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
         idx_next = load_index(p, t, p_lo + int64_t(j + 3) * BN + tid, em, p_hi);
       }
     }
-    if constexpr (!kPipe) {
+    if constexpr (kRawQK) {
+      rq_qk_store(live);
+      if (tid < BN) {
+        row_address<F>(p, p_lo + int64_t(j + 1) * BN + tid, em, idx_next, meta_d[nxt * BN + tid],
+                       meta_s[nxt * BN + tid]);
+      }
+      __syncthreads();  // K tile, S copies and next meta visible
+      if (j + 1 < ntiles) {
+        rq_load(meta_d + nxt * BN, meta_s + nxt * BN, live_rows(j + 1));
+        if (tid < BN) idx_next = load_index(p, t, p_lo + int64_t(j + 2) * BN + tid, em, p_hi);
+      }
+    } else if constexpr (!kPipe) {
       if constexpr (WG) {
         g.template store_swizzled<kWholeK>(Ks, ksc, tid, live);
       } else {
@@ -2591,6 +2735,8 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
       if constexpr (kSplitLoads) {
         if (j + 1 < ntiles) g.template load<1>(meta_d + nxt * BN, meta_s + nxt * BN, tid);
       }
+    } else if constexpr (kRawQK) {
+      // (done above, before the barrier: rq_qk_store)
     } else if constexpr (kHalfK) {
       const int warp = tid / 32, lane = tid % 32;
       const int kg = warp & 3, dh = warp >> 2;
@@ -2776,7 +2922,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
 #pragma unroll
       for (int i = 0; i < NHQ; ++i) Ss[(hq + 8 * i) * SST + r] = sacc[i];
     }
-    __syncthreads();  // S visible
+    if constexpr (!kRawQK) __syncthreads();  // S visible (kRawQK: by the barrier above)
 
     // ---- online softmax: TPR threads per head row ----
     {
