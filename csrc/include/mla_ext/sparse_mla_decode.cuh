@@ -178,7 +178,9 @@ struct Cfg {
   // Row-address slots (data and scale pointers of a tile's rows): two, three
   // with two K stages (tiles j, j + 1, j + 2 in flight: decode_body), four in
   // the asymmetric kernels (their addresses are written a tile earlier).
-  static constexpr int kMetaSlots = ASYM ? 4 : kStages == 2 ? 3 : 2;
+  // The 16-head mma.sync tile of unscaled rows: three (V4 rows: decode_body's kRawQK loads
+  // tile j + 1 during tile j's Q.K, so the addresses go two tiles ahead).
+  static constexpr int kMetaSlots = ASYM ? 4 : (kStages == 2 || (MMA && MT == 1 && !WG && !SCALED)) ? 3 : 2;
   static constexpr size_t scOff = metaOff + size_t(2 * kMetaSlots) * BN * sizeof(void*);  // float [4][BN]
   // ASYM: one 64-bit row-validity mask per row-address slot (bit r: row r has
   // an address), written with the addresses, read by warpgroup 0's softmax.
@@ -1606,10 +1608,35 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
   // Q.K of this warp's 16 key rows over its k-steps from rw into its S copy (Ss + dh
   // copies), and the values dequantised into the K tile (rows below zero_end; zeros at and
   // past `live`, whose words were not loaded).
-  auto rq_qk_store = [&](int live) {
+  // nd / ns (when nd is not null): the next tile's row-address slot; its words are loaded
+  // into rw as this tile's are used up (rows at or past live_n: zeros).
+  auto rq_qk_store = [&](int live, const uint8_t* const* nd, const uint8_t* const* ns, int live_n) {
     if constexpr (kRawQK) {
       const int lane = tid & 31, w = tid >> 5, q = lane & 3, kg = w & 3, dh = w >> 2, rr = lane >> 2;
-      if (kg * 16 >= live) return;  // no live row: nothing stored or read (the softmax masks)
+      const uint8_t* dn[2] = {nullptr, nullptr};
+      if (nd != nullptr) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const int row = kg * 16 + 8 * i + rr;
+          dn[i] = row < live_n ? nd[row] : nullptr;
+        }
+      }
+      // After this tile's use of them: the next tile's words 4 g4 .. 4 g4 + 3 (FP8 chunk g4)
+      // or RoPE k-step e's two words, and the scale word.
+      auto next_chunk = [&](int i, auto dhc, int g4) {
+        constexpr int DH = decltype(dhc)::value;
+        uint4 v = make_uint4(0u, 0u, 0u, 0u);
+        if (dn[i] != nullptr) v = *reinterpret_cast<const uint4*>(dn[i] + 16 * (4 * (4 * DH + g4) + q));
+        rw[i][4 * g4] = v.x; rw[i][4 * g4 + 1] = v.y; rw[i][4 * g4 + 2] = v.z; rw[i][4 * g4 + 3] = v.w;
+      };
+      auto next_rope = [&](int i, auto dhc, int e, int wi) {
+        constexpr int DH = decltype(dhc)::value;
+        uint2 v = make_uint2(0u, 0u);
+        if (dn[i] != nullptr) v = *reinterpret_cast<const uint2*>(dn[i] + G::FT::kRopeByte + 32 * (DH + e) + 8 * q);
+        rw[i][wi] = v.x;
+        rw[i][wi + 1] = v.y;
+      };
+      const bool skip = kg * 16 >= live;  // no live row: nothing stored or read (the softmax masks)
       const int zero_end = (live + 15) & ~15;
       float c2[2][4];
 #pragma unroll
@@ -1625,6 +1652,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
           const int dim0 = 64 * (4 * DH + g4) + 16 * q;
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
+            if (skip) break;
             const uint4 qa0 = *reinterpret_cast<const uint4*>(q0 + dim0 + 8 * h);
             const uint4 qa1 = *reinterpret_cast<const uint4*>(q1 + dim0 + 8 * h);
             const uint32_t a0[4] = {qa0.x, qa1.x, qa0.y, qa1.y}, a1[4] = {qa0.z, qa1.z, qa0.w, qa1.w};
@@ -1640,11 +1668,22 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
               mma16816(c2[i], a1, kv.z, kv.w);
             }
           }
+          if (nd != nullptr) {
+#pragma unroll
+            for (int i = 0; i < 2; ++i) next_chunk(i, dhc, g4);
+          }
         }
         // RoPE k-steps (bf16 words as loaded).
 #pragma unroll
         for (int e = 0; e < NE; ++e) {
           const int dim0 = G::FT::kRopeDim + 16 * (DH + e) + 4 * q;
+          if (skip) {
+            if (nd != nullptr) {
+#pragma unroll
+              for (int i = 0; i < 2; ++i) next_rope(i, dhc, e, 4 * NF + 2 * e);
+            }
+            continue;
+          }
           const uint2 qa0 = *reinterpret_cast<const uint2*>(q0 + dim0);
           const uint2 qa1 = *reinterpret_cast<const uint2*>(q1 + dim0);
           const uint32_t a[4] = {qa0.x, qa1.x, qa0.y, qa1.y};
@@ -1654,6 +1693,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
             const int row = kg * 16 + 8 * i + rr;
             if (row < zero_end) *reinterpret_cast<uint2*>(Ks + row * KST + dim0) = kv;
             mma16816(c2[i], a, kv.x, kv.y);
+            if (nd != nullptr) next_rope(i, dhc, e, 4 * NF + 2 * e);
           }
         }
       };
@@ -1662,6 +1702,11 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
       } else {
         steps(std::integral_constant<int, 1>());
       }
+      if (nd != nullptr) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) rqs[i] = dn[i] != nullptr ? *reinterpret_cast<const uint32_t*>(ns[kg * 16 + 8 * i + rr] + 4 * dh) : 0u;
+      }
+      if (skip) return;
       float* Sh = Ss + dh * (HTp * SST);
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
@@ -1720,7 +1765,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
     }
     if (tid < BN) {
       idx_next = g_index(1);
-      if (ASYM) idx_next2 = g_index(2);
+      if (ASYM || kRawQK) idx_next2 = g_index(2);
     }
   }
   if (MMA) copy_async_wait_all();  // Q tile landed (made visible by the loop's first barrier)
@@ -2536,7 +2581,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
     float* const St = kPipe ? reinterpret_cast<float*>(smem + C::kOff + nxt * C::kStageBytes) : Ss;
     const int live = live_rows(j);
     // Row-address slot of this tile, and of tile j + 2 ((j + 2) % 3 = (j - 1) % 3).
-    const int ms = kPipe ? j % 3 : cur;
+    const int ms = (kPipe || kRawQK) ? j % 3 : cur;
     const int ms2 = ms == 0 ? 2 : ms - 1;
     if constexpr (kPipe) {
       if (tid < BN) {
@@ -2546,16 +2591,24 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
       }
     }
     if constexpr (kRawQK) {
-      rq_qk_store(live);
+      // Addresses two tiles ahead (slot (j + 2) % 3; at j = 0 also tile 1's, slot 1), so that
+      // from tile 1 on, tile j + 1's words are loaded during tile j's Q.K (its slot was
+      // published by tile j - 1's first barrier); at j = 0 after the barrier below.
+      const int s1 = (j + 1) % 3;
+      const bool early = j > 0 && j + 1 < ntiles;
+      rq_qk_store(live, early ? meta_d + s1 * BN : nullptr, meta_s + s1 * BN, early ? live_rows(j + 1) : 0);
       if (tid < BN) {
-        row_address<F>(p, p_lo + int64_t(j + 1) * BN + tid, em, idx_next, meta_d[nxt * BN + tid],
-                       meta_s[nxt * BN + tid]);
+        const int s2 = (j + 2) % 3;
+        if (j == 0) {
+          row_address<F>(p, p_lo + int64_t(1) * BN + tid, em, idx_next, meta_d[BN + tid], meta_s[BN + tid]);
+          idx_next = idx_next2;
+        }
+        row_address<F>(p, p_lo + int64_t(j + 2) * BN + tid, em, idx_next, meta_d[s2 * BN + tid],
+                       meta_s[s2 * BN + tid]);
+        idx_next = load_index(p, t, p_lo + int64_t(j + 3) * BN + tid, em, p_hi);
       }
-      __syncthreads();  // K tile, S copies and next meta visible
-      if (j + 1 < ntiles) {
-        rq_load(meta_d + nxt * BN, meta_s + nxt * BN, live_rows(j + 1));
-        if (tid < BN) idx_next = load_index(p, t, p_lo + int64_t(j + 2) * BN + tid, em, p_hi);
-      }
+      __syncthreads();  // K tile, S copies and the new addresses visible
+      if (j == 0 && ntiles > 1) rq_load(meta_d + BN, meta_s + BN, live_rows(1));
     } else if constexpr (!kPipe) {
       if constexpr (WG) {
         g.template store_swizzled<kWholeK>(Ks, ksc, tid, live);
