@@ -178,9 +178,7 @@ struct Cfg {
   // Row-address slots (data and scale pointers of a tile's rows): two, three
   // with two K stages (tiles j, j + 1, j + 2 in flight: decode_body), four in
   // the asymmetric kernels (their addresses are written a tile earlier).
-  // The 16-head mma.sync tile of unscaled rows: three (V4 rows: decode_body's kRawQK loads
-  // tile j + 1 during tile j's Q.K, so the addresses go two tiles ahead).
-  static constexpr int kMetaSlots = ASYM ? 4 : (kStages == 2 || (MMA && MT == 1 && !WG && !SCALED)) ? 3 : 2;
+  static constexpr int kMetaSlots = ASYM ? 4 : kStages == 2 ? 3 : 2;
   static constexpr size_t scOff = metaOff + size_t(2 * kMetaSlots) * BN * sizeof(void*);  // float [4][BN]
   // ASYM: one 64-bit row-validity mask per row-address slot (bit r: row r has
   // an address), written with the addresses, read by warpgroup 0's softmax.
@@ -1765,7 +1763,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
     }
     if (tid < BN) {
       idx_next = g_index(1);
-      if (ASYM || kRawQK) idx_next2 = g_index(2);
+      if (ASYM) idx_next2 = g_index(2);
     }
   }
   if (MMA) copy_async_wait_all();  // Q tile landed (made visible by the loop's first barrier)
@@ -2581,7 +2579,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
     float* const St = kPipe ? reinterpret_cast<float*>(smem + C::kOff + nxt * C::kStageBytes) : Ss;
     const int live = live_rows(j);
     // Row-address slot of this tile, and of tile j + 2 ((j + 2) % 3 = (j - 1) % 3).
-    const int ms = (kPipe || kRawQK) ? j % 3 : cur;
+    const int ms = kPipe ? j % 3 : cur;
     const int ms2 = ms == 0 ? 2 : ms - 1;
     if constexpr (kPipe) {
       if (tid < BN) {
@@ -2591,23 +2589,16 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
       }
     }
     if constexpr (kRawQK) {
-      // Addresses two tiles ahead (slot (j + 2) % 3; at j = 0 also tile 1's, slot 1), so that
-      // from tile 1 on, tile j + 1's words are loaded during tile j's Q.K (its slot was
-      // published by tile j - 1's first barrier); at j = 0 after the barrier below.
-      const int s1 = (j + 1) % 3;
+      // From tile 1 on, tile j + 1's words are loaded during tile j's Q.K: its addresses
+      // (slot nxt) were written during tile j - 1, after that tile's softmax was done with
+      // the slot (below); tile 1's, at j = 0 here, and its words loaded after the barrier.
       const bool early = j > 0 && j + 1 < ntiles;
-      rq_qk_store(live, early ? meta_d + s1 * BN : nullptr, meta_s + s1 * BN, early ? live_rows(j + 1) : 0);
-      if (tid < BN) {
-        const int s2 = (j + 2) % 3;
-        if (j == 0) {
-          row_address<F>(p, p_lo + int64_t(1) * BN + tid, em, idx_next, meta_d[BN + tid], meta_s[BN + tid]);
-          idx_next = idx_next2;
-        }
-        row_address<F>(p, p_lo + int64_t(j + 2) * BN + tid, em, idx_next, meta_d[s2 * BN + tid],
-                       meta_s[s2 * BN + tid]);
-        idx_next = load_index(p, t, p_lo + int64_t(j + 3) * BN + tid, em, p_hi);
+      rq_qk_store(live, early ? meta_d + nxt * BN : nullptr, meta_s + nxt * BN, early ? live_rows(j + 1) : 0);
+      if (j == 0 && tid < BN) {
+        row_address<F>(p, p_lo + int64_t(1) * BN + tid, em, idx_next, meta_d[BN + tid], meta_s[BN + tid]);
+        idx_next = load_index(p, t, p_lo + int64_t(2) * BN + tid, em, p_hi);
       }
-      __syncthreads();  // K tile, S copies and the new addresses visible
+      __syncthreads();  // K tile, S copies (and at j = 0 tile 1's addresses) visible
       if (j == 0 && ntiles > 1) rq_load(meta_d + BN, meta_s + BN, live_rows(1));
     } else if constexpr (!kPipe) {
       if constexpr (WG) {
@@ -3087,6 +3078,15 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
       if (WG) fence_proxy_async();  // P is read by the async proxy
     }
     __syncthreads();  // P, alpha visible
+    if constexpr (kRawQK) {
+      // Tile j + 2's addresses into tile j's slot (its softmax is done with it, its loads
+      // were issued during tile j - 1), published by the barrier after P.V.
+      if (tid < BN) {
+        row_address<F>(p, p_lo + int64_t(j + 2) * BN + tid, em, idx_next, meta_d[cur * BN + tid],
+                       meta_s[cur * BN + tid]);
+        idx_next = load_index(p, t, p_lo + int64_t(j + 3) * BN + tid, em, p_hi);
+      }
+    }
 
     // ---- O = O * alpha + P V ----
     if constexpr (WG) {
