@@ -1674,7 +1674,7 @@ def test_gpu_pending_runtime_error_kept_by_first_calls():
 
 
 @requires_gpu
-def test_gpu_q_fragments_in_registers_bit_identical(tmp_path):
+def test_gpu_q_fragments_in_registers_bit_identical(tmp_path, monkeypatch):
     """The 16-head V4 kernel keeps each warp's Q.K fragments of Q in registers where the split grid
     is one wave and splits span two or more 64-row tiles (decode_q_regs). In fresh processes with
     and without it (MLA_EXT_QREG=0, read once per process): the same products in the same order, so
@@ -1688,16 +1688,19 @@ def test_gpu_q_fragments_in_registers_bit_identical(tmp_path):
              ("v4_c128", 12, 1, (1 << 20, 1 << 20), 3, 19, None),
              ("v4_c4", 16, 3, (20000, 60000), 1, 23, None),
              ("v4_c4", 12, 2, (20000, 60000), 2, 19, "fp8_ds_mla_v4_fnuz")]
+    # Without the Q register kernel these calls would take Q.K from the gathered registers
+    # (decode_raw_qk), whose products run in another order: both children keep the tile's.
+    monkeypatch.setenv("MLA_EXT_RAWQK", "0")
     runs = _run_switch_children(tmp_path, "MLA_EXT_QREG", ("1", "0"), None, cases, "decode_split")
     assert runs["1"].keys() == runs["0"].keys()
     for key, (out, lse, _, _, names, _) in runs["1"].items():
         out0, lse0, _, _, names0, _ = runs["0"][key]
         assert not out.isnan().any() and not lse.isnan().any(), key
         assert torch.equal(out, out0) and torch.equal(lse, lse0), key
-        if names and names0:  # e.g. "void ...decode_split_mma_kernel<1, 512, (...)2, false, ..., true, false>(...)"
-            # (template arguments ..., QREG, ANCH)
-            assert not any(re.search(r"decode_split_mma_kernel<.*, true, false>\(", n) for n in names0), (key, names0)
-            assert any(re.search(r"decode_split_mma_kernel<1, 512, .*, true, false>\(", n) for n in names), (key, names)
+        if names and names0:  # e.g. "void ...decode_split_mma_kernel<1, 512, (...)2, false, ..., true, false, false>(...)"
+            # (template arguments ..., QREG, ANCH, RAW)
+            assert not any(re.search(r"decode_split_mma_kernel<.*, true, false, false>\(", n) for n in names0), (key, names0)
+            assert any(re.search(r"decode_split_mma_kernel<1, 512, .*, true, false, false>\(", n) for n in names), (key, names)
 
 
 @requires_gpu
@@ -1796,10 +1799,10 @@ def _check_64_head_kernel_kind(fn, mma_sync, asym=None):
         return
     names = _split_kernel_names(fn)
     if names:
-        # template arguments MT, DQK, F, BAL, WG, ASYM, TWO, QREG, ANCH; V3.2 rows at 65-128 heads
+        # template arguments MT, DQK, F, BAL, WG, ASYM, TWO, QREG, ANCH, RAW; V3.2 rows at 65-128 heads
         # run the asymmetric kernel as 2-block clusters by default (decode_split_cluster_kernel)
         pat = (r"decode_split_mma_kernel<4, [^,]+, [^,]+, (?:true|false), true, (true|false), (?:true|false), "
-               r"(?:true|false), false>")
+               r"(?:true|false), false, false>")
         wg = [re.search(pat, n) for n in names if re.search(pat, n)]
         cl = [n for n in names if "decode_split_cluster_kernel" in n]
         assert bool(wg or cl) == (not mma_sync), names
@@ -1943,7 +1946,7 @@ def test_gpu_two_token_blocks(fmt):
                     extra_indices=e_idx.cuda(), extra_lengths=e_len.cuda(), attn_sink=sink.cuda()))
             if _wgmma_kernel_expected() and _asym_on() and names:
                 two = "true" if mode == 2 else "false"
-                assert all(re.search(rf"decode_split_mma_kernel<4, 512, [^>]*, true, true, {two}, false, false>", n)
+                assert all(re.search(rf"decode_split_mma_kernel<4, 512, [^>]*, true, true, {two}, false, false, false>", n)
                            for n in names), names
         assert torch.equal(got[2][0], got[1][0]) and torch.equal(got[2][1], got[1][1])
 
@@ -2339,7 +2342,7 @@ def test_gpu_asym_switch_both_kernels(tmp_path):
             check_lse(l_, ref_l, kv_format=fmt)
             if _wgmma_kernel_expected() and nm:
                 flag = "true" if _asym_on(asym) else "false"
-                pat = rf"decode_split_mma_kernel<4, (?:512|576), [^>]*, true, {flag}, (?:true|false), false, (?:true|false)>"
+                pat = rf"decode_split_mma_kernel<4, (?:512|576), [^>]*, true, {flag}, (?:true|false), false, (?:true|false), false>"
                 if _asym_on(asym) and key.startswith("v32_") and int(key.split("_")[1]) > 64 and _cluster_on():
                     pat = r"decode_split_cluster_kernel<576, "  # (V3.2 at 65-128 heads: 2-block clusters)
                 assert any(re.search(pat, n) for n in nm), nm
@@ -2372,7 +2375,7 @@ def test_gpu_asym16_switch(tmp_path):
              ("v32", 9, 4, (300, 5000), 2, 23, "fp8_ds_mla_fnuz"), ("v32", 16, 4, (300, 5000), 8, 25),
              ("v32", 14, 4, (300, 5000), 6, 27), ("v32", 16, 5, (300, 5000), 7, 29)]
     results = _run_switch_children(tmp_path, "MLA_EXT_ASYM16", ("1", "0", ""), "1", cases, "decode_split")
-    a16 = r"decode_split_mma_kernel<1, (?:512|576), [^>]*, (?:true|false), true, true, false, false, false>"
+    a16 = r"decode_split_mma_kernel<1, (?:512|576), [^>]*, (?:true|false), true, true, false, false, false, false>"
     splits = {f"{c[0]}_{c[1]}_{c[2]}" + (f"_{c[6]}" if len(c) > 6 else ""): c[4] for c in cases}
     for key, (out, lse, ref_o, ref_l, names, fmt) in results["1"].items():
         o0, l0, _, _, names0, _ = results["0"][key]
@@ -2388,6 +2391,45 @@ def test_gpu_asym16_switch(tmp_path):
             assert any(re.search(a16, n) for n in names2) == want, (key, names2)
         assert ((out.double() - o0.double()).abs().max() / o0.double().abs().max()).item() < 1e-2, key
         assert (lse.double() - l0.double()).abs().max().item() < 1e-3, key
+
+
+@requires_gpu
+def test_gpu_raw_qk_switch(tmp_path, monkeypatch):
+    """The 16-head V4 tile with MLA_EXT_RAWQK=1 (Q.K's key fragments straight from the gathered
+    registers wherever it applies: not the Q-register or anchored-map instances; decode_body's
+    kRawQK), 0 (Q.K from the dequantised tile) and unset (the default rule: splits of >= 128
+    index entries): each against the float64 reference, and within rounding of each other (Q.K
+    sums its dims in another order, so not bit-identical). Each in its own process: the switch
+    is read once. Where the profiler names kernels, some call of the first ran the RAW instance
+    (the last template argument) and no call of the second did (MLA_EXT_QREG=0 in all three keeps
+    the Q-register kernel, which would take the one-wave calls, out of this test)."""
+    # Window, C4 and C128 rows at 5-16 heads: the uniform map (window, C4, C128 at one token) and
+    # the balanced map (C128 rows up to ~1e6 context at 3-6 tokens); splits of one partial tile,
+    # of one or two tiles and of many, automatic counts; the fnuz twin; sinks and invalid rows as
+    # the builders make them. (kind, heads, batch, context_len, num_splits, seed[, kv_format])
+    cases = [("v4_swa", 16, 8, (300, 3000), 1, 31), ("v4_swa", 12, 5, (300, 3000), 4, 33),
+             ("v4_c4", 16, 5, (300, 3000), 2, 35), ("v4_c4", 9, 3, (100, 900), 3, 37, "fp8_ds_mla_v4_fnuz"),
+             ("v4_c4", 16, 40, (300, 3000), 0, 39), ("v4_c128", 16, 1, (10**6, 10**6), 0, 41),
+             ("v4_c128", 16, 6, (300, 10**6), 0, 43), ("v4_c128", 5, 3, (300, 10**6), 4, 45),
+             ("v4_c128", 16, 2, (10**6, 10**6), 65, 47)]
+    monkeypatch.setenv("MLA_EXT_QREG", "0")
+    results = _run_switch_children(tmp_path, "MLA_EXT_RAWQK", ("1", "0", ""), "1", cases, "decode_split")
+    raw = r"decode_split_mma_kernel<1, 512, [^>]*, false, false, false, false, false, true>"
+    any_raw = False
+    for key, (out, lse, ref_o, ref_l, names, fmt) in results["1"].items():
+        o0, l0, _, _, names0, _ = results["0"][key]
+        o2, l2, _, _, names2, _ = results[""][key]
+        for o, l_ in ((out, lse), (o0, l0), (o2, l2)):
+            assert not o.isnan().any() and not l_.isnan().any(), key
+            check_out(o, ref_o, fmt)
+            check_lse(l_, ref_l, kv_format=fmt)
+        assert ((out.double() - o0.double()).abs().max() / o0.double().abs().max()).item() < 1e-2, key
+        assert (lse.double() - l0.double()).abs().max().item() < 1e-3, key
+        if names0:
+            assert not any(re.search(raw, n) for n in names0), (key, names0)
+        any_raw = any_raw or any(re.search(raw, n) for n in names)
+    if any(results["1"][k][4] for k in results["1"]) and torch.cuda.get_device_capability()[0] >= 8:
+        assert any_raw, "MLA_EXT_RAWQK=1 never ran the RAW instance"
 
 
 @requires_gpu

@@ -80,12 +80,6 @@
 #define MLA_EXT_DECODE_MT1_MIN_BLOCKS 2
 #endif
 
-// Switch for the 16-head V4 tile's Q.K from the gathered registers (decode_body's kRawQK);
-// 0 builds the earlier form (Q.K from the dequantised tile), for A/B runs.
-#ifndef MLA_EXT_DECODE_RAWQK
-#define MLA_EXT_DECODE_RAWQK 1
-#endif
-
 namespace mla_ext {
 namespace decode_detail {
 
@@ -220,6 +214,7 @@ struct DecodeArgs {
   bool early_trigger;  // pdl_trigger_early (compat.h)
   bool two_token;     // the asymmetric kernel walks two tokens per block (decode_two_token_blocks)
   bool q_regs;        // the 16-head V4 kernel holds its Q fragments in registers (decode_q_regs)
+  bool raw_qk;        // the 16-head V4 kernel's Q.K from the gathered registers (decode_raw_qk)
   ActiveSplits active;  // the balanced map's slots in use by the rows' lengths (decode_active_splits_table)
   bool anchored;        // active on the anchored map (decode_active_slack): launch_split_map's anchored instances
   uint2* ws_map;        // [T] {first cell, cell count} per token (S > 1; balanced map only)
@@ -1267,7 +1262,7 @@ __device__ __forceinline__ void row_address(const SparseDecodeParams& p, int64_t
 // sub (the one-token bodies only; a compile-time -1 everywhere but below): >= 0 makes the block
 // serve token 2 b + sub of a two-token grid (decode_split_mma_kernel's TWO fallback).
 template <int MT, int DQK, KvFormat F, bool MMA, bool BAL, bool WG = false, bool ASYM = false, bool TWO = false,
-          bool QREG = false, bool ANCH = false, bool CL = false>
+          bool QREG = false, bool ANCH = false, bool CL = false, bool RAW = false>
 __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
   constexpr bool SC = kv_layout(F) == KvFormat::kFP8DsMla;  // scales applied after the products
   static_assert(!CL || (ASYM && SC && !BAL && !TWO), "2-block clusters: the asymmetric fp8_ds_mla kernel, uniform map");
@@ -1547,10 +1542,12 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
     }
   };
   G g;
-  // kRawQK (V4 rows in the 16-head mma.sync tile, Q fragments from shared memory; not the QREG
-  // kernel): Q.K's key fragments come straight from the gathered registers instead of the
-  // dequantised tile in shared memory. Each thread loads exactly the bytes its B fragments
-  // need: warp w (kg = w % 4, dh = w / 4) takes key rows kg * 16 + lane / 4 and that + 8 over
+  // kRawQK (RAW: V4 rows in the 16-head mma.sync tile, where decode_raw_qk says so; not the QREG
+  // nor the anchored-map instances): Q.K's key fragments come straight from the gathered
+  // registers instead of the dequantised tile in shared memory. Each thread loads exactly the
+  // bytes its B fragments need: warp w (kg = w / 2, dh = w % 2: a tile of <= 32 live rows keeps
+  // warps 0-3 busy, one per scheduler; with kg = w % 4 its dequantisation ran on two of the four,
+  // +4% at one token) takes key rows kg * 16 + lane / 4 and that + 8 over
   // its k-steps, which lane quarter q = lane % 4 of a quad fills with 4 dims of each row:
   // dh 0 takes FP8 groups 0-3 (16-byte chunk 4 g + q of group g: 16 dims, 4 k-steps) and
   // RoPE k-step 0, dh 1 groups 4-6 and RoPE k-steps 1-3 (8 bytes at RoPE byte 32 e + 8 q:
@@ -1561,19 +1558,26 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
   // shared loads (conflict-free for the FP8 chunks at the row stride KST).
   // The dequantised values are also stored into the K tile for P.V, as before; Q.K no
   // longer reads that tile (64 of the ~290 KB a tile moved through shared memory) nor
-  // waits for the barrier after the store, and the barrier after Q.K goes.
-  constexpr bool kRawQK = MLA_EXT_DECODE_RAWQK && MMA && MT == 1 && !SC && !WG && !ASYM && !QREG &&
-                          kv_layout(F) == KvFormat::kFP8DsMlaV4;
+  // waits for the barrier after the store, and the barrier after Q.K goes. The registers
+  // hold one tile, so tile j + 1's loads leave after tile j's Q.K (before the barrier; their
+  // addresses are written a tile earlier, after the softmax, so that they are visible then):
+  // later than the other tile's, which loads before its Q.K. Loads issued chunk by chunk
+  // inside Q.K as the words free up measured +13..+57% (H100): likely the loads and Q's
+  // shared loads then share scoreboards, so Q.K waited on global memory (not verified).
+  static_assert(!RAW || (MMA && MT == 1 && !SC && !WG && !ASYM && !QREG && !ANCH && !TWO &&
+                         kv_layout(F) == KvFormat::kFP8DsMlaV4),
+                "Q.K from the gathered registers: the 16-head V4 mma.sync tile (not QREG, not anchored)");
+  constexpr bool kRawQK = RAW;
   uint32_t rw[kRawQK ? 2 : 1][kRawQK ? 18 : 1];  // words of the thread's two rows
   uint32_t rqs[kRawQK ? 2 : 1];                  // their scale bytes of dh's groups
   // This thread's words of its two rows of a tile (data / scale: the tile's row-address
   // slot); rows at or past `live_n` and rows without an address load nothing: zeros.
   auto rq_load = [&](const uint8_t* const* data, const uint8_t* const* scale, int live_n) {
     if constexpr (kRawQK) {
-      const int lane = tid & 31, w = tid >> 5, q = lane & 3, dh = w >> 2;
+      const int lane = tid & 31, w = tid >> 5, q = lane & 3, dh = w & 1;
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
-        const int row = (w & 3) * 16 + 8 * i + (lane >> 2);
+        const int row = (w >> 1) * 16 + 8 * i + (lane >> 2);
 #pragma unroll
         for (int k = 0; k < 18; ++k) rw[i][k] = 0u;
         rqs[i] = 0u;
@@ -1606,35 +1610,10 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
   // Q.K of this warp's 16 key rows over its k-steps from rw into its S copy (Ss + dh
   // copies), and the values dequantised into the K tile (rows below zero_end; zeros at and
   // past `live`, whose words were not loaded).
-  // nd / ns (when nd is not null): the next tile's row-address slot; its words are loaded
-  // into rw as this tile's are used up (rows at or past live_n: zeros).
-  auto rq_qk_store = [&](int live, const uint8_t* const* nd, const uint8_t* const* ns, int live_n) {
+  auto rq_qk_store = [&](int live) {
     if constexpr (kRawQK) {
-      const int lane = tid & 31, w = tid >> 5, q = lane & 3, kg = w & 3, dh = w >> 2, rr = lane >> 2;
-      const uint8_t* dn[2] = {nullptr, nullptr};
-      if (nd != nullptr) {
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          const int row = kg * 16 + 8 * i + rr;
-          dn[i] = row < live_n ? nd[row] : nullptr;
-        }
-      }
-      // After this tile's use of them: the next tile's words 4 g4 .. 4 g4 + 3 (FP8 chunk g4)
-      // or RoPE k-step e's two words, and the scale word.
-      auto next_chunk = [&](int i, auto dhc, int g4) {
-        constexpr int DH = decltype(dhc)::value;
-        uint4 v = make_uint4(0u, 0u, 0u, 0u);
-        if (dn[i] != nullptr) v = *reinterpret_cast<const uint4*>(dn[i] + 16 * (4 * (4 * DH + g4) + q));
-        rw[i][4 * g4] = v.x; rw[i][4 * g4 + 1] = v.y; rw[i][4 * g4 + 2] = v.z; rw[i][4 * g4 + 3] = v.w;
-      };
-      auto next_rope = [&](int i, auto dhc, int e, int wi) {
-        constexpr int DH = decltype(dhc)::value;
-        uint2 v = make_uint2(0u, 0u);
-        if (dn[i] != nullptr) v = *reinterpret_cast<const uint2*>(dn[i] + G::FT::kRopeByte + 32 * (DH + e) + 8 * q);
-        rw[i][wi] = v.x;
-        rw[i][wi + 1] = v.y;
-      };
-      const bool skip = kg * 16 >= live;  // no live row: nothing stored or read (the softmax masks)
+      const int lane = tid & 31, w = tid >> 5, q = lane & 3, kg = w >> 1, dh = w & 1, rr = lane >> 2;
+      if (kg * 16 >= live) return;  // no live row: nothing stored or read (the softmax masks)
       const int zero_end = (live + 15) & ~15;
       float c2[2][4];
 #pragma unroll
@@ -1650,7 +1629,6 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
           const int dim0 = 64 * (4 * DH + g4) + 16 * q;
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
-            if (skip) break;
             const uint4 qa0 = *reinterpret_cast<const uint4*>(q0 + dim0 + 8 * h);
             const uint4 qa1 = *reinterpret_cast<const uint4*>(q1 + dim0 + 8 * h);
             const uint32_t a0[4] = {qa0.x, qa1.x, qa0.y, qa1.y}, a1[4] = {qa0.z, qa1.z, qa0.w, qa1.w};
@@ -1666,22 +1644,11 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
               mma16816(c2[i], a1, kv.z, kv.w);
             }
           }
-          if (nd != nullptr) {
-#pragma unroll
-            for (int i = 0; i < 2; ++i) next_chunk(i, dhc, g4);
-          }
         }
         // RoPE k-steps (bf16 words as loaded).
 #pragma unroll
         for (int e = 0; e < NE; ++e) {
           const int dim0 = G::FT::kRopeDim + 16 * (DH + e) + 4 * q;
-          if (skip) {
-            if (nd != nullptr) {
-#pragma unroll
-              for (int i = 0; i < 2; ++i) next_rope(i, dhc, e, 4 * NF + 2 * e);
-            }
-            continue;
-          }
           const uint2 qa0 = *reinterpret_cast<const uint2*>(q0 + dim0);
           const uint2 qa1 = *reinterpret_cast<const uint2*>(q1 + dim0);
           const uint32_t a[4] = {qa0.x, qa1.x, qa0.y, qa1.y};
@@ -1691,7 +1658,6 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
             const int row = kg * 16 + 8 * i + rr;
             if (row < zero_end) *reinterpret_cast<uint2*>(Ks + row * KST + dim0) = kv;
             mma16816(c2[i], a, kv.x, kv.y);
-            if (nd != nullptr) next_rope(i, dhc, e, 4 * NF + 2 * e);
           }
         }
       };
@@ -1700,11 +1666,6 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
       } else {
         steps(std::integral_constant<int, 1>());
       }
-      if (nd != nullptr) {
-#pragma unroll
-        for (int i = 0; i < 2; ++i) rqs[i] = dn[i] != nullptr ? *reinterpret_cast<const uint32_t*>(ns[kg * 16 + 8 * i + rr] + 4 * dh) : 0u;
-      }
-      if (skip) return;
       float* Sh = Ss + dh * (HTp * SST);
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
@@ -1764,10 +1725,14 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
     if (tid < BN) {
       idx_next = g_index(1);
       if (ASYM) idx_next2 = g_index(2);
+      if constexpr (kRawQK) {  // tile 1's addresses too (published by the barrier below)
+        g_address(1, idx_next, 1);
+        idx_next = g_index(2);
+      }
     }
   }
   if (MMA) copy_async_wait_all();  // Q tile landed (made visible by the loop's first barrier)
-  if constexpr (kRawQK) __syncthreads();  // (its first Q.K comes before that barrier)
+  if constexpr (kRawQK) __syncthreads();  // (its first Q.K comes before that barrier; and tile 1's addresses)
 
   // Rows of tile jj inside the split (>= 1): the rest are skipped by the
   // dequantisation and the products (MMA path), not just masked. Not for the
@@ -2589,17 +2554,12 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
       }
     }
     if constexpr (kRawQK) {
-      // From tile 1 on, tile j + 1's words are loaded during tile j's Q.K: its addresses
-      // (slot nxt) were written during tile j - 1, after that tile's softmax was done with
-      // the slot (below); tile 1's, at j = 0 here, and its words loaded after the barrier.
-      const bool early = j > 0 && j + 1 < ntiles;
-      rq_qk_store(live, early ? meta_d + nxt * BN : nullptr, meta_s + nxt * BN, early ? live_rows(j + 1) : 0);
-      if (j == 0 && tid < BN) {
-        row_address<F>(p, p_lo + int64_t(1) * BN + tid, em, idx_next, meta_d[BN + tid], meta_s[BN + tid]);
-        idx_next = load_index(p, t, p_lo + int64_t(2) * BN + tid, em, p_hi);
-      }
-      __syncthreads();  // K tile, S copies (and at j = 0 tile 1's addresses) visible
-      if (j == 0 && ntiles > 1) rq_load(meta_d + BN, meta_s + BN, live_rows(1));
+      // Q.K and the store of tile j from its words, then tile j + 1's loads (its addresses, in
+      // slot nxt, were written during tile j - 1 after the softmax, below; tile 1's in the
+      // prologue).
+      rq_qk_store(live);
+      if (j + 1 < ntiles) rq_load(meta_d + nxt * BN, meta_s + nxt * BN, live_rows(j + 1));
+      __syncthreads();  // K tile and S copies visible
     } else if constexpr (!kPipe) {
       if constexpr (WG) {
         g.template store_swizzled<kWholeK>(Ks, ksc, tid, live);
@@ -3441,14 +3401,15 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
 // TWO: a two-token grid (half the blocks) on such code (a Hopper build without sm_90a, e.g.
 // TORCH_CUDA_ARCH_LIST=9.0: the launcher cannot tell) runs it for each of the block's two
 // tokens in turn.
-template <int MT, int DQK, KvFormat F, bool MMA, bool BAL, bool TWO, bool QREG = false, bool ANCH = false>
+template <int MT, int DQK, KvFormat F, bool MMA, bool BAL, bool TWO, bool QREG = false, bool ANCH = false,
+          bool RAW = false>
 __device__ __forceinline__ void decode_body_per_token(const DecodeArgs& a) {
   if constexpr (TWO) {
     decode_body<MT, DQK, F, MMA, BAL>(a, 0);
     __syncthreads();  // the first token's shared-memory reads are done
     decode_body<MT, DQK, F, MMA, BAL>(a, 1);
   } else {
-    decode_body<MT, DQK, F, MMA, BAL, false, false, false, QREG, ANCH>(a);
+    decode_body<MT, DQK, F, MMA, BAL, false, false, false, QREG, ANCH, false, RAW>(a);
   }
 }
 
@@ -3457,16 +3418,16 @@ __device__ __forceinline__ void decode_body_per_token(const DecodeArgs& a) {
 // QREG: one block per processor (the Q fragments' 64 registers; launched only where the
 // grid is one wave, decode_q_regs).
 template <int MT, int DQK, KvFormat F, bool BAL, bool WG = false, bool ASYM = false, bool TWO = false,
-          bool QREG = false, bool ANCH = false>
+          bool QREG = false, bool ANCH = false, bool RAW = false>
 __global__ void __launch_bounds__(kThreads,
                                   (MT == 1 && F != KvFormat::kBF16 && !QREG && !ASYM) ? MLA_EXT_DECODE_MT1_MIN_BLOCKS : 1)
     decode_split_mma_kernel(const DecodeArgs a) {
   wait_for_prior_grids();
   if (a.early_trigger) launch_dependent_grids();
 #if defined(MLA_EXT_DECODE_WGMMA)
-  decode_body<MT, DQK, F, true, BAL, WG, ASYM, TWO, QREG, ANCH>(a);
+  decode_body<MT, DQK, F, true, BAL, WG, ASYM, TWO, QREG, ANCH, false, RAW>(a);
 #elif defined(MLA_EXT_DECODE_MMA)
-  decode_body_per_token<MT, DQK, F, true, BAL, TWO, QREG, ANCH>(a);
+  decode_body_per_token<MT, DQK, F, true, BAL, TWO, QREG, ANCH, RAW>(a);
 #else
   // NVIDIA below sm_80 (or a host/HIP pass): the portable body fits in this
   // kernel's (larger) shared-memory allocation.
@@ -3796,7 +3757,7 @@ inline Status launch_reduce(const ReduceArgs& r, uint32_t rows, gpuStream_t stre
 
 // CL: the asymmetric fp8_ds_mla kernel as 2-block clusters (decode_split_cluster_kernel).
 template <int MT, int DQK, KvFormat F, bool MMA, bool BAL, bool WG = false, bool ASYM = false, bool TWO = false,
-          bool QREG = false, bool ANCH = false, bool CL = false>
+          bool QREG = false, bool ANCH = false, bool CL = false, bool RAW = false>
 inline Status launch_split(const DecodeArgs& a, uint32_t blocks, gpuStream_t stream) {
   constexpr bool kSc = kv_layout(F) == KvFormat::kFP8DsMla;
   // WG: room for either body of the kernel (decode_split_mma_kernel).
@@ -3813,7 +3774,7 @@ inline Status launch_split(const DecodeArgs& a, uint32_t blocks, gpuStream_t str
   if constexpr (CL)
     kernel = decode_split_cluster_kernel<DQK, F>;
   else if constexpr (MMA)
-    kernel = decode_split_mma_kernel<MT, DQK, F, BAL, WG, ASYM, TWO, QREG, ANCH>;
+    kernel = decode_split_mma_kernel<MT, DQK, F, BAL, WG, ASYM, TWO, QREG, ANCH, RAW>;
   else
     kernel = decode_split_portable_kernel<MT, DQK, F, BAL, ANCH>;
   if (!ensure_smem(done, reinterpret_cast<const void*>(kernel), kBytes)) return Status::kLaunchFailed;
@@ -3884,6 +3845,22 @@ inline bool decode_q_regs(const SparseDecodeParams& p, int64_t blocks, int num_s
   return on && num_sms > 0 && blocks <= num_sms && width > int64_t(p.num_splits) * 64;
 }
 
+// Whether the 16-head V4 kernel (not its QREG or anchored-map instances) takes Q.K's key
+// fragments straight from the gathered registers (decode_body's kRawQK): where a split spans
+// at least kRawQKMinSplitRows index entries (W + W2 >= that x num_splits). The environment
+// variable MLA_EXT_RAWQK (read once): "2", the default, that rule; "1" wherever it applies;
+// "0" never. H100, same-run A/B against the dequantised-tile Q.K, 8-16 heads (RESULTS.md,
+// fifty-seventh session): C4 Pro at 128-512 tokens -4..-10%, C128 at 64-512 -2..-5%; splits of
+// one partial tile (the window layer and C4 at 1-16 tokens: 32-72 rows) +2..+10%, hence the rule.
+constexpr int64_t kRawQKMinSplitRows = 128;
+inline bool decode_raw_qk(const SparseDecodeParams& p) {
+  static const int mode = env_int("MLA_EXT_RAWQK", 2);
+  if (mode == 0) return false;
+  if (mode == 1) return true;
+  const int64_t width = p.main.width + (p.extra.cache != nullptr ? p.extra.width : 0);
+  return width >= kRawQKMinSplitRows * int64_t(p.num_splits);
+}
+
 // The two-token mode (decode_two_token_blocks) of a call: p.two_token where set,
 // else the environment variable MLA_EXT_TWO_TOKEN (read once; "0" never, "2"
 // wherever allowed, for A/B runs), else automatic.
@@ -3945,6 +3922,10 @@ inline Status launch_split_mt(int mt, bool wg, const DecodeArgs& a, uint32_t blo
       }
       if constexpr (MMA && kv_layout(F) == KvFormat::kFP8DsMlaV4 && !BAL) {
         if (a.q_regs) return launch_split<1, DQK, F, MMA, BAL, false, false, false, true>(a, blocks, stream);
+      }
+      if constexpr (MMA && kv_layout(F) == KvFormat::kFP8DsMlaV4 && DQK == 512) {
+        if (a.raw_qk && !a.anchored)
+          return launch_split<1, DQK, F, MMA, BAL, false, false, false, false, false, false, true>(a, blocks, stream);
       }
       return launch_split_map<1, DQK, F, MMA, BAL>(a, blocks, stream);
     case 2:
@@ -4100,6 +4081,7 @@ inline Status launch_sparse_mla_decode(const SparseDecodeParams& p, void* worksp
   // Early trigger only toward the reduce (the kernel after it is the caller's: compat.h).
   a.early_trigger = S > 1 && pdl_trigger_early(blocks, num_sms);
   a.q_regs = decode_q_regs(p, blocks, num_sms);
+  a.raw_qk = decode_raw_qk(p);
   // The caller's limit, never above the device's (a larger one would pick a kernel the runtime
   // then refuses to launch).
   const size_t device_smem = current_device_smem_optin();
