@@ -2716,8 +2716,10 @@ def test_gpu_active_splits_follow_the_lengths(T, grid, full_pick):
     0-2, and rows of 5,500-6,500 each match the float64 reference in the workspace the size query
     gives (NaN-poisoned), and the workspace cells written, and those holding an empty split's -inf,
     are exactly those of that map for one S' in 1..grid - 1 (full rows: the count the model picks
-    for them, and then bit-identical to that explicit count, where that is more than one). The
-    same lengths replayed in a graph captured once give bit-identical results."""
+    for them, and then bit-identical to that explicit count, where that is more than one and both
+    run the same 16-head tile; within rounding where only the explicit one takes Q.K from the
+    gathered registers). The same lengths replayed in a graph captured once give bit-identical
+    results."""
     g = torch.Generator().manual_seed(35 + T)
     H, W, fmt = 8, 8320, "fp8_ds_mla_v4"
     _, idx_d, cache, q = _gpu_v4_long_rows(g, T, H, W, 6000, "none")
@@ -2769,8 +2771,16 @@ def test_gpu_active_splits_follow_the_lengths(T, grid, full_pick):
                 out2, lse2, ws2 = poisoned_buffers(T, H, full_pick, "cuda")
                 mla_ext.sparse_mla_decode(q, cache, idx_d, output=out2, workspace=ws2, lse=lse2,
                                           num_splits=full_pick, **kw)
-                assert torch.equal(out.view(torch.int16), out2.view(torch.int16))
-                assert torch.equal(lse.view(torch.int32), lse2.view(torch.int32))
+                # Above 256 tokens the automatic count runs the anchored map, whose 16-head tile
+                # takes Q.K from the dequantised tile, while the explicit count's kernel takes it
+                # from the gathered registers (decode_raw_qk: splits of >= 128 entries unless
+                # MLA_EXT_RAWQK=0): the same values up to the order of Q.K's sums.
+                if T > 256 and os.environ.get("MLA_EXT_RAWQK", "2") != "0" and W >= 128 * full_pick:
+                    assert_close_rel(out2, out, torch.bfloat16)
+                    assert (lse2.double() - lse.double()).abs().max().item() < 1e-3
+                else:
+                    assert torch.equal(out.view(torch.int16), out2.view(torch.int16))
+                    assert torch.equal(lse.view(torch.int32), lse2.view(torch.int32))
     len_d = cases["full"].cuda()
     out, lse, ws = poisoned_buffers(T, H, 0, "cuda")
     graph = capture_decode_graph(q, cache, idx_d, dict(kv_format=fmt, softmax_scale=0.05, output=out, workspace=ws,
