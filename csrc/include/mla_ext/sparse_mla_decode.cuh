@@ -73,6 +73,14 @@
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 890)
 #define MLA_EXT_DECODE_CVT_FP8 1
 #endif
+// decode_body's RAW tile (Q.K from the gathered registers) where that conversion is: on sm_80,
+// whose scalar decode puts more of the dequantisation on Q.K's chain, its balanced-map instance
+// spills (16 / 52 bytes at 128 registers); there the RAW instances run the other tile's body.
+#if defined(MLA_EXT_DECODE_CVT_FP8)
+#define MLA_EXT_DECODE_RAW_OK true
+#else
+#define MLA_EXT_DECODE_RAW_OK false
+#endif
 
 // Tuning knob: resident blocks per SM the 16-head FP8 tensor-core kernels are
 // compiled for (2 caps them at 128 registers).
@@ -3427,7 +3435,7 @@ __global__ void __launch_bounds__(kThreads,
 #if defined(MLA_EXT_DECODE_WGMMA)
   decode_body<MT, DQK, F, true, BAL, WG, ASYM, TWO, QREG, ANCH, false, RAW>(a);
 #elif defined(MLA_EXT_DECODE_MMA)
-  decode_body_per_token<MT, DQK, F, true, BAL, TWO, QREG, ANCH, RAW>(a);
+  decode_body_per_token<MT, DQK, F, true, BAL, TWO, QREG, ANCH, RAW && MLA_EXT_DECODE_RAW_OK>(a);
 #else
   // NVIDIA below sm_80 (or a host/HIP pass): the portable body fits in this
   // kernel's (larger) shared-memory allocation.
@@ -3849,9 +3857,11 @@ inline bool decode_q_regs(const SparseDecodeParams& p, int64_t blocks, int num_s
 // fragments straight from the gathered registers (decode_body's kRawQK): where a split spans
 // at least kRawQKMinSplitRows index entries (W + W2 >= that x num_splits). The environment
 // variable MLA_EXT_RAWQK (read once): "2", the default, that rule; "1" wherever it applies;
-// "0" never. H100, same-run A/B against the dequantised-tile Q.K, 8-16 heads (RESULTS.md,
-// fifty-seventh session): C4 Pro at 128-512 tokens -4..-10%, C128 at 64-512 -2..-5%; splits of
-// one partial tile (the window layer and C4 at 1-16 tokens: 32-72 rows) +2..+10%, hence the rule.
+// "0" never. num_splits is the grid's count (on the balanced map a token may use fewer). H100,
+// same-run A/B against the dequantised-tile Q.K, 8-16 heads, two rounds (RESULTS.md,
+// fifty-seventh session): C4 Pro at 128 / 512 tokens -4..-6% / -9..-10%, C128 at 64-128 tokens
+// -4..-6%, the window layer at 512 -2..-3%, C128 at 512 0; forced on, splits of one partial tile
+// (the window layer and C4 at 1-16 tokens: 32-72 entries) ran 2-8% slower, hence the rule.
 constexpr int64_t kRawQKMinSplitRows = 128;
 inline bool decode_raw_qk(const SparseDecodeParams& p) {
   static const int mode = env_int("MLA_EXT_RAWQK", 2);
