@@ -1578,6 +1578,10 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
   constexpr bool kRawQK = RAW;
   uint32_t rw[kRawQK ? 2 : 1][kRawQK ? 18 : 1];  // words of the thread's two rows
   uint32_t rqs[kRawQK ? 2 : 1];                  // their scale bytes of dh's groups
+  // First dim of quarter q's piece of FP8 chunk g4 of half DH (16 dims, one byte each: also its
+  // byte in the row), and of its RoPE k-step e (4 dims, two bytes each).
+  auto rq_fp8_dim = [](int DH, int g4, int q) { return 64 * (4 * DH + g4) + 16 * q; };
+  auto rq_rope_dim = [](int DH, int e, int q) { return G::FT::kRopeDim + 16 * (DH + e) + 4 * q; };
   // This thread's words of its two rows of a tile (data / scale: the tile's row-address
   // slot); rows at or past `live_n` and rows without an address load nothing: zeros.
   auto rq_load = [&](const uint8_t* const* data, const uint8_t* const* scale, int live_n) {
@@ -1597,12 +1601,13 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
           constexpr int DH = decltype(dhc)::value, NF = DH == 0 ? 4 : 3, NE = DH == 0 ? 1 : 3;
 #pragma unroll
           for (int g4 = 0; g4 < NF; ++g4) {
-            const uint4 v = *reinterpret_cast<const uint4*>(d + 16 * (4 * (4 * DH + g4) + q));
+            const uint4 v = *reinterpret_cast<const uint4*>(d + rq_fp8_dim(DH, g4, q));
             rw[i][4 * g4] = v.x; rw[i][4 * g4 + 1] = v.y; rw[i][4 * g4 + 2] = v.z; rw[i][4 * g4 + 3] = v.w;
           }
 #pragma unroll
           for (int e = 0; e < NE; ++e) {
-            const uint2 v = *reinterpret_cast<const uint2*>(d + G::FT::kRopeByte + 32 * (DH + e) + 8 * q);
+            const uint2 v = *reinterpret_cast<const uint2*>(d + G::FT::kRopeByte +
+                                                             2 * (rq_rope_dim(DH, e, q) - G::FT::kRopeDim));
             rw[i][4 * NF + 2 * e] = v.x;
             rw[i][4 * NF + 2 * e + 1] = v.y;
           }
@@ -1634,7 +1639,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
         // values dequantised (words 4 g4 + 2 h, + 1), stored and multiplied.
 #pragma unroll
         for (int g4 = 0; g4 < NF; ++g4) {
-          const int dim0 = 64 * (4 * DH + g4) + 16 * q;
+          const int dim0 = rq_fp8_dim(DH, g4, q);
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
             const uint4 qa0 = *reinterpret_cast<const uint4*>(q0 + dim0 + 8 * h);
@@ -1656,7 +1661,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
         // RoPE k-steps (bf16 words as loaded).
 #pragma unroll
         for (int e = 0; e < NE; ++e) {
-          const int dim0 = G::FT::kRopeDim + 16 * (DH + e) + 4 * q;
+          const int dim0 = rq_rope_dim(DH, e, q);
           const uint2 qa0 = *reinterpret_cast<const uint2*>(q0 + dim0);
           const uint2 qa1 = *reinterpret_cast<const uint2*>(q1 + dim0);
           const uint32_t a[4] = {qa0.x, qa1.x, qa0.y, qa1.y};
