@@ -1674,6 +1674,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
             }
           }
         }
+        if (kRawSplit == NF) mid();  // (dh 1 at a split after its 3 chunks: before the RoPE k-steps)
         // RoPE k-steps (bf16 words as loaded).
 #pragma unroll
         for (int e = 0; e < NE; ++e) {
