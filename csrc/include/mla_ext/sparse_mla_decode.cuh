@@ -1578,50 +1578,38 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
   constexpr bool kRawQK = RAW;
   uint32_t rw[kRawQK ? 2 : 1][kRawQK ? 18 : 1];  // words of the thread's two rows
   uint32_t rqs[kRawQK ? 2 : 1];                  // their scale bytes of dh's groups
-#ifndef MLA_EXT_RAW_SPLIT
-#define MLA_EXT_RAW_SPLIT 0
-#endif
-  constexpr int kRawSplit = MLA_EXT_RAW_SPLIT;
-  static_assert(kRawSplit >= 0 && kRawSplit <= 3, "a split point inside both halves' FP8 chunks");
   // First dim of quarter q's piece of FP8 chunk g4 of half DH (16 dims, one byte each: also its
   // byte in the row), and of its RoPE k-step e (4 dims, two bytes each).
   auto rq_fp8_dim = [](int DH, int g4, int q) { return 64 * (4 * DH + g4) + 16 * q; };
   auto rq_rope_dim = [](int DH, int e, int q) { return G::FT::kRopeDim + 16 * (DH + e) + 4 * q; };
   // This thread's words of its two rows of a tile (data / scale: the tile's row-address
-  // slot); rows at or past `live_n` and rows without an address load nothing: zeros. PART 0
-  // loads all of them; PART 1 only the FP8 chunks below kRawSplit (their words are free once
-  // Q.K has used them: rq_qk_store loads them for the next tile there), PART 2 the rest.
-  auto rq_load = [&](const uint8_t* const* data, const uint8_t* const* scale, int live_n, auto partc) {
+  // slot); rows at or past `live_n` and rows without an address load nothing: zeros.
+  auto rq_load = [&](const uint8_t* const* data, const uint8_t* const* scale, int live_n) {
     if constexpr (kRawQK) {
-      constexpr int PART = decltype(partc)::value;
-      // Words [W0, W1) of each row: chunk g4's at 4 g4 (both halves have >= 3 chunks), RoPE after.
-      constexpr int W0 = PART == 2 ? 4 * kRawSplit : 0, W1 = PART == 1 ? 4 * kRawSplit : 18;
       const int lane = tid & 31, w = tid >> 5, q = lane & 3, dh = w & 1;
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         const int row = (w >> 1) * 16 + 8 * i + (lane >> 2);
 #pragma unroll
-        for (int k = W0; k < W1; ++k) rw[i][k] = 0u;
-        if (PART != 1) rqs[i] = 0u;
+        for (int k = 0; k < 18; ++k) rw[i][k] = 0u;
+        rqs[i] = 0u;
         const uint8_t* const d = row < live_n ? data[row] : nullptr;
         if (d == nullptr) continue;
-        if (PART != 1) rqs[i] = *reinterpret_cast<const uint32_t*>(scale[row] + 4 * dh);
+        rqs[i] = *reinterpret_cast<const uint32_t*>(scale[row] + 4 * dh);
         // (dh as a constant: the words' indices must be, or rw goes to local memory)
         auto words = [&](auto dhc) {
           constexpr int DH = decltype(dhc)::value, NF = DH == 0 ? 4 : 3, NE = DH == 0 ? 1 : 3;
 #pragma unroll
-          for (int g4 = W0 / 4; g4 < (PART == 1 ? W1 / 4 : NF); ++g4) {
+          for (int g4 = 0; g4 < NF; ++g4) {
             const uint4 v = *reinterpret_cast<const uint4*>(d + rq_fp8_dim(DH, g4, q));
             rw[i][4 * g4] = v.x; rw[i][4 * g4 + 1] = v.y; rw[i][4 * g4 + 2] = v.z; rw[i][4 * g4 + 3] = v.w;
           }
-          if constexpr (PART != 1) {
 #pragma unroll
-            for (int e = 0; e < NE; ++e) {
-              const uint2 v = *reinterpret_cast<const uint2*>(d + G::FT::kRopeByte +
-                                                               2 * (rq_rope_dim(DH, e, q) - G::FT::kRopeDim));
-              rw[i][4 * NF + 2 * e] = v.x;
-              rw[i][4 * NF + 2 * e + 1] = v.y;
-            }
+          for (int e = 0; e < NE; ++e) {
+            const uint2 v = *reinterpret_cast<const uint2*>(d + G::FT::kRopeByte +
+                                                             2 * (rq_rope_dim(DH, e, q) - G::FT::kRopeDim));
+            rw[i][4 * NF + 2 * e] = v.x;
+            rw[i][4 * NF + 2 * e + 1] = v.y;
           }
         };
         if (dh == 0) {
@@ -1635,13 +1623,10 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
   // Q.K of this warp's 16 key rows over its k-steps from rw into its S copy (Ss + dh
   // copies), and the values dequantised into the K tile (rows below zero_end; zeros at and
   // past `live`, whose words were not loaded).
-  auto rq_qk_store = [&](int live, auto&& mid) {
+  auto rq_qk_store = [&](int live) {
     if constexpr (kRawQK) {
       const int lane = tid & 31, w = tid >> 5, q = lane & 3, kg = w >> 1, dh = w & 1, rr = lane >> 2;
-      if (kg * 16 >= live) {  // no live row: nothing stored or read (the softmax masks)
-        mid();
-        return;
-      }
+      if (kg * 16 >= live) return;  // no live row: nothing stored or read (the softmax masks)
       const int zero_end = (live + 15) & ~15;
       float c2[2][4];
 #pragma unroll
@@ -1654,7 +1639,6 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
         // values dequantised (words 4 g4 + 2 h, + 1), stored and multiplied.
 #pragma unroll
         for (int g4 = 0; g4 < NF; ++g4) {
-          if (g4 == kRawSplit) mid();  // (unrolled: once, at a constant g4)
           const int dim0 = rq_fp8_dim(DH, g4, q);
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
@@ -1674,7 +1658,6 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
             }
           }
         }
-        if (kRawSplit == NF) mid();  // (dh 1 at a split after its 3 chunks: before the RoPE k-steps)
         // RoPE k-steps (bf16 words as loaded).
 #pragma unroll
         for (int e = 0; e < NE; ++e) {
@@ -1748,7 +1731,7 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
         load_rope_peer(0, tid - 128);
       }
     } else if constexpr (kRawQK) {
-      rq_load(meta_d, meta_s, BN, std::integral_constant<int, 0>());  // (rows past the split have no address)
+      rq_load(meta_d, meta_s, BN);  // (rows past the split have no address)
     } else {
       g.load(meta_d, meta_s, tid);
     }
@@ -2587,17 +2570,8 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
       // Q.K and the store of tile j from its words, then tile j + 1's loads (its addresses, in
       // slot nxt, were written during tile j - 1 after the softmax, below; tile 1's in the
       // prologue).
-      const bool more = j + 1 < ntiles;
-      if constexpr (kRawSplit > 0) {
-        const int live1 = more ? live_rows(j + 1) : 0;
-        rq_qk_store(live, [&] {
-          if (more) rq_load(meta_d + nxt * BN, meta_s + nxt * BN, live1, std::integral_constant<int, 1>());
-        });
-        if (more) rq_load(meta_d + nxt * BN, meta_s + nxt * BN, live1, std::integral_constant<int, 2>());
-      } else {
-        rq_qk_store(live, [] {});
-        if (more) rq_load(meta_d + nxt * BN, meta_s + nxt * BN, live_rows(j + 1), std::integral_constant<int, 0>());
-      }
+      rq_qk_store(live);
+      if (j + 1 < ntiles) rq_load(meta_d + nxt * BN, meta_s + nxt * BN, live_rows(j + 1));
       __syncthreads();  // K tile and S copies visible
     } else if constexpr (!kPipe) {
       if constexpr (WG) {
