@@ -2396,25 +2396,28 @@ def test_gpu_asym16_switch(tmp_path):
 @requires_gpu
 def test_gpu_raw_qk_switch(tmp_path, monkeypatch):
     """The 16-head V4 tile with MLA_EXT_RAWQK=1 (Q.K's key fragments straight from the gathered
-    registers wherever it applies: not the Q-register or anchored-map instances; decode_body's
+    registers wherever it applies: every map, not the Q-register instance; decode_body's
     kRawQK), 0 (Q.K from the dequantised tile) and unset (the default rule: splits of >= 128
     index entries): each against the float64 reference, and within rounding of each other (Q.K
     sums its dims in another order, so not bit-identical). Each in its own process: the switch
     is read once. Where the profiler names kernels, some call of the first ran the RAW instance
-    (the last template argument) and no call of the second did (MLA_EXT_QREG=0 in all three keeps
+    (the last template argument) and no call of the second did, and the anchored-map case ran the
+    anchored RAW instance under the first and the default (MLA_EXT_QREG=0 in all three keeps
     the Q-register kernel, which would take the one-wave calls, out of this test)."""
     # Window, C4 and C128 rows at 5-16 heads: the uniform map (window, C4, C128 at one token) and
-    # the balanced map (C128 rows up to ~1e6 context at 3-6 tokens); splits of one partial tile,
+    # the balanced map (C128 rows up to ~1e6 context at 3-6 tokens) and its anchored form (264
+    # tokens, automatic count: decode_active_slack); splits of one partial tile,
     # of one or two tiles and of many, automatic counts; the fnuz twin; sinks and invalid rows as
     # the builders make them. (kind, heads, batch, context_len, num_splits, seed[, kv_format])
     cases = [("v4_swa", 16, 8, (300, 3000), 1, 31), ("v4_swa", 12, 5, (300, 3000), 4, 33),
              ("v4_c4", 16, 5, (300, 3000), 2, 35), ("v4_c4", 9, 3, (100, 900), 3, 37, "fp8_ds_mla_v4_fnuz"),
              ("v4_c4", 16, 40, (300, 3000), 0, 39), ("v4_c128", 16, 1, (10**6, 10**6), 0, 41),
              ("v4_c128", 16, 6, (300, 10**6), 0, 43), ("v4_c128", 5, 3, (300, 10**6), 4, 45),
-             ("v4_c128", 16, 2, (10**6, 10**6), 65, 47)]
+             ("v4_c128", 16, 2, (10**6, 10**6), 65, 47), ("v4_c128", 16, 264, (300, 10**6), 0, 49)]
     monkeypatch.setenv("MLA_EXT_QREG", "0")
     results = _run_switch_children(tmp_path, "MLA_EXT_RAWQK", ("1", "0", ""), "1", cases, "decode_split")
-    raw = r"decode_split_mma_kernel<1, 512, [^>]*, false, false, false, false, false, true>"
+    raw = r"decode_split_mma_kernel<1, 512, [^>]*, false, false, false, false, (?:true|false), true>"
+    raw_anchored = r"decode_split_mma_kernel<1, 512, [^>]*, true, false, false, false, false, true, true>"
     any_raw = False
     for key, (out, lse, ref_o, ref_l, names, fmt) in results["1"].items():
         o0, l0, _, _, names0, _ = results["0"][key]
@@ -2428,6 +2431,9 @@ def test_gpu_raw_qk_switch(tmp_path, monkeypatch):
         if names0:
             assert not any(re.search(raw, n) for n in names0), (key, names0)
         any_raw = any_raw or any(re.search(raw, n) for n in names)
+        if key == "v4_c128_16_264" and names and torch.cuda.get_device_capability()[0] >= 8:
+            for nm in (names, names2):
+                assert nm and any(re.search(raw_anchored, n) for n in nm), (key, nm)
     if any(results["1"][k][4] for k in results["1"]) and torch.cuda.get_device_capability()[0] >= 8:
         assert any_raw, "MLA_EXT_RAWQK=1 never ran the RAW instance"
 

@@ -1550,8 +1550,8 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
     }
   };
   G g;
-  // kRawQK (RAW: V4 rows in the 16-head mma.sync tile, where decode_raw_qk says so; not the QREG
-  // nor the anchored-map instances): Q.K's key fragments come straight from the gathered
+  // kRawQK (RAW: V4 rows in the 16-head mma.sync tile, where decode_raw_qk says so, on every
+  // map; not the QREG instance): Q.K's key fragments come straight from the gathered
   // registers instead of the dequantised tile in shared memory. Each thread loads exactly the
   // bytes its B fragments need: warp w (kg = w / 2, dh = w % 2: a tile of <= 32 live rows keeps
   // warps 0-3 busy, one per scheduler; with kg = w % 4 its dequantisation ran on two of the four,
@@ -1570,11 +1570,14 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
   // hold one tile, so tile j + 1's loads leave after tile j's Q.K (before the barrier; their
   // addresses are written a tile earlier, after the softmax, so that they are visible then):
   // later than the other tile's, which loads before its Q.K. Loads issued chunk by chunk
-  // inside Q.K as the words free up measured +13..+57% (H100): likely the loads and Q's
-  // shared loads then share scoreboards, so Q.K waited on global memory (not verified).
-  static_assert(!RAW || (MMA && MT == 1 && !SC && !WG && !ASYM && !QREG && !ANCH && !TWO &&
+  // inside Q.K as the words free up measured +13..+57% (H100), and in two batches (the
+  // first FP8 chunks inside Q.K once used, the rest after it) +2..+6%: likely the loads and
+  // Q's shared loads then share scoreboards, so Q.K waits on global memory (not verified).
+  // The anchored instance spills 12 / 24 bytes (sm_90a; its map's state) and measured
+  // -4..-5% at C128 x 300-512 tokens (H100, fifty-eighth session).
+  static_assert(!RAW || (MMA && MT == 1 && !SC && !WG && !ASYM && !QREG && !TWO &&
                          kv_layout(F) == KvFormat::kFP8DsMlaV4),
-                "Q.K from the gathered registers: the 16-head V4 mma.sync tile (not QREG, not anchored)");
+                "Q.K from the gathered registers: the 16-head V4 mma.sync tile (not QREG)");
   constexpr bool kRawQK = RAW;
   uint32_t rw[kRawQK ? 2 : 1][kRawQK ? 18 : 1];  // words of the thread's two rows
   uint32_t rqs[kRawQK ? 2 : 1];                  // their scale bytes of dh's groups
@@ -3858,15 +3861,18 @@ inline bool decode_q_regs(const SparseDecodeParams& p, int64_t blocks, int num_s
   return on && num_sms > 0 && blocks <= num_sms && width > int64_t(p.num_splits) * 64;
 }
 
-// Whether the 16-head V4 kernel (not its QREG or anchored-map instances) takes Q.K's key
+// Whether the 16-head V4 kernel (not its QREG instance) takes Q.K's key
 // fragments straight from the gathered registers (decode_body's kRawQK): where a split spans
 // at least kRawQKMinSplitRows index entries (W + W2 >= that x num_splits). The environment
 // variable MLA_EXT_RAWQK (read once): "2", the default, that rule; "1" wherever it applies;
 // "0" never. num_splits is the grid's count (on the balanced map a token may use fewer). H100,
 // same-run A/B against the dequantised-tile Q.K, 8-16 heads, two rounds (RESULTS.md,
 // fifty-seventh session): C4 Pro at 128 / 512 tokens -4..-6% / -9..-10%, C128 at 64-128 tokens
-// -4..-6%, the window layer at 512 -2..-3%, C128 at 512 0; forced on, splits of one partial tile
-// (the window layer and C4 at 1-16 tokens: 32-72 entries) ran 2-8% slower, hence the rule.
+// -4..-6%, the window layer at 512 -2..-3%; forced on, splits of one partial tile (the window
+// layer and C4 at 1-16 tokens: 32-72 entries) ran 2-8% slower, hence the rule. On the anchored
+// map (C128 above 256 tokens; an instance of its own since the fifty-eighth session, before which
+// those calls kept the other tile): C128 x 300-512 tokens -4..-5%, the straggler layer at 300 /
+// 512 tokens +1..+2% / -1% (its short rows make short splits that the width does not show).
 constexpr int64_t kRawQKMinSplitRows = 128;
 inline bool decode_raw_qk(const SparseDecodeParams& p) {
   static const int mode = env_int("MLA_EXT_RAWQK", 2);
@@ -3939,8 +3945,13 @@ inline Status launch_split_mt(int mt, bool wg, const DecodeArgs& a, uint32_t blo
         if (a.q_regs) return launch_split<1, DQK, F, MMA, BAL, false, false, false, true>(a, blocks, stream);
       }
       if constexpr (MMA && kv_layout(F) == KvFormat::kFP8DsMlaV4 && DQK == 512) {
-        if (a.raw_qk && !a.anchored)
+        if (a.raw_qk) {
+          if constexpr (BAL) {
+            if (a.anchored)
+              return launch_split<1, DQK, F, MMA, BAL, false, false, false, false, true, false, true>(a, blocks, stream);
+          }
           return launch_split<1, DQK, F, MMA, BAL, false, false, false, false, false, false, true>(a, blocks, stream);
+        }
       }
       return launch_split_map<1, DQK, F, MMA, BAL>(a, blocks, stream);
     case 2:
