@@ -6,7 +6,8 @@ splits, sink and lse) once each on tiny shapes,
 then checks each result against the float64 reference so a sanitizer run also proves the values.
 Usage: compute-sanitizer --tool memcheck python3 tests/gpu_dev/sanitize_case.py
 Environment: MLA_EXT_SANITIZE_KINDS (comma list of decode layer kinds, default all four; "balanced"
-runs only the balanced-map cases, which v4_c128 includes; "two_token" only the forced two-token case,
+runs only the balanced-map cases, which v4_c128 includes, "anchored" only the anchored-map case,
+which v4_c128 includes too; "two_token" only the forced two-token case,
 which v4_swa includes; "reduce_chunks" only the column-chunked reduce cases, which v4_c4 includes)
 and MLA_EXT_SANITIZE_SKIP_MERGE=1 narrow a
 run (racecheck over every case takes minutes).
@@ -94,7 +95,7 @@ for D in () if skip_merge else (128, 7):
     print(f"merge_n D={D}: max err {err:.3g}")
     bad += not err < 2e-2
 
-for kind in [k for k in kinds if k not in ("balanced", "two_token", "reduce_chunks")]:
+for kind in [k for k in kinds if k not in ("balanced", "anchored", "two_token", "reduce_chunks")]:
     # (V3.2 also at 100 heads: two 64-head groups, which Hopper runs as a 2-block cluster)
     for heads in (16, 64) + ((100,) if kind == "v32" else ()):
         inp = build_decode_inputs(kind, batch=2, num_heads=heads, context_len=(300, 700), mtp=1,
@@ -171,6 +172,34 @@ if "v4_c128" in kinds or "balanced" in kinds:
         finally:
             torch.ops.mla_ext._set_head_tile(prev_t)
         bad += not decode_ok(f"balanced map H={H} splits={splits}", out, lse, ref_o, ref_l)
+# the anchored map (automatic count above 256 tokens: decode_active_slack), 16 heads: on Hopper the
+# RAW tile's anchored instance (Q.K from the gathered registers; MLA_EXT_SANITIZE_KINDS "anchored",
+# or with v4_c128). Short rows (0-300 entries: splits of one partial tile to a few tiles), one full
+# row, empty and one-entry rows, invalid slots inside rows.
+if "v4_c128" in kinds or "anchored" in kinds:
+    from mla_ext import formats
+    g = torch.Generator().manual_seed(9)
+    T, H, W, ps, pages = 264, 16, 4096, 2, 3000
+    lengths = torch.randint(0, 301, (T,), generator=g, dtype=torch.int32)
+    lengths[0], lengths[5], lengths[6], lengths[T - 1] = W, 0, 1, 700
+    idx = torch.randint(0, pages * ps, (T, W), generator=g, dtype=torch.int32)
+    idx[:, 3::11] = -1
+    cache = formats.alloc_kv_cache("fp8_ds_mla_v4", pages, ps, 512, device="cpu")
+    slots = torch.unique(idx.reshape(-1).to(torch.int64))
+    slots = slots[slots >= 0]
+    formats.write_kv_rows(cache, "fp8_ds_mla_v4", slots, torch.randn(slots.numel(), 512, generator=g))
+    q = torch.randn(T, H, 512, generator=g).to(torch.bfloat16)
+    ref_o, ref_l = reference.sparse_mla_decode(q, cache, idx, kv_format="fp8_ds_mla_v4", softmax_scale=0.05,
+                                               lengths=lengths)
+    out = torch.full((T, H, 512), float("nan"), device=dev, dtype=torch.bfloat16)
+    lse = torch.full((T, H), float("nan"), device=dev)
+    ws = torch.empty(mla_ext.sparse_mla_decode_workspace_size(T, H, num_splits=0, device=dev),
+                     dtype=torch.uint8, device=dev).fill_(0xFF)
+    mla_ext.sparse_mla_decode(q.to(dev), cache.to(dev), idx.to(dev), kv_format="fp8_ds_mla_v4", softmax_scale=0.05,
+                              output=out, workspace=ws, lse=lse, lengths=lengths.to(dev), num_splits=0)
+    if dev == "cuda":
+        torch.cuda.synchronize()
+    bad += not decode_ok(f"anchored map T={T} H={H} auto splits", out, lse, ref_o, ref_l)
 # the reduce's column chunks (one token, more than 32 splits, few (token, head) rows: 4 chunks at 16
 # heads, 2 at 48 on a GPU of 96-191 processors; MLA_EXT_SANITIZE_KINDS "reduce_chunks", or with v4_c4)
 if "v4_c4" in kinds or "reduce_chunks" in kinds:
