@@ -3058,9 +3058,8 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
       // Tile j + 2's addresses into tile j's slot (its softmax is done with it, its loads
       // were issued during tile j - 1), published by the barrier after P.V.
       if (tid < BN) {
-        row_address<F>(p, p_lo + int64_t(j + 2) * BN + tid, em, idx_next, meta_d[cur * BN + tid],
-                       meta_s[cur * BN + tid]);
-        idx_next = load_index(p, t, p_lo + int64_t(j + 3) * BN + tid, em, p_hi);
+        g_address(j + 2, idx_next, cur);
+        idx_next = g_index(j + 3);
       }
     }
 
