@@ -2722,9 +2722,8 @@ def test_gpu_active_splits_follow_the_lengths(T, grid, full_pick):
     0-2, and rows of 5,500-6,500 each match the float64 reference in the workspace the size query
     gives (NaN-poisoned), and the workspace cells written, and those holding an empty split's -inf,
     are exactly those of that map for one S' in 1..grid - 1 (full rows: the count the model picks
-    for them, and then bit-identical to that explicit count, where that is more than one and both
-    run the same 16-head tile; within rounding where only the explicit one takes Q.K from the
-    gathered registers). The same lengths replayed in a graph captured once give bit-identical
+    for them, and then bit-identical to that explicit count, where that is more than one; within
+    rounding above 256 tokens where Q.K may come from the gathered registers, decode_raw_qk). The same lengths replayed in a graph captured once give bit-identical
     results."""
     g = torch.Generator().manual_seed(35 + T)
     H, W, fmt = 8, 8320, "fp8_ds_mla_v4"
@@ -2777,10 +2776,11 @@ def test_gpu_active_splits_follow_the_lengths(T, grid, full_pick):
                 out2, lse2, ws2 = poisoned_buffers(T, H, full_pick, "cuda")
                 mla_ext.sparse_mla_decode(q, cache, idx_d, output=out2, workspace=ws2, lse=lse2,
                                           num_splits=full_pick, **kw)
-                # Above 256 tokens the automatic count runs the anchored map, whose 16-head tile
-                # takes Q.K from the dequantised tile, while the explicit count's kernel takes it
-                # from the gathered registers (decode_raw_qk: splits of >= 128 entries unless
-                # MLA_EXT_RAWQK=0): the same values up to the order of Q.K's sums.
+                # Above 256 tokens the automatic count runs the anchored map. Its 16-head tile took
+                # Q.K from the dequantised tile until a350e86, while the explicit count's kernel
+                # took it from the gathered registers (decode_raw_qk: splits of >= 128 entries
+                # unless MLA_EXT_RAWQK=0); both run RAW now, but the comparison stays within
+                # rounding (the same values up to the order of Q.K's sums).
                 if T > 256 and os.environ.get("MLA_EXT_RAWQK", "2") != "0" and W >= 128 * full_pick:
                     assert_close_rel(out2, out, torch.bfloat16)
                     assert (lse2.double() - lse.double()).abs().max().item() < 1e-3
