@@ -448,38 +448,33 @@ int main(int argc, char** argv) {
   std::printf("reference check (3 blocks, 16 heads): worst relative output error / max error %.3g %s\n", worst,
               worst < 2e-2 ? "ok" : "FAIL");
 
-  // Timing: median of 20 runs; copy ceiling through cudaMemcpyAsync of 512 MiB.
+  // Timing: the median of reps runs (a first, warm-up run dropped), for the kernel and for the copy
+  // ceiling (cudaMemcpyAsync of 512 MiB).
   cudaEvent_t e0, e1;
   CK(cudaEventCreate(&e0));
   CK(cudaEventCreate(&e1));
-  std::vector<float> ts;
-  for (int i = 0; i < 21; ++i) {
-    CK(cudaEventRecord(e0));
-    dims_split_tile<<<blocks, kThreads, kSmem>>>(args);
-    CK(cudaEventRecord(e1));
-    CK(cudaEventSynchronize(e1));
-    float ms;
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    if (i) ts.push_back(ms);
-  }
-  std::sort(ts.begin(), ts.end());
-  const double us = ts[ts.size() / 2] * 1e3, bytes = double(blocks) * nt * kBN * (kRowBytes + 8);
+  auto median_ms = [&](int reps, auto&& launch) {
+    std::vector<float> ts;
+    for (int i = 0; i <= reps; ++i) {
+      CK(cudaEventRecord(e0));
+      launch();
+      CK(cudaEventRecord(e1));
+      CK(cudaEventSynchronize(e1));
+      float ms;
+      CK(cudaEventElapsedTime(&ms, e0, e1));
+      if (i) ts.push_back(ms);
+    }
+    std::sort(ts.begin(), ts.end());
+    return double(ts[ts.size() / 2]);
+  };
+  const double us = 1e3 * median_ms(20, [&] { dims_split_tile<<<blocks, kThreads, kSmem>>>(args); });
+  const double bytes = double(blocks) * nt * kBN * (kRowBytes + 8);
   void *c0, *c1;
   const size_t cb = size_t(512) << 20;
   CK(cudaMalloc(&c0, cb));
   CK(cudaMalloc(&c1, cb));
-  std::vector<float> tc;
-  for (int i = 0; i < 11; ++i) {
-    CK(cudaEventRecord(e0));
-    CK(cudaMemcpyAsync(c1, c0, cb, cudaMemcpyDeviceToDevice));
-    CK(cudaEventRecord(e1));
-    CK(cudaEventSynchronize(e1));
-    float ms;
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    if (i) tc.push_back(ms);
-  }
-  std::sort(tc.begin(), tc.end());
-  const double copy_gbs = 2.0 * cb / (tc[tc.size() / 2] * 1e-3) / 1e9;
+  const double copy_ms = median_ms(10, [&] { CK(cudaMemcpyAsync(c1, c0, cb, cudaMemcpyDeviceToDevice)); });
+  const double copy_gbs = 2.0 * cb / (copy_ms * 1e-3) / 1e9;
   std::printf("%.1f us, %.0f GB/s of rows; copy %.0f GB/s (read + write): %.1f%% of the copy\n", us,
               bytes / us / 1e3, copy_gbs, 100.0 * bytes / us / 1e3 / copy_gbs);
   return 0;
