@@ -31,7 +31,7 @@
 //
 // Build and run (device):
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Xptxas -v \
-//     -o /tmp/dsp benchmarks/dev/dims_split_probe.cu && /tmp/dsp [blocks] [tiles per block]
+//     -o /tmp/dsp benchmarks/dev/dims_split_probe.cu && /tmp/dsp [blocks] [tiles per block] [run]
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -67,7 +67,23 @@ constexpr int kOffP = kOffSp + 8 * kH * kSpStride * 4;
 constexpr int kOffAlpha = kOffP + kH * kPStride * 2;
 constexpr int kOffRow = kOffAlpha + kH * 4;
 constexpr int kOffVr = kOffRow + 3 * kBN * 16;
-constexpr int kSmem = kOffVr + 2 * kBN * kVrStride * 2;
+constexpr int kOffP16 = kOffVr + 2 * kBN * kVrStride * 2;
+constexpr int kSmem = kOffP16 + kH * kPStride * 2;  // P16 is used by DSP_PV16 only
+
+// Variants (compile-time, 0 or 1; the reference check covers each):
+//  DSP_QK16: warps 0-6 multiply Q (converted to f16 once per block) by the raw e4m3 words
+//    converted to f16 (exact, one cvt per pair) and apply the key's group scale to the fp32
+//    S partial (c) instead of to every K element: no widening, no fp32 multiplies, no repacking.
+//  DSP_PV16: warps 0-6 run P.V in f16: P written once more as f16, V = the raw words converted to
+//    f16, transposed, then times the keys' scales as f16 pairs (one HMUL2 per B register). The
+//    f16 scale covers 2^-15..2^15 only (UE8M0 bytes 112..142): a library version would need a
+//    fallback for scales outside it.
+#ifndef DSP_QK16
+#define DSP_QK16 0
+#endif
+#ifndef DSP_PV16
+#define DSP_PV16 0
+#endif
 
 struct Args {
   const uint8_t* cache;
@@ -85,6 +101,29 @@ __device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], 
       "{%0,%1,%2,%3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void mma16816_f16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// Four e4m3fn bytes of w -> two f16x2 words (byte order), exact.
+__device__ __forceinline__ void e4m3x4_to_f16(uint32_t w, uint32_t& x0, uint32_t& x1) {
+  asm("{\n.reg .b16 a, b;\nmov.b32 {a, b}, %2;\ncvt.rn.f16x2.e4m3x2 %0, a;\ncvt.rn.f16x2.e4m3x2 %1, b;\n}\n"
+      : "=r"(x0), "=r"(x1)
+      : "r"(w));
+}
+__device__ __forceinline__ uint32_t hmul2(uint32_t x, uint32_t y) {
+  uint32_t z;
+  asm("mul.rn.f16x2 %0, %1, %2;\n" : "=r"(z) : "r"(x), "r"(y));
+  return z;
+}
+__device__ __forceinline__ uint32_t bf16x2_to_f16x2(uint32_t x) {
+  const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&x));
+  const __half2 hv = __floats2half2_rn(f.x, f.y);
+  return *reinterpret_cast<const uint32_t*>(&hv);
 }
 __device__ __forceinline__ uint32_t movtrans(uint32_t x) {
   uint32_t y;
@@ -132,6 +171,7 @@ __global__ void __launch_bounds__(kThreads, 2) dims_split_tile(Args a) {
   float* const alpha_s = reinterpret_cast<float*>(smem + kOffAlpha);
   const uint8_t** const rowp = reinterpret_cast<const uint8_t**>(smem + kOffRow);  // [3][64][2]
   __nv_bfloat16* const Vr = reinterpret_cast<__nv_bfloat16*>(smem + kOffVr);       // [2][64][72]
+  __half* const P16 = reinterpret_cast<__half*>(smem + kOffP16);                    // [16][72]
   const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, r = lane >> 2, q = lane & 3;
   const int64_t b = blockIdx.x;
   const int32_t* const idx = a.idx + b * int64_t(a.nt) * kBN;
@@ -182,6 +222,14 @@ __global__ void __launch_bounds__(kThreads, 2) dims_split_tile(Args a) {
     aq[ks][2] = *reinterpret_cast<const uint32_t*>(qb + r * kDim + d2);
     aq[ks][3] = *reinterpret_cast<const uint32_t*>(qb + (r + 8) * kDim + d2);
   }
+#if DSP_QK16
+  if (fp8) {
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) aq[ks][i] = bf16x2_to_f16x2(aq[ks][i]);
+  }
+#endif
   float o[8][4];
 #pragma unroll
   for (int n = 0; n < 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
@@ -202,18 +250,41 @@ __global__ void __launch_bounds__(kThreads, 2) dims_split_tile(Args a) {
       *reinterpret_cast<float2*>(Sw + r * kSpStride + 8 * n + 2 * q) = make_float2(c[0], c[1]);
       *reinterpret_cast<float2*>(Sw + (r + 8) * kSpStride + 8 * n + 2 * q) = make_float2(c[2], c[3]);
     };
+#if DSP_QK16 || DSP_PV16
+    // The scale bytes of keys 8 n + 2 q (sA) and 8 n + 2 q + 1 (sB): byte n of word n / 4 of
+    // lanes r = 2 q and r = 2 q + 1.
+    uint32_t sA[2], sB[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      sA[i] = __shfl_sync(0xffffffffu, scw[i], 8 * q);
+      sB[i] = __shfl_sync(0xffffffffu, scw[i], 8 * q + 4);
+    }
+#endif
     if (fp8) {
 #pragma unroll
       for (int n = 0; n < 8; ++n) {
         const uint32_t wd[4] = {raw[n].x, raw[n].y, raw[n].z, raw[n].w};
-        const float scn = scale_of(n);
         float c[4] = {0.f, 0.f, 0.f, 0.f};
+#if DSP_QK16
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks) {
+          uint32_t x0, x1;
+          e4m3x4_to_f16(wd[ks], x0, x1);
+          mma16816_f16(c, aq[ks], x0, x1);
+        }
+        const int sh = 8 * (n & 3);
+        const float s0 = __uint_as_float(((sA[n >> 2] >> sh) & 0xffu) << 23);
+        const float s1 = __uint_as_float(((sB[n >> 2] >> sh) & 0xffu) << 23);
+        c[0] *= s0; c[1] *= s1; c[2] *= s0; c[3] *= s1;
+#else
+        const float scn = scale_of(n);
 #pragma unroll
         for (int ks = 0; ks < 4; ++ks) {
           uint32_t lo, hi;
           dequant4(wd[ks], scn, lo, hi);
           mma16816(c, aq[ks], lo, hi);
         }
+#endif
         store_s(n, c);
       }
     } else {
@@ -256,6 +327,13 @@ __global__ void __launch_bounds__(kThreads, 2) dims_split_tile(Args a) {
       l_run = l_run * al + sum;
       m_run = m_new;
       *reinterpret_cast<uint2*>(P + h * kPStride + 4 * kq) = make_uint2(pack_bf16(p0, p1), pack_bf16(p2, p3));
+#if DSP_PV16
+      {
+        const __half2 u = __floats2half2_rn(p0, p1), v = __floats2half2_rn(p2, p3);
+        *reinterpret_cast<uint2*>(P16 + h * kPStride + 4 * kq) =
+            make_uint2(*reinterpret_cast<const uint32_t*>(&u), *reinterpret_cast<const uint32_t*>(&v));
+      }
+#endif
       if (kq == 0) alpha_s[h] = al;
     }
     if (j + 2 < a.nt) row_ptrs(j + 2);  // (slot (j + 2) % 3 = (j - 1) % 3: its loads are done)
@@ -269,9 +347,35 @@ __global__ void __launch_bounds__(kThreads, 2) dims_split_tile(Args a) {
       for (int n = 0; n < 8; ++n) {
         o[n][0] *= a0; o[n][1] *= a0; o[n][2] *= a1; o[n][3] *= a1;
       }
+#if DSP_PV16
+      // f16 pairs {scale of key 8 n + 2 q, of key 8 n + 2 q + 1}: the f16 exponent field of
+      // 2^(e - 127) is e - 112 (bytes 113..142).
+      uint32_t spair[8];
+#pragma unroll
+      for (int n = 0; n < 8; ++n) {
+        const uint32_t b2 = __byte_perm(sA[n >> 2], sB[n >> 2], uint32_t(n & 3) | (uint32_t(4 + (n & 3)) << 8)) & 0x00ff00ffu;
+        spair[n] = (b2 - 0x00700070u) << 10;
+      }
+#endif
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) {  // keys 16 kk .. 16 kk + 15
         uint32_t pa[4];
+#if DSP_PV16
+        if (fp8) {
+          ldsm_x4(pa, P16 + (lane & 15) * kPStride + 16 * kk + 8 * (lane >> 4));
+          const uint32_t w0[4] = {raw[2 * kk].x, raw[2 * kk].y, raw[2 * kk].z, raw[2 * kk].w};
+          const uint32_t w1[4] = {raw[2 * kk + 1].x, raw[2 * kk + 1].y, raw[2 * kk + 1].z, raw[2 * kk + 1].w};
+#pragma unroll
+          for (int wd = 0; wd < 4; ++wd) {
+            uint32_t l0, h0, l1, h1;
+            e4m3x4_to_f16(w0[wd], l0, h0);
+            e4m3x4_to_f16(w1[wd], l1, h1);
+            mma16816_f16(o[2 * wd], pa, hmul2(movtrans(l0), spair[2 * kk]), hmul2(movtrans(l1), spair[2 * kk + 1]));
+            mma16816_f16(o[2 * wd + 1], pa, hmul2(movtrans(h0), spair[2 * kk]), hmul2(movtrans(h1), spair[2 * kk + 1]));
+          }
+          continue;
+        }
+#endif
         ldsm_x4(pa, P + (lane & 15) * kPStride + 16 * kk + 8 * (lane >> 4));
         if (fp8) {
           const uint32_t w0[4] = {raw[2 * kk].x, raw[2 * kk].y, raw[2 * kk].z, raw[2 * kk].w};
@@ -336,10 +440,14 @@ static float round_bf16(float f) {
 
 int main(int argc, char** argv) {
   const int blocks = argc > 1 ? std::atoi(argv[1]) : 1536, nt = argc > 2 ? std::atoi(argv[2]) : 43;
+  // run: slots come in runs of this many consecutive slots (1: every row random, as C4's top-k;
+  // 64: one whole page per tile, as the C128 and window layers' runs).
+  const int run = argc > 3 ? std::max(1, std::min(64, std::atoi(argv[3]))) : 1;
   const int64_t pages = 200000;  // 7.5 GB of pages
   const size_t cache_bytes = size_t(pages) * kPageStride;
-  std::printf("dims-split 16-head tile probe: %d blocks x %d tiles of 64 rows, %.2f GB cache\n", blocks, nt,
-              cache_bytes / 1e9);
+  std::printf("variant DSP_QK16=%d DSP_PV16=%d\n", DSP_QK16, DSP_PV16);
+  std::printf("dims-split 16-head tile probe: %d blocks x %d tiles of 64 rows, runs of %d, %.2f GB cache\n", blocks,
+              nt, run, cache_bytes / 1e9);
   // Cache: random e4m3fn bytes (no NaN codes), scales 2^-6..2^1, RoPE bf16 in [-1, 1).
   std::mt19937_64 rng(1);
   std::vector<uint8_t> page(kPageStride);
@@ -369,7 +477,10 @@ int main(int argc, char** argv) {
       CK(cudaMemcpy(cache_d + (p0 + k) * kPageStride, page.data(), kPageStride, cudaMemcpyHostToDevice));
   }
   std::vector<int32_t> idx(size_t(blocks) * nt * kBN);
-  for (auto& v : idx) v = int32_t(rng() % uint64_t(pages * kPageRows));
+  for (size_t i = 0; i < idx.size(); i += run) {
+    const int64_t base = int64_t(rng() % uint64_t(pages * kPageRows / run)) * run;
+    for (int k = 0; k < run && i + k < idx.size(); ++k) idx[i + k] = int32_t(base + k);
+  }
   std::vector<uint16_t> qh(size_t(blocks) * kH * kDim);
   for (auto& v : qh) {
     const float f = float(int(rng() % 2001) - 1000) / 1000.f;
