@@ -946,6 +946,59 @@ def test_fp8_every_byte_value(device, fmt, d_qk, S):
     check_every_byte_value(device, fmt, d_qk, S)
 
 
+# UE8M0 scale bytes at and near their edges: 0 is 2^-127 (an fp32 subnormal), 255 is NaN.
+SCALE_EDGE_BYTES = [0, 1, 2, 64, 126, 127, 128, 129, 190, 200]
+
+
+@pytest.mark.parametrize("fmt,d_qk", [g for g in FP8_GEOMS if _is_v4(g[0])])
+@pytest.mark.parametrize("S", [1, 2])
+def test_v4_scale_byte_edges(device, fmt, d_qk, S):
+    """V4 rows whose groups carry the UE8M0 edge bytes (SCALE_EDGE_BYTES, every group of every row
+    a different one) and one row with a 255 (NaN) group. The FP8 bytes have exponent fields 10-13,
+    so every product is an fp32 / bf16 normal (>= 2^-125 at scale byte 0: no subnormal on any path)
+    and exact in bf16. Each token selects one row, so its output is that row decoded exactly, for
+    every head; the NaN row's token gets NaN output and lse."""
+    g = torch.Generator().manual_seed(zlib.crc32(fmt.encode()) + 7 * S)
+    fnuz = formats.is_fnuz(fmt)
+    n_regular = 6
+    n = n_regular + 1
+    codes = torch.tensor([(sgn << 7) | (e << 3) | m for sgn in (0, 1) for e in range(10, 14) for m in range(8)])
+    latent = codes[torch.randint(0, codes.numel(), (n, 448), generator=g)].to(torch.uint8)
+    edges = torch.tensor(SCALE_EDGE_BYTES)
+    scales = edges[(torch.arange(n)[:, None] * 7 + torch.arange(7)[None, :]) % edges.numel()].to(torch.uint8)
+    scales[n_regular, 3] = 255
+    rope = torch.randn(n, 64, generator=g).to(torch.bfloat16)
+    ps, num_pages = 4, 4
+    cache = formats.alloc_kv_cache(fmt, num_pages, ps, d_qk)
+    slots = torch.randperm(num_pages * ps, generator=g)[:n]
+    _write_raw_rows(cache, fmt, slots, latent, scales, rope)
+    if device != "cpu":
+        cache = _to_device(cache, fmt, device)
+    table = e4m3_reference_table(fnuz)
+    scale_f = torch.where(scales == 255, torch.tensor(float("nan"), dtype=torch.float64),
+                          torch.ldexp(torch.ones((), dtype=torch.float64), scales.long() - 127))
+    assert scale_f[0, 0] == 2.0 ** -127  # byte 0 is 2^-127, not 0 or 2^-126
+    K = torch.cat([table[latent.long()] * scale_f.repeat_interleave(64, dim=1), rope.double()], dim=1)
+    ok = torch.arange(n) < n_regular
+    V = K[:, :512]
+    assert torch.equal(V[ok].to(torch.bfloat16).double(), V[ok])
+    assert V[ok][:, :448].abs().min() >= 2.0 ** -125 and torch.isnan(V[~ok]).any(dim=1).all()  # fp32 normals
+    T, H = n, 16
+    idx = torch.tensor([[int(s), -1] if t % 2 else [-3, int(s)] for t, s in enumerate(slots)], dtype=torch.int32)
+    q = (torch.randn(T, H, d_qk, generator=g) * 0.25).to(torch.bfloat16)
+    scale = 1e-3
+    out, lse, ws = poisoned_buffers(T, H, S, device)
+    mla_ext.sparse_mla_decode(q.to(device), cache, idx.to(device), kv_format=fmt, softmax_scale=scale, output=out,
+                              workspace=ws, lse=lse, num_splits=S)
+    out, lse = out.cpu(), lse.cpu()
+    want = V[ok][:, None, :].expand(-1, H, -1)
+    assert torch.equal(out[ok].double(), want), (out[ok].double() - want).abs().max()
+    s_ref = scale * torch.einsum("thd,td->th", q[ok].double(), K[ok])
+    s_abs = scale * torch.einsum("thd,td->th", q[ok].double().abs(), K[ok].abs())
+    assert bool(((lse[ok].double() - s_ref).abs() <= 1e-4 * s_abs + 1e-30).all())
+    assert torch.isnan(out[~ok].float()).all() and torch.isnan(lse[~ok]).all()
+
+
 # ---------------------------------------------------------------------------------------------
 # workspace sizing, DecodeWorkspace, opcheck, torch.compile
 # ---------------------------------------------------------------------------------------------

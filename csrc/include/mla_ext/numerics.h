@@ -222,10 +222,12 @@ MLA_EXT_HD uint8_t float_to_fp8_e4m3fnuz_sat(float f) { return float_to_fp8_e4m3
 
 // ---- UE8M0 (unsigned 8-bit exponent scale, DeepSeek V4) ----
 // b means 2^(b-127); b == 0 is 2^-127 (an fp32 subnormal), b == 255 is NaN.
+// Branch-free: b << 23 is right for 1..254; bit 22 turns b == 0 into 2^-127 and b == 255's
+// infinity into quiet_nan()'s bits. (The branches it replaces made the GPU tiles' per-scale
+// conversion a divergent region each, which the compiler schedules nothing across.)
 MLA_EXT_HD float ue8m0_to_float(uint8_t b) {
-  if (b == 0) return bits_to_float(1u << 22);
-  if (b == 255) return quiet_nan();
-  return bits_to_float(uint32_t(b) << 23);
+  const uint32_t u = b;
+  return bits_to_float((u << 23) | (((u + 1u) & 0xffu) <= 1u ? (1u << 22) : 0u));
 }
 
 }  // namespace mla_ext
