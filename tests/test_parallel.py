@@ -69,6 +69,26 @@ def test_compact_indices():
             assert (packed[t, len(want):] == -1).all()
 
 
+def test_compact_indices_int64_beyond_int32_are_unusable():
+    """int64 entries above 2^31 - 1 (an engine's padding value such as 2^32) are dropped like
+    negative ones, not narrowed onto a real slot (2^32 + 7 must not become slot 7)."""
+    idx = torch.tensor([[2**32 + 7, 2**31 + 5, 3, 2**31 - 1], [-1, 2**40, 9, 2**32]], dtype=torch.int64)
+    packed, count = compact_indices(idx)
+    assert packed.tolist() == [[3, 2**31 - 1, -1, -1], [9, -1, -1, -1]]
+    assert count.tolist() == [2, 1]
+
+
+def test_compact_indices_rejects_bad_shapes():
+    idx = torch.arange(12, dtype=torch.int32).view(3, 4)
+    for lengths in (torch.tensor([2]), torch.tensor([[1], [2], [3]]), torch.tensor([1, 2, 3, 4])):
+        with pytest.raises(ValueError, match=r"compact_indices: expected lengths of shape \[3\]"):
+            compact_indices(idx, lengths)
+    with pytest.raises(ValueError, match=r"compact_indices: expected lengths of shape \[3\] on cpu"):
+        compact_indices(idx, torch.tensor([1, 2, 3], device="meta"))
+    with pytest.raises(ValueError, match=r"compact_indices: expected indices of shape \[num_tokens, W\]"):
+        compact_indices(torch.arange(4))
+
+
 def test_sharding_rejects_bad_args():
     with pytest.raises(ValueError, match="rank"):
         PageSharding(2, 2)

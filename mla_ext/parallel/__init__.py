@@ -69,9 +69,11 @@ def compact_indices(indices: torch.Tensor, lengths: Optional[torch.Tensor] = Non
     The op's result is the same up to summation order.
 
     Args:
-        indices: ``[num_tokens, W]`` integer slot ids of one set (entries < 0 are unusable).
-        lengths: optional ``[num_tokens]`` integer counts: positions ``>= lengths[t]`` are
-            unusable (as in the op).
+        indices: ``[num_tokens, W]`` integer slot ids of one set (entries < 0 are unusable, and so
+            are entries above 2^31 - 1, which no int32 slot id reaches: an int64 padding value
+            such as 2^32 is dropped, never narrowed onto a real slot).
+        lengths: optional ``[num_tokens]`` integer counts on ``indices``' device: positions
+            ``>= lengths[t]`` are unusable (as in the op).
 
     Returns:
         ``(int32 [num_tokens, W], int32 [num_tokens])``: the usable entries of each row first, in
@@ -80,15 +82,22 @@ def compact_indices(indices: torch.Tensor, lengths: Optional[torch.Tensor] = Non
 
     Raises:
         TypeError: ``indices`` or ``lengths`` not an integer tensor.
+        ValueError: ``indices`` not 2-D, ``lengths`` not of shape ``[num_tokens]`` or on another
+            device.
     """
     _integer_tensor("compact_indices", "indices", indices)
+    if indices.dim() != 2:
+        raise ValueError(f"compact_indices: expected indices of shape [num_tokens, W], got {list(indices.shape)}")
     if lengths is not None:
         _integer_tensor("compact_indices", "lengths", lengths)
+        if lengths.shape != indices.shape[:1] or lengths.device != indices.device:
+            raise ValueError(f"compact_indices: expected lengths of shape [{indices.shape[0]}] on {indices.device}, "
+                             f"got {list(lengths.shape)} on {lengths.device}")
     idx = indices.to(torch.int64)
-    usable = idx >= 0
+    usable = (idx >= 0) & (idx <= torch.iinfo(torch.int32).max)
     if lengths is not None:
         pos = torch.arange(idx.shape[1], device=idx.device)
-        usable &= pos[None, :] < lengths.to(idx.device).reshape(-1, 1).to(torch.int64)
+        usable &= pos[None, :] < lengths.to(torch.int64)[:, None]
     order = torch.argsort((~usable).to(torch.int8), dim=1, stable=True)
     count = usable.sum(dim=1)
     packed = idx.gather(1, order)
