@@ -94,10 +94,11 @@ def sparse_mla_decode(
     ``V`` is the first 512 dims of the row: DeepSeek V3.2 (d_qk 576) drops the 64 RoPE dims,
     DeepSeek V4 (d_qk 512) uses all 512 (RoPE lanes included; the caller un-rotates).
     A token with no valid entry gets output 0 and lse ``-inf``; ``attn_sink[h] = -inf`` means
-    no sink, ``+inf`` gives output 0 (lse unchanged). A selected row whose score is NaN (a NaN
-    FP8 code or NaN bf16 values in it, or NaN in ``q[t, h]``) makes that
-    token and head's output and lse NaN, whatever the split count; unselected rows are never
-    read, so NaN there never matters.
+    no sink, ``+inf`` gives output 0 and NaN gives output NaN (lse unchanged in both; a token
+    with no valid entry still gets 0 and ``-inf``). A
+    selected row whose score is NaN (a NaN FP8 code or NaN bf16 values in it, or NaN in
+    ``q[t, h]``) makes that token and head's output and lse NaN, whatever the split count;
+    unselected rows are never read, so NaN there never matters.
 
     Index validity: an entry ``indices[t, j]`` is skipped (and its row never read) when it is
     < 0, >= ``num_pages * page_size``, or ``j >= lengths[t]``; invalid entries may appear

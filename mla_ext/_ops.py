@@ -120,7 +120,9 @@ def mark_written(rec: bool, tensors: tuple) -> None:
     torch's own in-place ops do), so that a tensor saved for backward and overwritten by the op
     makes backward fail instead of using the new values. ``rec``: whether autograd records
     (grad mode on, not compiling), read before the call; ~0.2-0.3 us when it is true. A tuple
-    of tensors, no ``None``."""
+    of tensors, no ``None``. Under ``torch.no_grad()`` nothing is bumped (unlike torch's in-place
+    ops; the public docstrings say so): a graph built earlier with grad mode on and run backward
+    after such a call does not notice the overwrite."""
     if rec:
         _bump_versions(tensors)
 
@@ -140,8 +142,11 @@ def any_requires_grad(a, b, c=None) -> bool:
 # The autograd paragraph of every public op's docstring (one text, filled in at import).
 _AUTOGRAD_NOTE = """\
     Not differentiable. With grad mode on, the written tensors' version counters are bumped as
-    by torch's in-place ops (a backward that needs a saved tensor this overwrote then fails),
-    and a written tensor that requires grad, leaf or not, is refused (RuntimeError, naming it:
+    by torch's in-place ops (a backward that needs a saved tensor this overwrote then fails).
+    With grad mode off (``torch.no_grad()``) they are not (host time on the serving path): a
+    later backward through a graph that saved a tensor overwritten then uses the new values
+    without an error, where torch's in-place ops would make it fail. With grad mode on, a
+    written tensor that requires grad, leaf or not, is refused (RuntimeError, naming it:
     with no backward the op would leave it a wrong history; the ``torch.ops.mla_ext`` ops
     themselves do not look at autograd state). Unlike torch's in-place ops, it writes an
     inference tensor outside ``torch.inference_mode()`` (checking would cost every eager call

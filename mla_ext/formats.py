@@ -501,7 +501,7 @@ def write_kv_rows(kv_cache: torch.Tensor, kv_format: str, slots: torch.Tensor, k
             (see the module docstring for layouts); mutated.
         kv_format: one of :data:`KV_FORMATS`.
         slots: int ``[n]`` global slot ids (page * page_size + offset), distinct, in range.
-        kv: ``[n, d_qk]`` float32/bf16 rows (d_qk 576 for fp8_ds_mla[_fnuz], 512 for
+        kv: ``[n, d_qk]`` float32/bf16/fp16 rows (d_qk 576 for fp8_ds_mla[_fnuz], 512 for
             fp8_ds_mla_v4[_fnuz]).
 
     Quantisation (round to nearest even), with M = 448 for the e4m3fn formats and M = 240 for the

@@ -726,7 +726,8 @@ def test_strided_views_nothing_outside_written(device):
 
 
 def test_edge_sinks_and_empty(device):
-    """+inf sink -> 0 output (lse unchanged); empty rows -> 0 / -inf; W = 0; T = 0. S = 40: the
+    """+inf sink -> 0 output (lse unchanged); NaN sink -> NaN output (lse unchanged); empty rows ->
+    0 / -inf; W = 0; T = 0. S = 40: the
     GPU reduce in three column groups, most splits empty."""
     g = torch.Generator().manual_seed(9)
     T, H, fmt = 4, 8, "bf16"
@@ -738,6 +739,21 @@ def test_edge_sinks_and_empty(device):
         out, lse, _ = run_check(q, cache, idx, fmt=fmt, scale=0.05, device=device, num_splits=S, sink=sink)
         assert (out[:, 1::3] == 0).all()          # +inf sink heads
         assert (out[1] == 0).all() and torch.isneginf(lse[1]).all()
+    # NaN sink on heads 2 and 5: NaN output there, lse as without a sink; the empty token still
+    # gets 0 and -inf
+    nan_sink = make_sink(g, H, "finite")
+    nan_sink[[2, 5]] = float("nan")
+    for S in (1, 2, 40):
+        _, lse0, _ = run_check(q, cache, idx, fmt=fmt, scale=0.05, device=device, num_splits=S)
+        out, lse, ws = poisoned_buffers(T, H, S, device)
+        mla_ext.sparse_mla_decode(q.to(device), cache, idx.to(device), kv_format=fmt, softmax_scale=0.05, output=out,
+                                  workspace=ws, lse=lse, num_splits=S, attn_sink=nan_sink.to(device))
+        out, lse = out.cpu(), lse.cpu()
+        live = torch.tensor([0, 2, 3])
+        assert torch.isnan(out[live][:, [2, 5]].float()).all()
+        assert not torch.isnan(out[live][:, [0, 1, 3, 4, 6, 7]].float()).any()
+        assert (out[1] == 0).all() and torch.isneginf(lse[1]).all()
+        assert torch.equal(lse, lse0.cpu()), (lse - lse0.cpu()).abs().max()
     # W = 0: every row empty
     idx0 = torch.empty(T, 0, dtype=torch.int32)
     out, lse, _ = run_check(q, cache, idx0, fmt=fmt, scale=0.05, device=device, num_splits=0)
