@@ -36,8 +36,10 @@ def loops(path, match):
             continue
         ins = [(int(m.group(1), 16), m.group(2), m.group(3)) for m in map(INSN.match, body.splitlines()) if m]
         span = None
+        # (blocks after the last EXIT are out-of-line paths, e.g. BRA.DIV's, jumping back)
+        last_exit = max((addr for addr, op, _ in ins if op == 'EXIT'), default=1 << 62)
         for addr, op, rest in ins:
-            target = re.search(r'0x([0-9a-f]+)', rest) if op == 'BRA' else None
+            target = re.search(r'0x([0-9a-f]+)', rest) if op == 'BRA' and addr < last_exit else None
             if target and int(target.group(1), 16) < addr:
                 lo = int(target.group(1), 16)
                 if span is None or addr - lo > span[1] - span[0]:
