@@ -82,14 +82,18 @@ constexpr int kSmem = kOffQmax + 32;                 // (P16 and up: the variant
 //    f16, transposed, then times the keys' scales as f16 pairs (one HMUL2 per B register). The
 //    f16 scale covers 2^-15..2^15 only (UE8M0 bytes 112..142): a library version would need a
 //    fallback for scales outside it.
-//  DSP_LIB: both, made safe for every input as a library tile must be (its own kernel,
+//  DSP_LIB: both, made safe for the inputs a library tile meets (its own kernel,
 //    dims_split_tile_lib): Q scaled by a power of two per block so that its largest FP8-part
 //    element lands in [2^14, 2^15) before the f16 conversion (the RoPE part scaled alike, in
 //    bf16, exactly; the softmax takes the factor back); V's f16 scales taken relative to the
-//    warp's largest scale byte in the tile (E_ref; O kept in units of 2^(E_ref - 127), rescaled
-//    when E_ref moves, like the softmax's running max), so no product overflows, and a tile
-//    whose group scales span more than 2^12 runs P.V in bf16 instead (exact there); invalid
-//    rows (index < 0: no load, zero words, -inf scores; argv[4] sets their share).
+//    largest scale byte the warp has met so far (E_ref; O kept in units of 2^(E_ref - 127),
+//    scaled down when E_ref rises, like the softmax's running max), so no product overflows,
+//    and a tile with a scale more than 2^12 below E_ref runs P.V in bf16 instead (exact there);
+//    invalid rows (index < 0: no load, zero words, -inf scores; argv[4] sets their share).
+//    Left open (pathological inputs; a library version would bound them): a RoPE part of Q far
+//    larger than its FP8 part (the prescale then grows warp 7's products), scale bytes above
+//    ~224 (fp32 overflow of c * s), a tiny Q with a tiny softmax_scale (scale_log2 * 2^-k
+//    underflows).
 #ifndef DSP_LIB
 #define DSP_LIB 0
 #endif
@@ -677,10 +681,14 @@ __global__ void __launch_bounds__(kThreads, 2) dims_split_tile_lib(Args a) {
         emax = max(emax, __shfl_xor_sync(0xffffffffu, emax, o2));
         emin = min(emin, __shfl_xor_sync(0xffffffffu, emin, o2));
       }
-      if (emin <= emax) {  // some valid row: e_ref follows the tile's largest byte
-        fac = pow2i(e_ref - emax);
-        e_ref = emax;
-        use16 = emax - emin <= 12;
+      if (emin <= emax) {  // some valid row: e_ref is the largest byte so far (a running max,
+        // so that O is only ever scaled down: following it down too overflowed O for drops of
+        // more than ~108 binades)
+        if (emax > e_ref) {
+          fac = pow2i(e_ref - emax);
+          e_ref = emax;
+        }
+        use16 = e_ref - emin <= 12;
       }
     }
     {
@@ -872,7 +880,9 @@ int main(int argc, char** argv) {
   std::printf("shared memory %d B per block, %d blocks per processor\n", kSmem, per_sm);
   // (scale bytes up to 150 give K values up to 448 * 2^23: a smaller softmax_scale keeps the
   // scores, and fp32's absolute error on them, moderate)
-  const float softmax_scale = scale_mode == 0 ? 0.0625f : std::ldexp(0.0625f, -22);
+  // (and 1/1024 spreads each head's softmax over tens of keys, so that the check sees every
+  // key's values and scale, not just the top key's)
+  const float softmax_scale = scale_mode == 0 ? 0.0625f / 64 : std::ldexp(0.0625f / 64, -22);
   Args args{cache_d, idx_d, q_d, out_d, ml_d, nt, softmax_scale * 1.4426950408889634f};
   kernel<<<blocks, kThreads, kSmem>>>(args);
   CK(cudaGetLastError());
@@ -933,7 +943,7 @@ int main(int argc, char** argv) {
     }
   }
   std::printf("reference check (3 blocks, 16 heads): worst relative output error / max error %.3g %s\n", worst,
-              worst < 2e-2 ? "ok" : "FAIL");
+              worst < 5e-3 ? "ok" : "FAIL");
 
   // Timing: the median of reps runs (a first, warm-up run dropped), for the kernel and for the copy
   // ceiling (cudaMemcpyAsync of 512 MiB).
