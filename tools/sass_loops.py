@@ -6,6 +6,8 @@ For each kernel (demangled name containing SUBSTRING) it takes the largest backw
 as the main loop and counts its instructions by opcode (IMAD.MOV apart from IMAD: register moves
 that only assemble operands). With two files it prints the kernels whose loops differ, A -> B.
 The loop holds every warp's paths (warp-role branches included), so compare like with like.
+For one kernel cut at its barriers, with Nsight Compute's stall samples per stretch, see
+benchmarks/dev/sass_regions.py.
 
 Needs `cuobjdump` and `nvdisasm` on PATH; on a machine without a CUDA toolkit's binaries they come
 from PyPI: `pip download --no-deps nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm`, then unzip the

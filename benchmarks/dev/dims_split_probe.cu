@@ -198,6 +198,142 @@ __device__ __forceinline__ void dequant4(uint32_t w, float s, uint32_t& lo, uint
   hi = pack_bf16(f1.x * s, f1.y * s);
 }
 
+// ---- pieces both kernels share (lane (r, q) = (lane / 4, lane % 4); slot = a row-pointer slot) ----
+// Warps 0-6: the 16 bytes of rows 8 n + r (group w's dims 16 q ..) and their scale bytes of group
+// w (row 8 n + r: byte n % 4 of word n / 4; UE8M0, 2^(e - 127)).
+__device__ __forceinline__ void load_raw_rows(const uint8_t* const* slot, int w, int r, int q, uint4 (&raw)[8],
+                                              uint32_t (&scw)[2]) {
+  scw[0] = scw[1] = 0u;
+#pragma unroll
+  for (int n = 0; n < 8; ++n) {
+    const uint8_t* const* rp = slot + (8 * n + r) * 2;
+    raw[n] = *reinterpret_cast<const uint4*>(rp[0] + 64 * w + 16 * q);
+    scw[n >> 2] |= uint32_t(rp[1][w]) << (8 * (n & 3));
+  }
+}
+// Warp 7: the slot's rows' RoPE bytes into dst (each lane 16 of the 64 rows x 8 chunks of 16 bytes).
+__device__ __forceinline__ void load_rope_rows(const uint8_t* const* slot, __nv_bfloat16* dst, int lane) {
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    const int row = 4 * i + (lane >> 3), c = lane & 7;
+    cp_async16(dst + row * kVrStride + 8 * c, slot[row * 2] + kRopeByte + 16 * c);
+  }
+  cp_async_commit();
+}
+// Q fragments of the warp's slice (k-step ks): warps 0-6 (fp8) in the permuted order, warp 7 plain.
+__device__ __forceinline__ void load_q_frags(const __nv_bfloat16* qb, bool fp8, int w, int r, int q,
+                                             uint32_t (&aq)[4][4]) {
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks) {
+    const int d0 = fp8 ? 64 * w + 16 * q + 4 * ks : 448 + 16 * ks + 2 * q;
+    const int d2 = fp8 ? d0 + 2 : d0 + 8;
+    aq[ks][0] = *reinterpret_cast<const uint32_t*>(qb + r * kDim + d0);
+    aq[ks][1] = *reinterpret_cast<const uint32_t*>(qb + (r + 8) * kDim + d0);
+    aq[ks][2] = *reinterpret_cast<const uint32_t*>(qb + r * kDim + d2);
+    aq[ks][3] = *reinterpret_cast<const uint32_t*>(qb + (r + 8) * kDim + d2);
+  }
+}
+// C fragment of key n-tile n into the warp's partial S (16 heads x 64 keys).
+__device__ __forceinline__ void store_s(float* Sw, int r, int q, int n, const float (&c)[4]) {
+  *reinterpret_cast<float2*>(Sw + r * kSpStride + 8 * n + 2 * q) = make_float2(c[0], c[1]);
+  *reinterpret_cast<float2*>(Sw + (r + 8) * kSpStride + 8 * n + 2 * q) = make_float2(c[2], c[3]);
+}
+// Warp 7's Q.K: the RoPE rows K (bf16, shared memory) times its Q fragments, into Sw.
+__device__ __forceinline__ void rope_qk(const __nv_bfloat16* K, const uint32_t (&aq)[4][4], float* Sw, int lane) {
+#pragma unroll
+  for (int n = 0; n < 8; ++n) {
+    float c[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int kp = 0; kp < 2; ++kp) {  // two k-steps per ldmatrix.x4
+      uint32_t kb[4];
+      ldsm_x4(kb, K + (8 * n + (lane & 7)) * kVrStride + 32 * kp + 8 * (lane >> 3));
+      mma16816(c, aq[2 * kp], kb[0], kb[1]);
+      mma16816(c, aq[2 * kp + 1], kb[2], kb[3]);
+    }
+    store_s(Sw, lane >> 2, lane & 3, n, c);
+  }
+}
+// The eight warps' partial S of head h, keys 4 kq .. 4 kq + 3, summed.
+__device__ __forceinline__ float4 sum_s_partials(const float* Sp, int h, int kq) {
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+  for (int ww = 0; ww < 8; ++ww) {
+    const float4 v = *reinterpret_cast<const float4*>(Sp + (ww * kH + h) * kSpStride + 4 * kq);
+    acc.x += v.x; acc.y += v.y; acc.z += v.z; acc.w += v.w;
+  }
+  return acc;
+}
+// P's A fragment (16 heads x keys 16 kk ..) from a [16][kPStride] 16-bit P in shared memory.
+template <typename T>
+__device__ __forceinline__ void load_p_frag(const T* Pm, int kk, int lane, uint32_t (&pa)[4]) {
+  ldsm_x4(pa, Pm + (lane & 15) * kPStride + 16 * kk + 8 * (lane >> 4));
+}
+// Warp 7's P.V step kk: its RoPE rows V (bf16) as B fragments (ldmatrix.trans), dims 448 + 8 n ..
+__device__ __forceinline__ void rope_pv_step(const __nv_bfloat16* V, int kk, int lane, const uint32_t (&pa)[4],
+                                             float (&o)[8][4]) {
+#pragma unroll
+  for (int np = 0; np < 4; ++np) {  // two dim n-tiles per ldmatrix.x4.trans
+    uint32_t vb[4];
+    ldsm_x4_t(vb, V + (16 * kk + (lane & 15)) * kVrStride + 16 * np + 8 * (lane >> 4));
+    mma16816(o[2 * np], pa, vb[0], vb[1]);
+    mma16816(o[2 * np + 1], pa, vb[2], vb[3]);
+  }
+}
+// An FP8 warp's bf16 P.V step kk: rows 16 kk + r (times s0) and 16 kk + 8 + r (times s1)
+// dequantised, transposed in registers (movmatrix) into B fragments: n-tile 2 wd + e holds the
+// bf16 pair e of word wd (output dims 64 w + 16 q' + 2 n, + 1 for lane quarter q').
+__device__ __forceinline__ void fp8_pv_step_bf16(const uint4 (&raw)[8], int kk, float s0, float s1,
+                                                 const uint32_t (&pa)[4], float (&o)[8][4]) {
+  const uint32_t w0[4] = {raw[2 * kk].x, raw[2 * kk].y, raw[2 * kk].z, raw[2 * kk].w};
+  const uint32_t w1[4] = {raw[2 * kk + 1].x, raw[2 * kk + 1].y, raw[2 * kk + 1].z, raw[2 * kk + 1].w};
+#pragma unroll
+  for (int wd = 0; wd < 4; ++wd) {
+    uint32_t l0, h0, l1, h1;
+    dequant4(w0[wd], s0, l0, h0);
+    dequant4(w1[wd], s1, l1, h1);
+    mma16816(o[2 * wd], pa, movtrans(l0), movtrans(l1));
+    mma16816(o[2 * wd + 1], pa, movtrans(h0), movtrans(h1));
+  }
+}
+// The same in f16: the raw words converted exactly, transposed, times the f16 key-scale pairs
+// sp0 (keys 16 kk + 2 q', + 1) and sp1 (keys 16 kk + 8 + 2 q', + 1).
+__device__ __forceinline__ void fp8_pv_step_f16(const uint4 (&raw)[8], int kk, uint32_t sp0, uint32_t sp1,
+                                                const uint32_t (&pa)[4], float (&o)[8][4]) {
+  const uint32_t w0[4] = {raw[2 * kk].x, raw[2 * kk].y, raw[2 * kk].z, raw[2 * kk].w};
+  const uint32_t w1[4] = {raw[2 * kk + 1].x, raw[2 * kk + 1].y, raw[2 * kk + 1].z, raw[2 * kk + 1].w};
+#pragma unroll
+  for (int wd = 0; wd < 4; ++wd) {
+    uint32_t l0, h0, l1, h1;
+    e4m3x4_to_f16(w0[wd], l0, h0);
+    e4m3x4_to_f16(w1[wd], l1, h1);
+    mma16816_f16(o[2 * wd], pa, hmul2(movtrans(l0), sp0), hmul2(movtrans(l1), sp1));
+    mma16816_f16(o[2 * wd + 1], pa, hmul2(movtrans(h0), sp0), hmul2(movtrans(h1), sp1));
+  }
+}
+// Scale bytes of keys 8 n + 2 q (sA) and 8 n + 2 q + 1 (sB): byte n of word n / 4 of lanes
+// r = 2 q and r = 2 q + 1.
+__device__ __forceinline__ void pair_scale_bytes(const uint32_t (&scw)[2], int q, uint32_t (&sA)[2], uint32_t (&sB)[2]) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    sA[i] = __shfl_sync(0xffffffffu, scw[i], 8 * q);
+    sB[i] = __shfl_sync(0xffffffffu, scw[i], 8 * q + 4);
+  }
+}
+// Bytes n of sA and sB as the two 16-bit halves {A, B}.
+__device__ __forceinline__ uint32_t pair_bytes(const uint32_t (&sA)[2], const uint32_t (&sB)[2], int n) {
+  return __byte_perm(sA[n >> 2], sB[n >> 2], uint32_t(n & 3) | (uint32_t(4 + (n & 3)) << 8)) & 0x00ff00ffu;
+}
+// O (times unit) into the block's output rows: FP8 warps' n-tile n holds dims 64 w + 16 q + 2 n,
+// + 1 (see fp8_pv_step_bf16), warp 7's dims 448 + 8 n + 2 q, + 1.
+__device__ __forceinline__ void store_o(float* ob, bool fp8, int w, int r, int q, const float (&o)[8][4], float unit) {
+#pragma unroll
+  for (int n = 0; n < 8; ++n) {
+    const int d = fp8 ? 64 * w + 16 * q + 2 * n : 448 + 8 * n + 2 * q;
+    *reinterpret_cast<float2*>(ob + r * kDim + d) = make_float2(o[n][0] * unit, o[n][1] * unit);
+    *reinterpret_cast<float2*>(ob + (r + 8) * kDim + d) = make_float2(o[n][2] * unit, o[n][3] * unit);
+  }
+}
+
 __global__ void __launch_bounds__(kThreads, 2) dims_split_tile(Args a) {
   extern __shared__ __align__(16) uint8_t smem[];
   float* const Sp = reinterpret_cast<float*>(smem + kOffSp);
@@ -222,41 +358,15 @@ __global__ void __launch_bounds__(kThreads, 2) dims_split_tile(Args a) {
       rowp[((j % 3) * kBN + tid) * 2 + 1] = page + kScaleOff + (s % kPageRows) * 8;
     }
   };
-  // Warps 0-6: the 16 bytes of rows 8 n + r of slot j % 3, and their scales of group w.
   uint4 raw[8];
-  uint32_t scw[2] = {0u, 0u};  // the 8 rows' scale bytes of group w (row 8 n + r: byte n)
+  uint32_t scw[2] = {0u, 0u};
   auto scale_of = [&](int n) { return __uint_as_float(((scw[n >> 2] >> (8 * (n & 3))) & 0xffu) << 23); };
-  auto load_raw = [&](int j) {
-    scw[0] = scw[1] = 0u;
-#pragma unroll
-    for (int n = 0; n < 8; ++n) {
-      const uint8_t* const* rp = rowp + ((j % 3) * kBN + 8 * n + r) * 2;
-      raw[n] = *reinterpret_cast<const uint4*>(rp[0] + 64 * w + 16 * q);
-      scw[n >> 2] |= uint32_t(rp[1][w]) << (8 * (n & 3));  // UE8M0 exponent byte: 2^(e - 127)
-    }
-  };
-  // Warp 7: the RoPE bytes of slot j % 3's rows into Vr[j % 2] (each lane 8 rows x 16 bytes of 128).
-  auto load_rope = [&](int j) {
-    __nv_bfloat16* const dst = Vr + (j & 1) * kBN * kVrStride;
-#pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      const int row = 4 * i + (lane >> 3), c = lane & 7;  // 64 rows x 8 chunks of 16 bytes
-      cp_async16(dst + row * kVrStride + 8 * c, rowp[((j % 3) * kBN + row) * 2] + kRopeByte + 16 * c);
-    }
-    cp_async_commit();
-  };
+  auto load_raw = [&](int j) { load_raw_rows(rowp + (j % 3) * kBN * 2, w, r, q, raw, scw); };
+  // Warp 7: slot j % 3's RoPE bytes into Vr[j % 2].
+  auto load_rope = [&](int j) { load_rope_rows(rowp + (j % 3) * kBN * 2, Vr + (j & 1) * kBN * kVrStride, lane); };
 
-  // Q fragments of the warp's slice (k-step ks): warps 0-6 in the permuted order, warp 7 plain.
   uint32_t aq[4][4];
-#pragma unroll
-  for (int ks = 0; ks < 4; ++ks) {
-    const int d0 = fp8 ? 64 * w + 16 * q + 4 * ks : 448 + 16 * ks + 2 * q;
-    const int d2 = fp8 ? d0 + 2 : d0 + 8;
-    aq[ks][0] = *reinterpret_cast<const uint32_t*>(qb + r * kDim + d0);
-    aq[ks][1] = *reinterpret_cast<const uint32_t*>(qb + (r + 8) * kDim + d0);
-    aq[ks][2] = *reinterpret_cast<const uint32_t*>(qb + r * kDim + d2);
-    aq[ks][3] = *reinterpret_cast<const uint32_t*>(qb + (r + 8) * kDim + d2);
-  }
+  load_q_frags(qb, fp8, w, r, q, aq);
 #if DSP_QK16
   if (fp8) {
 #pragma unroll
@@ -281,19 +391,9 @@ __global__ void __launch_bounds__(kThreads, 2) dims_split_tile(Args a) {
   for (int j = 0; j < a.nt; ++j) {
     // ---- Q.K: the warp's partial S over its 64 dims, stored n-tile by n-tile ----
     float* const Sw = Sp + w * kH * kSpStride;
-    auto store_s = [&](int n, const float (&c)[4]) {
-      *reinterpret_cast<float2*>(Sw + r * kSpStride + 8 * n + 2 * q) = make_float2(c[0], c[1]);
-      *reinterpret_cast<float2*>(Sw + (r + 8) * kSpStride + 8 * n + 2 * q) = make_float2(c[2], c[3]);
-    };
 #if DSP_QK16 || DSP_PV16
-    // The scale bytes of keys 8 n + 2 q (sA) and 8 n + 2 q + 1 (sB): byte n of word n / 4 of
-    // lanes r = 2 q and r = 2 q + 1.
     uint32_t sA[2], sB[2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      sA[i] = __shfl_sync(0xffffffffu, scw[i], 8 * q);
-      sB[i] = __shfl_sync(0xffffffffu, scw[i], 8 * q + 4);
-    }
+    pair_scale_bytes(scw, q, sA, sB);
 #endif
     if (fp8) {
 #pragma unroll
@@ -320,34 +420,17 @@ __global__ void __launch_bounds__(kThreads, 2) dims_split_tile(Args a) {
           mma16816(c, aq[ks], lo, hi);
         }
 #endif
-        store_s(n, c);
+        store_s(Sw, r, q, n, c);
       }
     } else {
       cp_async_wait0();
       __syncwarp();
-      const __nv_bfloat16* const K = Vr + (j & 1) * kBN * kVrStride;
-#pragma unroll
-      for (int n = 0; n < 8; ++n) {
-        float c[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-        for (int kp = 0; kp < 2; ++kp) {  // two k-steps per ldmatrix.x4
-          uint32_t kb[4];
-          ldsm_x4(kb, K + (8 * n + (lane & 7)) * kVrStride + 32 * kp + 8 * (lane >> 3));
-          mma16816(c, aq[2 * kp], kb[0], kb[1]);
-          mma16816(c, aq[2 * kp + 1], kb[2], kb[3]);
-        }
-        store_s(n, c);
-      }
+      rope_qk(Vr + (j & 1) * kBN * kVrStride, aq, Sw, lane);
     }
     __syncthreads();  // (1) partial S tiles visible
     // ---- softmax: 16 threads per head, 4 keys each ----
     {
-      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-      for (int ww = 0; ww < 8; ++ww) {
-        const float4 v = *reinterpret_cast<const float4*>(Sp + (ww * kH + h) * kSpStride + 4 * kq);
-        acc.x += v.x; acc.y += v.y; acc.z += v.z; acc.w += v.w;
-      }
+      float4 acc = sum_s_partials(Sp, h, kq);
       acc.x *= a.scale_log2; acc.y *= a.scale_log2; acc.z *= a.scale_log2; acc.w *= a.scale_log2;
       float mx = fmaxf(fmaxf(acc.x, acc.y), fmaxf(acc.z, acc.w));
 #pragma unroll
@@ -387,66 +470,30 @@ __global__ void __launch_bounds__(kThreads, 2) dims_split_tile(Args a) {
       // 2^(e - 127) is e - 112 (bytes 113..142).
       uint32_t spair[8];
 #pragma unroll
-      for (int n = 0; n < 8; ++n) {
-        const uint32_t b2 = __byte_perm(sA[n >> 2], sB[n >> 2], uint32_t(n & 3) | (uint32_t(4 + (n & 3)) << 8)) & 0x00ff00ffu;
-        spair[n] = (b2 - 0x00700070u) << 10;
-      }
+      for (int n = 0; n < 8; ++n) spair[n] = (pair_bytes(sA, sB, n) - 0x00700070u) << 10;
 #endif
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) {  // keys 16 kk .. 16 kk + 15
         uint32_t pa[4];
 #if DSP_PV16
         if (fp8) {
-          ldsm_x4(pa, P16 + (lane & 15) * kPStride + 16 * kk + 8 * (lane >> 4));
-          const uint32_t w0[4] = {raw[2 * kk].x, raw[2 * kk].y, raw[2 * kk].z, raw[2 * kk].w};
-          const uint32_t w1[4] = {raw[2 * kk + 1].x, raw[2 * kk + 1].y, raw[2 * kk + 1].z, raw[2 * kk + 1].w};
-#pragma unroll
-          for (int wd = 0; wd < 4; ++wd) {
-            uint32_t l0, h0, l1, h1;
-            e4m3x4_to_f16(w0[wd], l0, h0);
-            e4m3x4_to_f16(w1[wd], l1, h1);
-            mma16816_f16(o[2 * wd], pa, hmul2(movtrans(l0), spair[2 * kk]), hmul2(movtrans(l1), spair[2 * kk + 1]));
-            mma16816_f16(o[2 * wd + 1], pa, hmul2(movtrans(h0), spair[2 * kk]), hmul2(movtrans(h1), spair[2 * kk + 1]));
-          }
+          load_p_frag(P16, kk, lane, pa);
+          fp8_pv_step_f16(raw, kk, spair[2 * kk], spair[2 * kk + 1], pa, o);
           continue;
         }
 #endif
-        ldsm_x4(pa, P + (lane & 15) * kPStride + 16 * kk + 8 * (lane >> 4));
+        load_p_frag(P, kk, lane, pa);
         if (fp8) {
-          const uint32_t w0[4] = {raw[2 * kk].x, raw[2 * kk].y, raw[2 * kk].z, raw[2 * kk].w};
-          const uint32_t w1[4] = {raw[2 * kk + 1].x, raw[2 * kk + 1].y, raw[2 * kk + 1].z, raw[2 * kk + 1].w};
-#pragma unroll
-          for (int wd = 0; wd < 4; ++wd) {
-            uint32_t l0, h0, l1, h1;
-            dequant4(w0[wd], scale_of(2 * kk), l0, h0);
-            dequant4(w1[wd], scale_of(2 * kk + 1), l1, h1);
-            // n-tile 2 wd + e: the bf16 pair e of word wd, transposed (keys x dims)
-            mma16816(o[2 * wd], pa, movtrans(l0), movtrans(l1));
-            mma16816(o[2 * wd + 1], pa, movtrans(h0), movtrans(h1));
-          }
+          fp8_pv_step_bf16(raw, kk, scale_of(2 * kk), scale_of(2 * kk + 1), pa, o);
         } else {
-          const __nv_bfloat16* const V = Vr + (j & 1) * kBN * kVrStride;
-#pragma unroll
-          for (int np = 0; np < 4; ++np) {  // two dim n-tiles per ldmatrix.x4.trans
-            uint32_t vb[4];
-            ldsm_x4_t(vb, V + (16 * kk + (lane & 15)) * kVrStride + 16 * np + 8 * (lane >> 4));
-            mma16816(o[2 * np], pa, vb[0], vb[1]);
-            mma16816(o[2 * np + 1], pa, vb[2], vb[3]);
-          }
+          rope_pv_step(Vr + (j & 1) * kBN * kVrStride, kk, lane, pa, o);
         }
       }
     }
     if (fp8 && j + 1 < a.nt) load_raw(j + 1);
   }
   // ---- epilogue: O (un-permuted), m and l ----
-  float* const ob = a.out + b * kH * kDim;
-#pragma unroll
-  for (int n = 0; n < 8; ++n) {
-    // warps 0-6: n-tile n holds dims 64 w + 16 q + 2 n, + 1 (see P.V); warp 7: 448 + 8 n + 2 q, + 1
-    const int d = fp8 ? 64 * w + 16 * q + 2 * n : 448 + 8 * n + 2 * q;
-    *reinterpret_cast<float2*>(ob + r * kDim + d) = make_float2(o[n][0], o[n][1]);
-    *reinterpret_cast<float2*>(ob + (r + 8) * kDim + d) = make_float2(o[n][2], o[n][3]);
-  }
+  store_o(a.out + b * kH * kDim, fp8, w, r, q, o, 1.f);
   if (kq == 0) {
     a.ml[(b * kH + h) * 2] = m_run;
     a.ml[(b * kH + h) * 2 + 1] = l_run;
@@ -507,38 +554,17 @@ __global__ void __launch_bounds__(kThreads, 2) dims_split_tile_lib(Args a) {
     }
   };
   uint4 raw[8];
-  uint32_t scw[2] = {0u, 0u};  // scale bytes of group w of rows 8 n + r (byte n); 0 where invalid
-  auto load_raw = [&](int j) {
-    scw[0] = scw[1] = 0u;
-#pragma unroll
-    for (int n = 0; n < 8; ++n) {
-      const uint8_t* const* rp = rowp + ((j % 3) * kBN + 8 * n + r) * 2;
-      raw[n] = *reinterpret_cast<const uint4*>(rp[0] + 64 * w + 16 * q);
-      scw[n >> 2] |= uint32_t(rp[1][w]) << (8 * (n & 3));
-    }
-  };
-  auto load_rope = [&](int j) {
-    __nv_bfloat16* const dst = Vr + (j & 1) * kBN * kVrStride;
-#pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      const int row = 4 * i + (lane >> 3), c = lane & 7;
-      cp_async16(dst + row * kVrStride + 8 * c, rowp[((j % 3) * kBN + row) * 2] + kRopeByte + 16 * c);
-    }
-    cp_async_commit();
-  };
+  uint32_t scw[2] = {0u, 0u};  // (invalid rows: zero words, scale byte 0)
+  auto load_raw = [&](int j) { load_raw_rows(rowp + (j % 3) * kBN * 2, w, r, q, raw, scw); };
+  auto load_rope = [&](int j) { load_rope_rows(rowp + (j % 3) * kBN * 2, Vr + (j & 1) * kBN * kVrStride, lane); };
 
-  // Q fragments (as dims_split_tile), then the block's power-of-two prescale: 2^k with the FP8
-  // part's largest |q| * 2^k in [2^14, 2^15).
+  // Q fragments, then the block's power-of-two prescale: 2^k with the FP8 part's largest
+  // |q| * 2^k in [2^14, 2^15).
   uint32_t aq[4][4];
+  load_q_frags(qb, fp8, w, r, q, aq);
   float qm = 0.f;
 #pragma unroll
   for (int ks = 0; ks < 4; ++ks) {
-    const int d0 = fp8 ? 64 * w + 16 * q + 4 * ks : 448 + 16 * ks + 2 * q;
-    const int d2 = fp8 ? d0 + 2 : d0 + 8;
-    aq[ks][0] = *reinterpret_cast<const uint32_t*>(qb + r * kDim + d0);
-    aq[ks][1] = *reinterpret_cast<const uint32_t*>(qb + (r + 8) * kDim + d0);
-    aq[ks][2] = *reinterpret_cast<const uint32_t*>(qb + r * kDim + d2);
-    aq[ks][3] = *reinterpret_cast<const uint32_t*>(qb + (r + 8) * kDim + d2);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&aq[ks][i]));
@@ -588,16 +614,8 @@ __global__ void __launch_bounds__(kThreads, 2) dims_split_tile_lib(Args a) {
 
   for (int j = 0; j < a.nt; ++j) {
     float* const Sw = Sp + w * kH * kSpStride;
-    auto store_s = [&](int n, const float (&c)[4]) {
-      *reinterpret_cast<float2*>(Sw + r * kSpStride + 8 * n + 2 * q) = make_float2(c[0], c[1]);
-      *reinterpret_cast<float2*>(Sw + (r + 8) * kSpStride + 8 * n + 2 * q) = make_float2(c[2], c[3]);
-    };
     uint32_t sA[2], sB[2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      sA[i] = __shfl_sync(0xffffffffu, scw[i], 8 * q);
-      sB[i] = __shfl_sync(0xffffffffu, scw[i], 8 * q + 4);
-    }
+    pair_scale_bytes(scw, q, sA, sB);
     if (fp8) {
 #pragma unroll
       for (int n = 0; n < 8; ++n) {
@@ -612,33 +630,16 @@ __global__ void __launch_bounds__(kThreads, 2) dims_split_tile_lib(Args a) {
         const int sh = 8 * (n & 3);
         const float s0 = ue8m0_f(((sA[n >> 2] >> sh) & 0xffu)), s1 = ue8m0_f(((sB[n >> 2] >> sh) & 0xffu));
         c[0] *= s0; c[1] *= s1; c[2] *= s0; c[3] *= s1;
-        store_s(n, c);
+        store_s(Sw, r, q, n, c);
       }
     } else {
       cp_async_wait0();
       __syncwarp();
-      const __nv_bfloat16* const K = Vr + (j & 1) * kBN * kVrStride;
-#pragma unroll
-      for (int n = 0; n < 8; ++n) {
-        float c[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-        for (int kp = 0; kp < 2; ++kp) {
-          uint32_t kb[4];
-          ldsm_x4(kb, K + (8 * n + (lane & 7)) * kVrStride + 32 * kp + 8 * (lane >> 3));
-          mma16816(c, aq[2 * kp], kb[0], kb[1]);
-          mma16816(c, aq[2 * kp + 1], kb[2], kb[3]);
-        }
-        store_s(n, c);
-      }
+      rope_qk(Vr + (j & 1) * kBN * kVrStride, aq, Sw, lane);
     }
     __syncthreads();  // (1) partial S tiles visible
     {
-      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-      for (int ww = 0; ww < 8; ++ww) {
-        const float4 v = *reinterpret_cast<const float4*>(Sp + (ww * kH + h) * kSpStride + 4 * kq);
-        acc.x += v.x; acc.y += v.y; acc.z += v.z; acc.w += v.w;
-      }
+      float4 acc = sum_s_partials(Sp, h, kq);
       const uint32_t vb = vmask_s[(j % 3) * 2 + (kq >> 3)] >> ((4 * kq) & 31);
       acc.x = (vb & 1u) ? acc.x * scale_log2 : -INFINITY;
       acc.y = (vb & 2u) ? acc.y * scale_log2 : -INFINITY;
@@ -703,71 +704,36 @@ __global__ void __launch_bounds__(kThreads, 2) dims_split_tile_lib(Args a) {
         uint32_t spair[8];
         const uint32_t off = (uint32_t(e_ref - 15) & 0xffffu) * 0x00010001u;
 #pragma unroll
-        for (int n = 0; n < 8; ++n) {
-          const uint32_t b2 = __byte_perm(sA[n >> 2], sB[n >> 2], uint32_t(n & 3) | (uint32_t(4 + (n & 3)) << 8)) & 0x00ff00ffu;
-          spair[n] = __vmaxs2(__vsub2(b2, off), 0u) << 10;
-        }
+        for (int n = 0; n < 8; ++n) spair[n] = __vmaxs2(__vsub2(pair_bytes(sA, sB, n), off), 0u) << 10;
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk) {
           uint32_t pa[4];
-          ldsm_x4(pa, P16 + (lane & 15) * kPStride + 16 * kk + 8 * (lane >> 4));
-          const uint32_t w0[4] = {raw[2 * kk].x, raw[2 * kk].y, raw[2 * kk].z, raw[2 * kk].w};
-          const uint32_t w1[4] = {raw[2 * kk + 1].x, raw[2 * kk + 1].y, raw[2 * kk + 1].z, raw[2 * kk + 1].w};
-#pragma unroll
-          for (int wd = 0; wd < 4; ++wd) {
-            uint32_t l0, h0, l1, h1;
-            e4m3x4_to_f16(w0[wd], l0, h0);
-            e4m3x4_to_f16(w1[wd], l1, h1);
-            mma16816_f16(o[2 * wd], pa, hmul2(movtrans(l0), spair[2 * kk]), hmul2(movtrans(l1), spair[2 * kk + 1]));
-            mma16816_f16(o[2 * wd + 1], pa, hmul2(movtrans(h0), spair[2 * kk]), hmul2(movtrans(h1), spair[2 * kk + 1]));
-          }
+          load_p_frag(P16, kk, lane, pa);
+          fp8_pv_step_f16(raw, kk, spair[2 * kk], spair[2 * kk + 1], pa, o);
         }
       } else if (DSP_LIB_FALLBACK && fp8) {
         // wide scale range: bf16 P.V, each row's values times 2^(e - e_ref) in fp32 (exact)
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk) {
           uint32_t pa[4];
-          ldsm_x4(pa, P + (lane & 15) * kPStride + 16 * kk + 8 * (lane >> 4));
-          const uint32_t w0[4] = {raw[2 * kk].x, raw[2 * kk].y, raw[2 * kk].z, raw[2 * kk].w};
-          const uint32_t w1[4] = {raw[2 * kk + 1].x, raw[2 * kk + 1].y, raw[2 * kk + 1].z, raw[2 * kk + 1].w};
+          load_p_frag(P, kk, lane, pa);
           const float s0 = pow2i(int((scw[kk >> 1] >> (16 * (kk & 1))) & 0xffu) - e_ref);
           const float s1 = pow2i(int((scw[kk >> 1] >> (16 * (kk & 1) + 8)) & 0xffu) - e_ref);
-#pragma unroll
-          for (int wd = 0; wd < 4; ++wd) {
-            uint32_t l0, h0, l1, h1;
-            dequant4(w0[wd], s0, l0, h0);
-            dequant4(w1[wd], s1, l1, h1);
-            mma16816(o[2 * wd], pa, movtrans(l0), movtrans(l1));
-            mma16816(o[2 * wd + 1], pa, movtrans(h0), movtrans(h1));
-          }
+          fp8_pv_step_bf16(raw, kk, s0, s1, pa, o);
         }
       } else {
-        const __nv_bfloat16* const V = Vr + (j & 1) * kBN * kVrStride;
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk) {
           uint32_t pa[4];
-          ldsm_x4(pa, P + (lane & 15) * kPStride + 16 * kk + 8 * (lane >> 4));
-#pragma unroll
-          for (int np = 0; np < 4; ++np) {
-            uint32_t vb[4];
-            ldsm_x4_t(vb, V + (16 * kk + (lane & 15)) * kVrStride + 16 * np + 8 * (lane >> 4));
-            mma16816(o[2 * np], pa, vb[0], vb[1]);
-            mma16816(o[2 * np + 1], pa, vb[2], vb[3]);
-          }
+          load_p_frag(P, kk, lane, pa);
+          rope_pv_step(Vr + (j & 1) * kBN * kVrStride, kk, lane, pa, o);
         }
       }
     }
     if (fp8 && j + 1 < a.nt) load_raw(j + 1);
   }
   // ---- epilogue: O (un-permuted, out of e_ref units), m and l ----
-  float* const ob = a.out + b * kH * kDim;
-  const float unit = fp8 ? ldexpf(1.f, e_ref - 127) : 1.f;
-#pragma unroll
-  for (int n = 0; n < 8; ++n) {
-    const int d = fp8 ? 64 * w + 16 * q + 2 * n : 448 + 8 * n + 2 * q;
-    *reinterpret_cast<float2*>(ob + r * kDim + d) = make_float2(o[n][0] * unit, o[n][1] * unit);
-    *reinterpret_cast<float2*>(ob + (r + 8) * kDim + d) = make_float2(o[n][2] * unit, o[n][3] * unit);
-  }
+  store_o(a.out + b * kH * kDim, fp8, w, r, q, o, fp8 ? ldexpf(1.f, e_ref - 127) : 1.f);
   if (kq == 0) {
     a.ml[(b * kH + h) * 2] = m_run;
     a.ml[(b * kH + h) * 2 + 1] = l_run;
