@@ -310,6 +310,30 @@ __device__ __forceinline__ void fp8_pv_step_f16(const uint4 (&raw)[8], int kk, u
     mma16816_f16(o[2 * wd + 1], pa, hmul2(movtrans(h0), sp0), hmul2(movtrans(h1), sp1));
   }
 }
+// UE8M0 byte -> 2^(b - 127) (0: 2^-127, 255: NaN), as the library's ue8m0_to_float.
+__device__ __forceinline__ float ue8m0_f(uint32_t b) {
+  return __uint_as_float((b << 23) | (((b + 1u) & 0xffu) <= 1u ? (1u << 22) : 0u));
+}
+// An FP8 warp's f16 Q.K (QK16): its rows' raw words converted exactly, times its f16 Q
+// fragments, each key's S partial then times its group scale (bytes from pair_scale_bytes).
+__device__ __forceinline__ void fp8_qk_f16(const uint4 (&raw)[8], const uint32_t (&aq)[4][4], const uint32_t (&sA)[2],
+                                           const uint32_t (&sB)[2], float* Sw, int r, int q) {
+#pragma unroll
+  for (int n = 0; n < 8; ++n) {
+    const uint32_t wd[4] = {raw[n].x, raw[n].y, raw[n].z, raw[n].w};
+    float c[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) {
+      uint32_t x0, x1;
+      e4m3x4_to_f16(wd[ks], x0, x1);
+      mma16816_f16(c, aq[ks], x0, x1);
+    }
+    const int sh = 8 * (n & 3);
+    const float s0 = ue8m0_f((sA[n >> 2] >> sh) & 0xffu), s1 = ue8m0_f((sB[n >> 2] >> sh) & 0xffu);
+    c[0] *= s0; c[1] *= s1; c[2] *= s0; c[3] *= s1;
+    store_s(Sw, r, q, n, c);
+  }
+}
 // Scale bytes of keys 8 n + 2 q (sA) and 8 n + 2 q + 1 (sB): byte n of word n / 4 of lanes
 // r = 2 q and r = 2 q + 1.
 __device__ __forceinline__ void pair_scale_bytes(const uint32_t (&scw)[2], int q, uint32_t (&sA)[2], uint32_t (&sB)[2]) {
@@ -396,22 +420,13 @@ __global__ void __launch_bounds__(kThreads, 2) dims_split_tile(Args a) {
     pair_scale_bytes(scw, q, sA, sB);
 #endif
     if (fp8) {
+#if DSP_QK16
+      fp8_qk_f16(raw, aq, sA, sB, Sw, r, q);
+#else
 #pragma unroll
       for (int n = 0; n < 8; ++n) {
         const uint32_t wd[4] = {raw[n].x, raw[n].y, raw[n].z, raw[n].w};
         float c[4] = {0.f, 0.f, 0.f, 0.f};
-#if DSP_QK16
-#pragma unroll
-        for (int ks = 0; ks < 4; ++ks) {
-          uint32_t x0, x1;
-          e4m3x4_to_f16(wd[ks], x0, x1);
-          mma16816_f16(c, aq[ks], x0, x1);
-        }
-        const int sh = 8 * (n & 3);
-        const float s0 = __uint_as_float(((sA[n >> 2] >> sh) & 0xffu) << 23);
-        const float s1 = __uint_as_float(((sB[n >> 2] >> sh) & 0xffu) << 23);
-        c[0] *= s0; c[1] *= s1; c[2] *= s0; c[3] *= s1;
-#else
         const float scn = scale_of(n);
 #pragma unroll
         for (int ks = 0; ks < 4; ++ks) {
@@ -419,9 +434,9 @@ __global__ void __launch_bounds__(kThreads, 2) dims_split_tile(Args a) {
           dequant4(wd[ks], scn, lo, hi);
           mma16816(c, aq[ks], lo, hi);
         }
-#endif
         store_s(Sw, r, q, n, c);
       }
+#endif
     } else {
       cp_async_wait0();
       __syncwarp();
@@ -507,10 +522,6 @@ __device__ __align__(16) uint8_t g_zero_row[kRowBytes + 16];
 // 2^e as fp32 for e in [-126, 127] (0 below, clamped above).
 __device__ __forceinline__ float pow2i(int e) {
   return e < -126 ? 0.f : __uint_as_float(uint32_t(min(e, 127) + 127) << 23);
-}
-// UE8M0 byte -> 2^(b - 127) (0: 2^-127, 255: NaN), as the library's ue8m0_to_float.
-__device__ __forceinline__ float ue8m0_f(uint32_t b) {
-  return __uint_as_float((b << 23) | (((b + 1u) & 0xffu) <= 1u ? (1u << 22) : 0u));
 }
 // Byte-wise max / min of the 8 bytes in two words, as an int.
 __device__ __forceinline__ int max_byte8(uint32_t x, uint32_t y) {
@@ -617,21 +628,7 @@ __global__ void __launch_bounds__(kThreads, 2) dims_split_tile_lib(Args a) {
     uint32_t sA[2], sB[2];
     pair_scale_bytes(scw, q, sA, sB);
     if (fp8) {
-#pragma unroll
-      for (int n = 0; n < 8; ++n) {
-        const uint32_t wd[4] = {raw[n].x, raw[n].y, raw[n].z, raw[n].w};
-        float c[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-        for (int ks = 0; ks < 4; ++ks) {
-          uint32_t x0, x1;
-          e4m3x4_to_f16(wd[ks], x0, x1);
-          mma16816_f16(c, aq[ks], x0, x1);
-        }
-        const int sh = 8 * (n & 3);
-        const float s0 = ue8m0_f(((sA[n >> 2] >> sh) & 0xffu)), s1 = ue8m0_f(((sB[n >> 2] >> sh) & 0xffu));
-        c[0] *= s0; c[1] *= s1; c[2] *= s0; c[3] *= s1;
-        store_s(Sw, r, q, n, c);
-      }
+      fp8_qk_f16(raw, aq, sA, sB, Sw, r, q);
     } else {
       cp_async_wait0();
       __syncwarp();
