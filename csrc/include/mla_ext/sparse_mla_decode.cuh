@@ -558,6 +558,32 @@ __device__ __forceinline__ void copy16_async(void* smem_dst, const void* gmem_sr
   *reinterpret_cast<uint4*>(smem_dst) = *reinterpret_cast<const uint4*>(gmem_src);
 #endif
 }
+// 4-byte global -> shared copy that does not wait (cp.async.ca: 4 bytes may not bypass L1).
+__device__ __forceinline__ void copy4_async(void* smem_dst, const void* gmem_src) {
+#if defined(MLA_EXT_DECODE_MMA)
+  const uint32_t d = uint32_t(__cvta_generic_to_shared(smem_dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(d), "l"(gmem_src) : "memory");
+#else
+  *reinterpret_cast<uint32_t*>(smem_dst) = *reinterpret_cast<const uint32_t*>(gmem_src);
+#endif
+}
+// The RAW tile's Q layout: the A fragments of head rows rr and rr + 8 interleaved, so that one
+// 16-byte shared load is one fragment (no register moves to assemble it: 239 -> 22 IMAD.MOV in
+// the balanced instance's loop, -3.9% of its instructions net). H100, same-run A/B against the
+// plain layout, two rounds (RESULTS.md, fifty-ninth session): C128 8-16 heads x 64-512 tokens
+// -1..-4%, C4 Flash x 300 -4%; the straggler layer at 128 tokens +1..+3%, C4 Pro x 64 +1%. Row pair rr holds
+// 129 16-byte units (128 + 1: an odd pitch spreads the pairs over the banks); unit 2 c + half
+// holds dims 8 c + 4 half .. + 3 of both heads as {rr: d, d + 1; rr + 8: d, d + 1; rr: d + 2,
+// d + 3; rr + 8: d + 2, d + 3}, the unit index's bit 1 XOR its bit 3 (a quad's four FP8 chunks
+// 16 dims apart then fall in four different bank groups: the FP8 loads are conflict-free; the
+// RoPE loads of row pairs 2k and 2k + 1 share bank groups, 2 wavefronts per 8 lanes, as the
+// two 8-byte loads they replace took).
+constexpr int kRawQPairUnits = 129;
+__device__ __forceinline__ int raw_q_unit(int unit) { return unit ^ (((unit >> 3) & 1) << 1); }
+// Word offset (4-byte units from the layout's start) of dims d, d + 1 (d even) of head h < 16.
+__device__ __forceinline__ int raw_q_word(int h, int d) {
+  return (h & 7) * (4 * kRawQPairUnits) + 4 * raw_q_unit(2 * (d >> 3) + ((d >> 2) & 1)) + 2 * ((d >> 1) & 1) + (h >> 3);
+}
 __device__ __forceinline__ void copy_async_wait_all() {
 #if defined(MLA_EXT_DECODE_MMA)
   asm volatile("cp.async.wait_all;\n" ::: "memory");
@@ -1468,7 +1494,20 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
   // copies are asynchronous (no register round trip, every load in flight at
   // once) and overlap the index / address / first-gather latency chain; they
   // are waited for before the first barrier of the tile loop.
-  if (MMA) {
+  if constexpr (RAW) {
+    // (raw_q_word's interleaved layout: 4-byte copies, 16 per thread)
+    static_assert(HTp == 16 && DQK == 512 && size_t(8) * kRawQPairUnits * 16 <= size_t(HTp) * KST * 2, "RAW Q layout");
+#pragma unroll 4
+    for (int u = tid; u < HTp * (DQK / 2); u += kThreads) {
+      const int r = u / (DQK / 2), d = 2 * (u - r * (DQK / 2));
+      uint32_t* const dst = reinterpret_cast<uint32_t*>(Qs) + raw_q_word(r, d);
+      if (r < nh) {
+        copy4_async(dst, qt + int64_t(r) * p.q_stride_head + d);
+      } else {
+        *dst = 0u;
+      }
+    }
+  } else if (MMA) {
     constexpr int QCH = DQK / 8;
 #pragma unroll 4
     for (int u = tid; u < HTp * QCH; u += kThreads) {
@@ -1634,8 +1673,18 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
       float c2[2][4];
 #pragma unroll
       for (int i = 0; i < 2; ++i) c2[i][0] = c2[i][1] = c2[i][2] = c2[i][3] = 0.f;
-      const uint16_t* const q0 = Qs + rr * KST;
-      const uint16_t* const q1 = q0 + 8 * KST;
+      // Q's fragments: one 16-byte load each (raw_q_word's layout). The lane's FP8 units are
+      // 16 (4 DH + g4) + 4 q + 2 h + half, swizzled: bit 1 ^= bit 3 = q's bit 1, i.e. h ^ qb;
+      // its RoPE units 112 + 4 (DH + e) + q (kRopeDim 448), bit 1 ^= bit 1 of DH + e. Per-lane bases, so that
+      // the loads take constant offsets.
+      const uint32_t* const qp = reinterpret_cast<const uint32_t*>(Qs) + rr * (4 * kRawQPairUnits);
+      const int qb = (q >> 1) & 1;
+      const uint32_t* const qf[2] = {qp + 4 * (4 * q + 2 * qb), qp + 4 * (4 * q + 2 * (qb ^ 1))};
+      const uint32_t* const qr[2] = {qp + 4 * q, qp + 4 * (q ^ 2)};
+      auto q_frag = [&](const uint32_t* base, int unit, uint32_t (&a)[4]) {
+        const uint4 v = *reinterpret_cast<const uint4*>(base + 4 * unit);
+        a[0] = v.x; a[1] = v.y; a[2] = v.z; a[3] = v.w;
+      };
       auto steps = [&](auto dhc) {
         constexpr int DH = decltype(dhc)::value, NF = DH == 0 ? 4 : 3, NE = DH == 0 ? 1 : 3;
         // FP8 chunks, 8 dims (two k-steps) at a time: Q's two head rows, then per row its
@@ -1645,9 +1694,9 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
           const int dim0 = rq_fp8_dim(DH, g4, q);
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
-            const uint4 qa0 = *reinterpret_cast<const uint4*>(q0 + dim0 + 8 * h);
-            const uint4 qa1 = *reinterpret_cast<const uint4*>(q1 + dim0 + 8 * h);
-            const uint32_t a0[4] = {qa0.x, qa1.x, qa0.y, qa1.y}, a1[4] = {qa0.z, qa1.z, qa0.w, qa1.w};
+            uint32_t a0[4], a1[4];
+            q_frag(qf[h], 16 * (4 * DH + g4), a0);
+            q_frag(qf[h], 16 * (4 * DH + g4) + 1, a1);
 #pragma unroll
             for (int i = 0; i < 2; ++i) {
               const float sc = ue8m0_to_float(uint8_t(rqs[i] >> (8 * g4)));
@@ -1665,9 +1714,8 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
 #pragma unroll
         for (int e = 0; e < NE; ++e) {
           const int dim0 = rq_rope_dim(DH, e, q);
-          const uint2 qa0 = *reinterpret_cast<const uint2*>(q0 + dim0);
-          const uint2 qa1 = *reinterpret_cast<const uint2*>(q1 + dim0);
-          const uint32_t a[4] = {qa0.x, qa1.x, qa0.y, qa1.y};
+          uint32_t a[4];
+          q_frag(qr[((DH + e) >> 1) & 1], G::FT::kRopeDim / 4 + 4 * (DH + e), a);
 #pragma unroll
           for (int i = 0; i < 2; ++i) {
             const uint2 kv = make_uint2(rw[i][4 * NF + 2 * e], rw[i][4 * NF + 2 * e + 1]);
