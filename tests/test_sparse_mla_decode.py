@@ -1015,6 +1015,51 @@ def test_v4_scale_byte_edges(device, fmt, d_qk, S):
     assert torch.isnan(out[~ok].float()).all() and torch.isnan(lse[~ok]).all()
 
 
+@pytest.mark.parametrize("fmt,d_qk", [g for g in FP8_GEOMS if _is_v4(g[0])])
+@pytest.mark.parametrize("S", [1, 2])
+def test_v4_products_rounded_once(device, fmt, d_qk, S):
+    """Every non-NaN FP8 code times the smallest scales (bytes 0-6: products down to bf16
+    subnormals and below half of the smallest, which round to zero) and times scales on both
+    sides of 2^7 (bytes 133-136: the GPU's 16-head tile multiplies in bf16 up to byte 134 and in
+    fp32 above). The output of a token selecting one row is that row: value x scale computed
+    exactly, then rounded once to bf16 (round to nearest even, subnormals kept)."""
+    g = torch.Generator().manual_seed(zlib.crc32(fmt.encode()) + 11 * S)
+    fnuz = formats.is_fnuz(fmt)
+    table = e4m3_reference_table(fnuz)
+    codes = torch.tensor([b for b in range(256) if not torch.isnan(table[b])])
+    scale_bytes = [0, 1, 2, 3, 4, 5, 6, 133, 134, 135, 136]
+    n = 8
+    latent = torch.stack([codes[torch.randperm(codes.numel(), generator=g)].repeat(2)[:448] for _ in range(n)])
+    latent = latent.to(torch.uint8)
+    scales = torch.tensor(scale_bytes)[torch.randint(0, len(scale_bytes), (n, 7), generator=g)].to(torch.uint8)
+    scales[0] = torch.tensor([0, 1, 2, 3, 4, 5, 6], dtype=torch.uint8)  # every small byte at once
+    scales[1] = torch.tensor([133, 134, 135, 136, 0, 134, 135], dtype=torch.uint8)
+    rope = torch.randn(n, 64, generator=g).to(torch.bfloat16)
+    ps, num_pages = 4, 4
+    cache = formats.alloc_kv_cache(fmt, num_pages, ps, d_qk)
+    slots = torch.randperm(num_pages * ps, generator=g)[:n]
+    _write_raw_rows(cache, fmt, slots, latent, scales, rope)
+    if device != "cpu":
+        cache = _to_device(cache, fmt, device)
+    scale_f = torch.ldexp(torch.ones(scales.shape, dtype=torch.float64), scales.long() - 127)
+    exact = table[latent.long()] * scale_f.repeat_interleave(64, dim=1)  # exact in fp32 too
+    assert torch.equal(exact.float().double(), exact)
+    V = torch.cat([exact.float().to(torch.bfloat16), rope], dim=1)  # one rounding, fp32 -> bf16
+    tiny = exact.abs() < 2.0 ** -126
+    assert bool((tiny & (exact != 0)).any()) and bool((V[:, :448][tiny] == 0).any())  # subnormals, zeros
+    assert bool((V[:, :448][tiny] != 0).any())
+    T, H = n, 16
+    idx = torch.tensor([[int(s), -1] if t % 2 else [-3, int(s)] for t, s in enumerate(slots)], dtype=torch.int32)
+    q = (torch.randn(T, H, d_qk, generator=g) * 0.25).to(torch.bfloat16)
+    out, lse, ws = poisoned_buffers(T, H, S, device)
+    mla_ext.sparse_mla_decode(q.to(device), cache, idx.to(device), kv_format=fmt, softmax_scale=1e-3, output=out,
+                              workspace=ws, lse=lse, num_splits=S)
+    out = out.cpu()
+    want = V[:, None, :].expand(-1, H, -1)
+    diff = out.double() != want.double()  # (the sum of one term drops -0's sign: values compared)
+    assert not bool(diff.any()), (out[diff].double(), want[diff].double())
+
+
 # ---------------------------------------------------------------------------------------------
 # workspace sizing, DecodeWorkspace, opcheck, torch.compile
 # ---------------------------------------------------------------------------------------------
