@@ -966,6 +966,27 @@ def test_fp8_every_byte_value(device, fmt, d_qk, S):
 SCALE_EDGE_BYTES = [0, 1, 2, 64, 126, 127, 128, 129, 190, 200]
 
 
+def _run_v4_one_row_per_token(g, device, fmt, d_qk, S, latent, scales, softmax_scale):
+    """Rows of the given latent / scale bytes (random RoPE) in a small cache, token t selecting
+    row t only (its slot first or second in a two-wide index row, beside an invalid one), at
+    16 heads: (rope, q, out, lse) with out and lse on the CPU."""
+    n = latent.shape[0]
+    rope = torch.randn(n, 64, generator=g).to(torch.bfloat16)
+    ps, num_pages = 4, 4
+    cache = formats.alloc_kv_cache(fmt, num_pages, ps, d_qk)
+    slots = torch.randperm(num_pages * ps, generator=g)[:n]
+    _write_raw_rows(cache, fmt, slots, latent, scales, rope)
+    if device != "cpu":
+        cache = _to_device(cache, fmt, device)
+    T, H = n, 16
+    idx = torch.tensor([[int(s), -1] if t % 2 else [-3, int(s)] for t, s in enumerate(slots)], dtype=torch.int32)
+    q = (torch.randn(T, H, d_qk, generator=g) * 0.25).to(torch.bfloat16)
+    out, lse, ws = poisoned_buffers(T, H, S, device)
+    mla_ext.sparse_mla_decode(q.to(device), cache, idx.to(device), kv_format=fmt, softmax_scale=softmax_scale,
+                              output=out, workspace=ws, lse=lse, num_splits=S)
+    return rope, q, out.cpu(), lse.cpu()
+
+
 @pytest.mark.parametrize("fmt,d_qk", [g for g in FP8_GEOMS if _is_v4(g[0])])
 @pytest.mark.parametrize("S", [1, 2])
 def test_v4_scale_byte_edges(device, fmt, d_qk, S):
@@ -983,31 +1004,18 @@ def test_v4_scale_byte_edges(device, fmt, d_qk, S):
     edges = torch.tensor(SCALE_EDGE_BYTES)
     scales = edges[(torch.arange(n)[:, None] * 7 + torch.arange(7)[None, :]) % edges.numel()].to(torch.uint8)
     scales[n_regular, 3] = 255
-    rope = torch.randn(n, 64, generator=g).to(torch.bfloat16)
-    ps, num_pages = 4, 4
-    cache = formats.alloc_kv_cache(fmt, num_pages, ps, d_qk)
-    slots = torch.randperm(num_pages * ps, generator=g)[:n]
-    _write_raw_rows(cache, fmt, slots, latent, scales, rope)
-    if device != "cpu":
-        cache = _to_device(cache, fmt, device)
+    scale = 1e-3
+    rope, q, out, lse = _run_v4_one_row_per_token(g, device, fmt, d_qk, S, latent, scales, scale)
     table = e4m3_reference_table(fnuz)
     scale_f = torch.where(scales == 255, torch.tensor(float("nan"), dtype=torch.float64),
-                          torch.ldexp(torch.ones((), dtype=torch.float64), scales.long() - 127))
+                          torch.ldexp(torch.ones(scales.shape, dtype=torch.float64), scales.long() - 127))
     assert scale_f[0, 0] == 2.0 ** -127  # byte 0 is 2^-127, not 0 or 2^-126
     K = torch.cat([table[latent.long()] * scale_f.repeat_interleave(64, dim=1), rope.double()], dim=1)
     ok = torch.arange(n) < n_regular
     V = K[:, :512]
     assert torch.equal(V[ok].to(torch.bfloat16).double(), V[ok])
     assert V[ok][:, :448].abs().min() >= 2.0 ** -125 and torch.isnan(V[~ok]).any(dim=1).all()  # fp32 normals
-    T, H = n, 16
-    idx = torch.tensor([[int(s), -1] if t % 2 else [-3, int(s)] for t, s in enumerate(slots)], dtype=torch.int32)
-    q = (torch.randn(T, H, d_qk, generator=g) * 0.25).to(torch.bfloat16)
-    scale = 1e-3
-    out, lse, ws = poisoned_buffers(T, H, S, device)
-    mla_ext.sparse_mla_decode(q.to(device), cache, idx.to(device), kv_format=fmt, softmax_scale=scale, output=out,
-                              workspace=ws, lse=lse, num_splits=S)
-    out, lse = out.cpu(), lse.cpu()
-    want = V[ok][:, None, :].expand(-1, H, -1)
+    want = V[ok][:, None, :].expand(-1, 16, -1)
     assert torch.equal(out[ok].double(), want), (out[ok].double() - want).abs().max()
     s_ref = scale * torch.einsum("thd,td->th", q[ok].double(), K[ok])
     s_abs = scale * torch.einsum("thd,td->th", q[ok].double().abs(), K[ok].abs())
@@ -1034,13 +1042,7 @@ def test_v4_products_rounded_once(device, fmt, d_qk, S):
     scales = torch.tensor(scale_bytes)[torch.randint(0, len(scale_bytes), (n, 7), generator=g)].to(torch.uint8)
     scales[0] = torch.tensor([0, 1, 2, 3, 4, 5, 6], dtype=torch.uint8)  # every small byte at once
     scales[1] = torch.tensor([133, 134, 135, 136, 0, 134, 135], dtype=torch.uint8)
-    rope = torch.randn(n, 64, generator=g).to(torch.bfloat16)
-    ps, num_pages = 4, 4
-    cache = formats.alloc_kv_cache(fmt, num_pages, ps, d_qk)
-    slots = torch.randperm(num_pages * ps, generator=g)[:n]
-    _write_raw_rows(cache, fmt, slots, latent, scales, rope)
-    if device != "cpu":
-        cache = _to_device(cache, fmt, device)
+    rope, _, out, _ = _run_v4_one_row_per_token(g, device, fmt, d_qk, S, latent, scales, 1e-3)
     scale_f = torch.ldexp(torch.ones(scales.shape, dtype=torch.float64), scales.long() - 127)
     exact = table[latent.long()] * scale_f.repeat_interleave(64, dim=1)  # exact in fp32 too
     assert torch.equal(exact.float().double(), exact)
@@ -1048,14 +1050,7 @@ def test_v4_products_rounded_once(device, fmt, d_qk, S):
     tiny = exact.abs() < 2.0 ** -126
     assert bool((tiny & (exact != 0)).any()) and bool((V[:, :448][tiny] == 0).any())  # subnormals, zeros
     assert bool((V[:, :448][tiny] != 0).any())
-    T, H = n, 16
-    idx = torch.tensor([[int(s), -1] if t % 2 else [-3, int(s)] for t, s in enumerate(slots)], dtype=torch.int32)
-    q = (torch.randn(T, H, d_qk, generator=g) * 0.25).to(torch.bfloat16)
-    out, lse, ws = poisoned_buffers(T, H, S, device)
-    mla_ext.sparse_mla_decode(q.to(device), cache, idx.to(device), kv_format=fmt, softmax_scale=1e-3, output=out,
-                              workspace=ws, lse=lse, num_splits=S)
-    out = out.cpu()
-    want = V[:, None, :].expand(-1, H, -1)
+    want = V[:, None, :].expand(-1, 16, -1)
     diff = out.double() != want.double()  # (the sum of one term drops -0's sign: values compared)
     assert not bool(diff.any()), (out[diff].double(), want[diff].double())
 
