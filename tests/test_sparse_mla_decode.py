@@ -1055,6 +1055,30 @@ def test_v4_products_rounded_once(device, fmt, d_qk, S):
     assert not bool(diff.any()), (out[diff].double(), want[diff].double())
 
 
+@pytest.mark.parametrize("fmt,d_qk", [g for g in FP8_GEOMS if _is_v4(g[0])])
+def test_v4_nan_code_in_a_selected_row(device, fmt, d_qk):
+    """A NaN code (e4m3fn 0x7f / 0xff, e4m3fnuz 0x80) anywhere in a selected V4 row makes its
+    token's output and lse NaN for every head; tokens of rows without one get their row exactly."""
+    g = torch.Generator().manual_seed(zlib.crc32(fmt.encode()) + 3)
+    fnuz = formats.is_fnuz(fmt)
+    table = e4m3_reference_table(fnuz)
+    codes = torch.tensor([(sgn << 7) | (e << 3) | m for sgn in (0, 1) for e in range(4, 12) for m in range(8)])
+    n = 6
+    latent = codes[torch.randint(0, codes.numel(), (n, 448), generator=g)].to(torch.uint8)
+    nan_codes = [0x80] if fnuz else [0x7F, 0xFF]
+    bad = {1: 0, 2: 447, 4: 200}  # row -> dim: the first, last and a middle FP8 group
+    for i, (row, dim) in enumerate(bad.items()):
+        latent[row, dim] = nan_codes[i % len(nan_codes)]
+    scales = torch.randint(100, 135, (n, 7), generator=g).to(torch.uint8)
+    rope, _, out, lse = _run_v4_one_row_per_token(g, device, fmt, d_qk, 1, latent, scales, 1e-3)
+    hit = torch.tensor([r in bad for r in range(n)])
+    assert torch.isnan(out[hit].float()).all() and torch.isnan(lse[hit]).all()
+    scale_f = torch.ldexp(torch.ones(scales.shape, dtype=torch.float64), scales.long() - 127)
+    V = torch.cat([(table[latent.long()] * scale_f.repeat_interleave(64, dim=1)).to(torch.bfloat16), rope], dim=1)
+    assert torch.equal(out[~hit].double(), V[~hit][:, None, :].expand(-1, 16, -1).double())
+    assert not torch.isnan(lse[~hit]).any()
+
+
 # ---------------------------------------------------------------------------------------------
 # workspace sizing, DecodeWorkspace, opcheck, torch.compile
 # ---------------------------------------------------------------------------------------------
