@@ -358,6 +358,45 @@ __device__ __forceinline__ void store_o(float* ob, bool fp8, int w, int r, int q
   }
 }
 
+// One online-softmax step of thread (head h = tid / 16, key quad kq = tid % 16) over its 4 scores
+// (already times softmax_scale x log2 e; MASKED: -inf for invalid keys): the head's running m
+// and l (its 16 threads agree), P as bf16 (and as f16 where F16), and the factor by which O is
+// rescaled (alpha_s[h]).
+template <bool F16, bool MASKED>
+__device__ __forceinline__ void softmax_step(float4 acc, float& m_run, float& l_run, __nv_bfloat16* P, __half* P16,
+                                             float* alpha_s, int h, int kq) {
+  float mx = fmaxf(fmaxf(acc.x, acc.y), fmaxf(acc.z, acc.w));
+#pragma unroll
+  for (int o2 = 8; o2 >= 1; o2 >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o2));
+  const float m_new = fmaxf(m_run, mx);
+  const float m_use = MASKED && m_new == -INFINITY ? 0.f : m_new;  // (no valid key yet: all weights 0)
+  const float al = exp2f(m_run - m_use);
+  const float p0 = exp2f(acc.x - m_use), p1 = exp2f(acc.y - m_use), p2 = exp2f(acc.z - m_use),
+              p3 = exp2f(acc.w - m_use);
+  float sum = p0 + p1 + p2 + p3;
+#pragma unroll
+  for (int o2 = 8; o2 >= 1; o2 >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o2);
+  l_run = l_run * al + sum;
+  m_run = m_new;
+  *reinterpret_cast<uint2*>(P + h * kPStride + 4 * kq) = make_uint2(pack_bf16(p0, p1), pack_bf16(p2, p3));
+  if constexpr (F16) {
+    const __half2 u = __floats2half2_rn(p0, p1), v = __floats2half2_rn(p2, p3);
+    *reinterpret_cast<uint2*>(P16 + h * kPStride + 4 * kq) =
+        make_uint2(*reinterpret_cast<const uint32_t*>(&u), *reinterpret_cast<const uint32_t*>(&v));
+  }
+  if (kq == 0) alpha_s[h] = al;
+}
+
+// Epilogue: O (un-permuted, times unit), then each head's m and l.
+__device__ __forceinline__ void store_result(const Args& a, int64_t b, bool fp8, int w, int r, int q, int h, int kq,
+                                             const float (&o)[8][4], float unit, float m_run, float l_run) {
+  store_o(a.out + b * kH * kDim, fp8, w, r, q, o, unit);
+  if (kq == 0) {
+    a.ml[(b * kH + h) * 2] = m_run;
+    a.ml[(b * kH + h) * 2 + 1] = l_run;
+  }
+}
+
 __global__ void __launch_bounds__(kThreads, 2) dims_split_tile(Args a) {
   extern __shared__ __align__(16) uint8_t smem[];
   float* const Sp = reinterpret_cast<float*>(smem + kOffSp);
@@ -366,7 +405,6 @@ __global__ void __launch_bounds__(kThreads, 2) dims_split_tile(Args a) {
   const uint8_t** const rowp = reinterpret_cast<const uint8_t**>(smem + kOffRow);  // [3][64][2]
   __nv_bfloat16* const Vr = reinterpret_cast<__nv_bfloat16*>(smem + kOffVr);       // [2][64][72]
   __half* const P16 = reinterpret_cast<__half*>(smem + kOffP16);                    // [16][72]
-  (void)P16;  // (DSP_PV16 only)
   const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, r = lane >> 2, q = lane & 3;
   const int64_t b = blockIdx.x;
   const int32_t* const idx = a.idx + b * int64_t(a.nt) * kBN;
@@ -447,27 +485,7 @@ __global__ void __launch_bounds__(kThreads, 2) dims_split_tile(Args a) {
     {
       float4 acc = sum_s_partials(Sp, h, kq);
       acc.x *= a.scale_log2; acc.y *= a.scale_log2; acc.z *= a.scale_log2; acc.w *= a.scale_log2;
-      float mx = fmaxf(fmaxf(acc.x, acc.y), fmaxf(acc.z, acc.w));
-#pragma unroll
-      for (int o2 = 8; o2 >= 1; o2 >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o2));
-      const float m_new = fmaxf(m_run, mx);
-      const float al = exp2f(m_run - m_new);
-      const float p0 = exp2f(acc.x - m_new), p1 = exp2f(acc.y - m_new), p2 = exp2f(acc.z - m_new),
-                  p3 = exp2f(acc.w - m_new);
-      float sum = p0 + p1 + p2 + p3;
-#pragma unroll
-      for (int o2 = 8; o2 >= 1; o2 >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o2);
-      l_run = l_run * al + sum;
-      m_run = m_new;
-      *reinterpret_cast<uint2*>(P + h * kPStride + 4 * kq) = make_uint2(pack_bf16(p0, p1), pack_bf16(p2, p3));
-#if DSP_PV16
-      {
-        const __half2 u = __floats2half2_rn(p0, p1), v = __floats2half2_rn(p2, p3);
-        *reinterpret_cast<uint2*>(P16 + h * kPStride + 4 * kq) =
-            make_uint2(*reinterpret_cast<const uint32_t*>(&u), *reinterpret_cast<const uint32_t*>(&v));
-      }
-#endif
-      if (kq == 0) alpha_s[h] = al;
+      softmax_step<DSP_PV16 != 0, false>(acc, m_run, l_run, P, P16, alpha_s, h, kq);
     }
     if (j + 2 < a.nt) row_ptrs(j + 2);  // (slot (j + 2) % 3 = (j - 1) % 3: its loads are done)
     __syncthreads();  // (2) P, alpha and tile j + 2's row pointers visible
@@ -508,11 +526,7 @@ __global__ void __launch_bounds__(kThreads, 2) dims_split_tile(Args a) {
     if (fp8 && j + 1 < a.nt) load_raw(j + 1);
   }
   // ---- epilogue: O (un-permuted), m and l ----
-  store_o(a.out + b * kH * kDim, fp8, w, r, q, o, 1.f);
-  if (kq == 0) {
-    a.ml[(b * kH + h) * 2] = m_run;
-    a.ml[(b * kH + h) * 2 + 1] = l_run;
-  }
+  store_result(a, b, fp8, w, r, q, h, kq, o, 1.f, m_run, l_run);
 }
 
 #if DSP_LIB
@@ -642,24 +656,7 @@ __global__ void __launch_bounds__(kThreads, 2) dims_split_tile_lib(Args a) {
       acc.y = (vb & 2u) ? acc.y * scale_log2 : -INFINITY;
       acc.z = (vb & 4u) ? acc.z * scale_log2 : -INFINITY;
       acc.w = (vb & 8u) ? acc.w * scale_log2 : -INFINITY;
-      float mx = fmaxf(fmaxf(acc.x, acc.y), fmaxf(acc.z, acc.w));
-#pragma unroll
-      for (int o2 = 8; o2 >= 1; o2 >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o2));
-      const float m_new = fmaxf(m_run, mx);
-      const float m_use = m_new == -INFINITY ? 0.f : m_new;  // (no valid key yet: all weights 0)
-      const float al = exp2f(m_run - m_use);
-      const float p0 = exp2f(acc.x - m_use), p1 = exp2f(acc.y - m_use), p2 = exp2f(acc.z - m_use),
-                  p3 = exp2f(acc.w - m_use);
-      float sum = p0 + p1 + p2 + p3;
-#pragma unroll
-      for (int o2 = 8; o2 >= 1; o2 >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o2);
-      l_run = l_run * al + sum;
-      m_run = m_new;
-      *reinterpret_cast<uint2*>(P + h * kPStride + 4 * kq) = make_uint2(pack_bf16(p0, p1), pack_bf16(p2, p3));
-      const __half2 u = __floats2half2_rn(p0, p1), v = __floats2half2_rn(p2, p3);
-      *reinterpret_cast<uint2*>(P16 + h * kPStride + 4 * kq) =
-          make_uint2(*reinterpret_cast<const uint32_t*>(&u), *reinterpret_cast<const uint32_t*>(&v));
-      if (kq == 0) alpha_s[h] = al;
+      softmax_step<true, true>(acc, m_run, l_run, P, P16, alpha_s, h, kq);
     }
     if (j + 2 < a.nt) row_ptrs(j + 2);
     __syncthreads();  // (2) P, alpha and tile j + 2's row pointers visible
@@ -730,11 +727,7 @@ __global__ void __launch_bounds__(kThreads, 2) dims_split_tile_lib(Args a) {
     if (fp8 && j + 1 < a.nt) load_raw(j + 1);
   }
   // ---- epilogue: O (un-permuted, out of e_ref units), m and l ----
-  store_o(a.out + b * kH * kDim, fp8, w, r, q, o, fp8 ? ldexpf(1.f, e_ref - 127) : 1.f);
-  if (kq == 0) {
-    a.ml[(b * kH + h) * 2] = m_run;
-    a.ml[(b * kH + h) * 2 + 1] = l_run;
-  }
+  store_result(a, b, fp8, w, r, q, h, kq, o, fp8 ? ldexpf(1.f, e_ref - 127) : 1.f, m_run, l_run);
 }
 #endif
 
