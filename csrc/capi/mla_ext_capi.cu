@@ -71,6 +71,10 @@ bool rows_disjoint(int64_t T, int64_t H, int64_t st, int64_t sh, int64_t width) 
 }
 
 bool aligned4(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 3u) == 0; }
+bool aligned_to(const void* p, uintptr_t bytes) { return (reinterpret_cast<uintptr_t>(p) & (bytes - 1)) == 0; }
+
+// Bytes per value of a merge dtype (checked in range by the caller).
+uintptr_t merge_value_bytes(int32_t dtype) { return dtype == MLA_EXT_DTYPE_FLOAT32 ? 4u : 2u; }
 
 mla_ext::KvSet to_cpp(const mla_ext_kv_set& c) {
   mla_ext::KvSet s;
@@ -157,6 +161,17 @@ int mla_ext_merge_attn_states(const mla_ext_merge_params* c, int num_sms, void* 
   if (p.output_kind != mla_ext::MergeOutput::kSameAsInput && p.output_scale == nullptr) return MLA_EXT_STATUS_INVALID_ARGUMENT;
   if (p.has_prefill_tokens_with_context && p.prefill_tokens_with_context < 0) return MLA_EXT_STATUS_INVALID_ARGUMENT;
   if (p.output_scale != nullptr && !aligned4(p.output_scale)) return MLA_EXT_STATUS_INVALID_ARGUMENT;
+  // Element alignment (a misaligned access would fault on the device) and outputs that no two
+  // (token, head) pairs share (the torch op's overlap check), as the decode's entry point.
+  const uintptr_t vb = merge_value_bytes(c->dtype);
+  const uintptr_t ob = p.output_kind == mla_ext::MergeOutput::kSameAsInput ? vb : 1u;
+  if (!aligned_to(p.output, ob) || !aligned_to(p.prefix_output, vb) || !aligned_to(p.suffix_output, vb) ||
+      !aligned4(p.output_lse) || !aligned4(p.prefix_lse) || !aligned4(p.suffix_lse))
+    return MLA_EXT_STATUS_INVALID_ARGUMENT;
+  if (!rows_disjoint(p.num_tokens, p.num_heads, p.output_stride_token, p.output_stride_head, p.head_size) ||
+      (p.output_lse != nullptr &&
+       !rows_disjoint(p.num_tokens, p.num_heads, p.output_lse_stride_token, p.output_lse_stride_head, 1)))
+    return MLA_EXT_STATUS_INVALID_ARGUMENT;
   // the prefix is not read when no token has one (prefill_tokens_with_context == 0)
   const bool prefix_read = !(p.has_prefill_tokens_with_context && p.prefill_tokens_with_context == 0);
   if (p.num_tokens > 0 && p.num_heads > 0 && p.head_size > 0 &&
@@ -191,6 +206,15 @@ int mla_ext_merge_attn_states_n(const mla_ext_merge_n_params* c, int num_sms, vo
   p.lses_stride_head = c->lses_stride_head;
   p.attn_sink = c->attn_sink;
   p.attn_sink_stride = c->attn_sink_stride;
+  if (p.num_tokens < 0 || p.num_heads < 0 || p.head_size < 0) return MLA_EXT_STATUS_INVALID_ARGUMENT;
+  const uintptr_t vb = merge_value_bytes(c->dtype);
+  if (!aligned_to(p.output, vb) || !aligned_to(p.values, vb) || !aligned4(p.output_lse) || !aligned4(p.lses) ||
+      !aligned4(p.attn_sink))
+    return MLA_EXT_STATUS_INVALID_ARGUMENT;
+  if (!rows_disjoint(p.num_tokens, p.num_heads, p.output_stride_token, p.output_stride_head, p.head_size) ||
+      (p.output_lse != nullptr &&
+       !rows_disjoint(p.num_tokens, p.num_heads, p.output_lse_stride_token, p.output_lse_stride_head, 1)))
+    return MLA_EXT_STATUS_INVALID_ARGUMENT;
   if (p.num_tokens > 0 && p.num_heads > 0 && p.head_size > 0 &&
       (p.output == nullptr || p.values == nullptr || p.lses == nullptr))
     return MLA_EXT_STATUS_INVALID_ARGUMENT;
@@ -217,6 +241,8 @@ int mla_ext_sparse_mla_decode(const mla_ext_sparse_decode_params* c, void* works
       (c->lse != nullptr && !rows_disjoint(c->num_tokens, c->num_heads, c->lse_stride_token, c->lse_stride_head, 1)))
     return MLA_EXT_STATUS_INVALID_ARGUMENT;
   mla_ext::SparseDecodeParams p = to_cpp(*c);
+  // A processor count no GPU has (refused at every num_splits, as documented).
+  if (num_sms > kMaxSms) return MLA_EXT_STATUS_LAUNCH_FAILED;
   const int sms = resolve_sms(num_sms);
   // No processor count (num_sms <= 0 and no current device to ask): the automatic split count
   // has nothing to go by, and a launch could not run anyway.

@@ -124,7 +124,13 @@ typedef struct mla_ext_merge_params {
 } mla_ext_merge_params;
 
 /* out = merge(prefix, suffix). num_sms: kept for interface stability and unused (the grid
- * covers the whole call); pass 0. */
+ * covers the whole call); pass 0.
+ * Refused with MLA_EXT_STATUS_INVALID_ARGUMENT before any launch, at every size (empty calls
+ * too), besides the per-field ranges above: a value pointer not aligned to its element (4 bytes
+ * for fp32, 2 for fp16 / bf16, 1 for FP8 outputs); an fp32 pointer (LSEs, output_scale) not
+ * 4-byte aligned; output rows (head_size elements at t * output_stride_token + h *
+ * output_stride_head) or output_lse elements that two (token, head) pairs share (the decode's
+ * test, below). Not checked: output_lse overlapping an input LSE. */
 MLA_EXT_CAPI_EXPORT int mla_ext_merge_attn_states(const mla_ext_merge_params* p, int num_sms, void* stream);
 
 /* S partial states at once (version 2): values [num_states, num_tokens, num_heads,
@@ -155,6 +161,10 @@ typedef struct mla_ext_merge_n_params {
   int64_t attn_sink_stride;
 } mla_ext_merge_n_params;
 
+/* S-way merge. Refused like mla_ext_merge_attn_states (element and fp32 alignment of output,
+ * values, output_lse, lses and attn_sink; output rows or output_lse elements shared by two
+ * (token, head) pairs), and for num_states < 1 or negative sizes. num_sms sizes the grid
+ * (<= 0: the current device's count, or a default of 132 without one). */
 MLA_EXT_CAPI_EXPORT int mla_ext_merge_attn_states_n(const mla_ext_merge_n_params* p, int num_sms, void* stream);
 
 /* ------------------------------------------------------------------------ */
@@ -274,7 +284,8 @@ MLA_EXT_CAPI_EXPORT size_t mla_ext_sparse_mla_decode_workspace_size_for(long lon
  * 2 x num_sms < num_tokens <= 3 x num_sms a grid of min(8, 1536 / num_tokens), of which the decode
  * (num_splits == 0 only) uses as many as the rows' lengths ask for
  * (mla_ext::decode_active_splits_table).
- * num_sms <= 0 queries the current device. 0 for negative arguments or no device to query. */
+ * num_sms <= 0 queries the current device. 0 for negative arguments, num_sms above 65536 or
+ * no device to query. */
 MLA_EXT_CAPI_EXPORT int mla_ext_sparse_mla_decode_num_splits(long long num_tokens, long long num_heads,
                                                              long long total_width, int num_sms);
 

@@ -118,6 +118,95 @@ int main(void) {
       EXPECT(mla_ext_merge_attn_states(&m, 0, NULL) == MLA_EXT_STATUS_LAUNCH_FAILED,
              "no prefix needed when no token has one");
     }
+    /* a complete merge, then one field broken at a time: refused before any launch */
+    m.has_prefill_tokens_with_context = 0;
+    m.prefill_tokens_with_context = 0;
+    m.prefix_output = aligned + 4096;
+    m.prefix_stride_token = 16;
+    m.prefix_stride_head = 8;
+    m.prefix_lse = (const float*)(aligned + 6144);
+    m.prefix_lse_stride_token = 2;
+    m.prefix_lse_stride_head = 1;
+    m.output_lse = (float*)(aligned + 8192);
+    m.output_lse_stride_token = 2;
+    m.output_lse_stride_head = 1;
+    {
+      static const char* what[] = {"merge: misaligned prefix_lse", "merge: misaligned output_lse",
+                                   "merge: odd bf16 output address", "merge: odd bf16 suffix address",
+                                   "merge: output heads sharing rows (stride 0)",
+                                   "merge: output heads overlapping (stride 4 < head_size 8)",
+                                   "merge: output_lse heads sharing elements", "merge: misaligned fp32 output"};
+      for (int i = 0; i < 8; ++i) {
+        mla_ext_merge_params b = m;
+        switch (i) {
+          case 0: b.prefix_lse = (const float*)(aligned + 6146); break;
+          case 1: b.output_lse = (float*)(aligned + 8193); break;
+          case 2: b.output = aligned + 1; break;
+          case 3: b.suffix_output = aligned + 1025; break;
+          case 4: b.output_stride_head = 0; break;
+          case 5: b.output_stride_head = 4; break;
+          case 6: b.output_lse_stride_head = 0; break;
+          default: b.dtype = MLA_EXT_DTYPE_FLOAT32; b.output = aligned + 2; break;
+        }
+        EXPECT(mla_ext_merge_attn_states(&b, 0, NULL) == MLA_EXT_STATUS_INVALID_ARGUMENT, what[i]);
+      }
+    }
+    if (mla_ext_sparse_mla_decode_workspace_size_for(2, 16, 0, 0) == MLA_EXT_INVALID_SIZE) {
+      mla_ext_merge_params b = m;
+      EXPECT(mla_ext_merge_attn_states(&b, 0, NULL) == MLA_EXT_STATUS_LAUNCH_FAILED, "merge: complete call accepted");
+      b.output = aligned + 1; /* FP8 output: 1-byte elements, any address */
+      b.output_kind = MLA_EXT_MERGE_OUTPUT_FP8_E4M3FN;
+      b.output_scale = (const float*)(aligned + 8448);
+      EXPECT(mla_ext_merge_attn_states(&b, 0, NULL) == MLA_EXT_STATUS_LAUNCH_FAILED,
+             "merge: FP8 output at an odd address accepted");
+      b = m;
+      b.output_stride_token = 8; /* [H, T, D] seen as [T, H, D] */
+      b.output_stride_head = 16;
+      EXPECT(mla_ext_merge_attn_states(&b, 0, NULL) == MLA_EXT_STATUS_LAUNCH_FAILED,
+             "merge: head-major output accepted");
+    }
+  }
+
+  /* merge of S states: the same checks */
+  {
+    mla_ext_merge_n_params n;
+    memset(&n, 0, sizeof n);
+    EXPECT(mla_ext_merge_n_params_size() == sizeof(mla_ext_merge_n_params), "merge_n params size");
+    n.dtype = MLA_EXT_DTYPE_BFLOAT16;
+    n.num_states = 3;
+    n.num_tokens = 2;
+    n.num_heads = 2;
+    n.head_size = 8;
+    n.output = aligned;
+    n.output_stride_token = 16;
+    n.output_stride_head = 8;
+    n.values = aligned + 1024;
+    n.values_stride_state = 32;
+    n.values_stride_token = 16;
+    n.values_stride_head = 8;
+    n.lses = (const float*)(aligned + 4096);
+    n.lses_stride_state = 4;
+    n.lses_stride_token = 2;
+    n.lses_stride_head = 1;
+    {
+      static const char* what[] = {"merge_n: misaligned lses", "merge_n: misaligned attn_sink",
+                                   "merge_n: odd bf16 values address", "merge_n: output heads sharing rows",
+                                   "merge_n: output_lse heads sharing elements", "merge_n: no states",
+                                   "merge_n: negative head_size"};
+      for (int i = 0; i < 7; ++i) {
+        mla_ext_merge_n_params b = n;
+        switch (i) {
+          case 0: b.lses = (const float*)(aligned + 4098); break;
+          case 1: b.attn_sink = (const float*)(aligned + 6145); break;
+          case 2: b.values = aligned + 1025; break;
+          case 3: b.output_stride_head = 0; break;
+          case 4: b.output_lse = (float*)(aligned + 8192); b.output_lse_stride_token = 1; break;
+          case 5: b.num_states = 0; break;
+          default: b.head_size = -8; break;
+        }
+        EXPECT(mla_ext_merge_attn_states_n(&b, 0, NULL) == MLA_EXT_STATUS_INVALID_ARGUMENT, what[i]);
+      }
+    }
   }
 
   /* decode: a well-formed bf16 call, then one field broken at a time */
@@ -241,7 +330,13 @@ int main(void) {
       EXPECT(mla_ext_sparse_mla_decode(&bad, aligned, ws, 1 << 20, NULL) == MLA_EXT_STATUS_LAUNCH_FAILED,
              "automatic splits with a processor count no GPU has");
     }
+    /* refused before any launch, device or not */
+    EXPECT(mla_ext_sparse_mla_decode(&p, aligned, ws, 1 << 20, NULL) == MLA_EXT_STATUS_LAUNCH_FAILED,
+           "explicit splits with a processor count no GPU has");
+    EXPECT(mla_ext_sparse_mla_decode_num_splits(1, 16, 640, 1 << 20) == 0, "num_splits: no GPU has 2^20 processors");
   }
+  EXPECT(strstr(mla_ext_status_string(MLA_EXT_STATUS_UNSUPPORTED), "shared-memory") != NULL,
+         "UNSUPPORTED's text names the shared-memory limit");
   printf("capi_host_check: %s\n", failures ? "FAILED" : "ok");
   return failures ? 1 : 0;
 }

@@ -9,7 +9,7 @@ enum class Status : int {
   kInvalidArgument = 1,   // a params field is out of its documented range
   kWorkspaceTooSmall = 2, // workspace_bytes < the size the call needs
   kLaunchFailed = 3,      // the runtime rejected the launch; its error is left pending (last error)
-  kUnsupported = 4,       // this build has no kernel for the request
+  kUnsupported = 4,       // no kernel fits: each one needs more shared memory per block than allowed
 };
 
 inline const char* status_string(Status s) {
@@ -18,7 +18,7 @@ inline const char* status_string(Status s) {
     case Status::kInvalidArgument: return "invalid argument";
     case Status::kWorkspaceTooSmall: return "workspace too small";
     case Status::kLaunchFailed: return "kernel launch failed";
-    case Status::kUnsupported: return "unsupported by this build";
+    case Status::kUnsupported: return "no kernel fits the shared-memory limit (smem_limit or the device's)";
   }
   return "unknown status";
 }
