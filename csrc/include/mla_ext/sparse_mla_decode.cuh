@@ -45,7 +45,12 @@
 // q rows and every cache row start 16-byte aligned (q pointer and strides
 // multiples of 8 elements; cache pointers, page strides and token strides
 // multiples of 16 bytes), d_qk 512 or 576 (576 for fp8_ds_mla[_fnuz], 512 for
-// fp8_ds_mla_v4[_fnuz]), two_token 0..2. Output and lse may have any strides.
+// fp8_ds_mla_v4[_fnuz]), two_token 0..2.
+// Preconditions left to the caller (not checked here; the torch op and the C API
+// check them before calling, with Status::kInvalidArgument / an error): a finite
+// softmax_scale; indices, lengths, attn_sink and lse 4-byte aligned; q, output and
+// lse strides >= 0; output rows (512 elements) and lse elements that no two
+// (token, head) pairs share. Output and lse may otherwise have any strides.
 //
 // FP8 decode matches numerics.h on every code, the NaN codes included
 // (e4m3fn: 0x7f / 0xff; e4m3fnuz: 0x80). e4m3fn: sm_89+ packed
@@ -4084,7 +4089,9 @@ inline bool check_set(const KvSet& s, KvFormat f, int d_qk, bool required) {
 // automatic count for num_sms (decode_auto_splits), so that the balanced map may use
 // fewer of its slots by the rows' lengths (decode_active_splits_table; results agree
 // up to rounding with any other split count). No
-// allocation, no host sync; launches on stream.
+// allocation, no host sync; launches on stream. The caller's preconditions (a
+// finite scale, 4-byte aligned int32 / fp32 arrays, non-negative q / output / lse
+// strides, unshared output rows): see the top of this file.
 inline Status launch_sparse_mla_decode(const SparseDecodeParams& p, void* workspace, size_t workspace_bytes,
                                        int num_sms, gpuStream_t stream, bool auto_splits = false) {
   using namespace decode_detail;

@@ -62,6 +62,11 @@ struct KvSet {
   int64_t lengths_stride = 1;       // elements
 };
 
+// Checked by launch_sparse_mla_decode: the ranges noted below and the alignment
+// of q and cache rows (16 bytes). Left to the caller (the torch op and the C API
+// check them): a finite softmax_scale; indices, lengths, attn_sink and lse 4-byte
+// aligned; q, output and lse strides >= 0; output rows and lse elements that no two
+// (token, head) pairs share; output, lse and workspace not overlapping any input.
 struct SparseDecodeParams {
   KvFormat kv_format = KvFormat::kFP8DsMlaV4;
   int d_qk = 512;                   // 576 (V3.2) or 512 (V4); V = first 512 dims
