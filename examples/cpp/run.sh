@@ -4,7 +4,8 @@
 # it on the GPU. Exit status: the example's (0 ok, 1 mismatch, 2 no GPU).
 #   usage: examples/cpp/run.sh [extra cmake args for the package, e.g. -DCMAKE_CUDA_ARCHITECTURES=90a]
 # Environment: MLA_EXT_GPU (CUDA | HIP, default CUDA), CUDA_ARCHS (default: the
-# GPU's own arch via CMake's "native"), KEEP=1 keeps the scratch folder.
+# GPU's own arch via CMake's "native"; without a GPU and without CUDA_ARCHS it exits 2
+# before building), KEEP=1 keeps the scratch folder.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 GPU="${MLA_EXT_GPU:-CUDA}"
@@ -26,7 +27,14 @@ gen=()
 command -v ninja >/dev/null && gen=(-G Ninja)
 jobs="$(nproc 2>/dev/null || echo 2)"
 arch=()
-if [[ "$GPU" == CUDA ]]; then arch=("-DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCHS:-native}"); fi
+if [[ "$GPU" == CUDA ]]; then
+  # "native" needs a visible GPU; without one the example could not run anyway (exit 2, not 1)
+  if [[ -z "${CUDA_ARCHS:-}" ]] && ! nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
+    echo "run.sh: no GPU (nvidia-smi lists none); set CUDA_ARCHS (e.g. 90a) to build without running" >&2
+    exit 2
+  fi
+  arch=("-DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCHS:-native}")
+fi
 
 t0=$SECONDS
 cmake -S "$ROOT" -B "$work/build" "${gen[@]}" -DMLA_EXT_GPU="$GPU" "${arch[@]}" "$@" >"$work/configure.log" \
