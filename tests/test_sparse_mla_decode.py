@@ -1028,10 +1028,10 @@ def test_v4_scale_byte_edges(device, fmt, d_qk, S):
 def test_v4_products_rounded_once(device, fmt, d_qk, S):
     """Every non-NaN FP8 code times the smallest scales (bytes 0-6: products down to bf16
     subnormals and below half of the smallest, which round to zero) and times scales on both
-    sides of 2^7 (bytes 133-136: the limit of a bf16 multiply by 2^(e - 7), the form of
-    benchmarks/dev/fast_dequant.patch). The output of a token selecting one row is that row:
-    value x scale computed exactly, then rounded once to bf16 (round to nearest even, subnormals
-    kept)."""
+    sides of 2^7 (bytes 133-136: the limit of the GPU tiles' bf16 multiply by 2^(e - 7),
+    dequant4_ue8m0_fast, above which they take the fp32 path). The output of a token selecting
+    one row is that row: value x scale computed exactly, then rounded once to bf16 (round to
+    nearest even, subnormals kept)."""
     g = torch.Generator().manual_seed(zlib.crc32(fmt.encode()) + 11 * S)
     fnuz = formats.is_fnuz(fmt)
     table = e4m3_reference_table(fnuz)

@@ -474,6 +474,62 @@ __device__ __forceinline__ void dequant4(uint32_t w, float s, uint32_t& lo, uint
 #endif
 }
 
+// e4m3fn x UE8M0 scale without the conversion pipe (V4 rows in the mma.sync and warpgroup
+// tiles: the RAW tile's Q.K on sm_89+, the row-quarter stores on sm_80+). H200, same-run A/B
+// (sixty-first session): most V4 calls at 8-128 heads x 16-512 tokens -1..-4%, one token -0.5..-2%.
+// A byte S.EEEE.MMM placed as the bf16 S.0000EEEE.MMM0000 is its value times 2^-120, exactly
+// (E = 0 lands on bf16 subnormals, which are e4m3's subnormals scaled alike), so one bf16
+// multiply by 2^(e - 7) gives value x 2^(e - 127) rounded once to bf16: the bits of
+// dequant4<false, true>(w, ue8m0_to_float(e)), if no byte of w is a NaN code (0x7f / 0xff:
+// here 480 x scale) and e <= 134 (2^(e - 7) then a normal bf16). Callers test both first
+// (the RAW tile's fast_ok, Gather::fast_dequant_ok) and run dequant4 where either fails.
+// Per 4 values: 2 PRMT + 2 shifts + 2 LOP3 + 2 bf16x2 multiplies, against dequant4's two
+// conversions to f16x2, four widenings, four fp32 multiplies and two packs.
+// UE8M0 byte e (low 8 bits of x's byte `byte`) -> the bf16x2 multiplier {2^(e-7), 2^(e-7)}.
+__device__ __forceinline__ uint32_t ue8m0_bf16x2_multiplier(uint32_t x, int byte) {
+  // e x (2^7 + 2^23) + (120 << 7) in each half: (e + 120) << 7, e + 120 <= 254 for e <= 134.
+  return ((x >> (8 * byte)) & 0xffu) * 0x00800080u + 0x3c003c00u;
+}
+__device__ __forceinline__ void dequant4_ue8m0_fast(uint32_t w, uint32_t m2, uint32_t& lo, uint32_t& hi) {
+#if defined(MLA_EXT_DECODE_MMA)
+  uint32_t v0, v1;  // each byte sign-extended to 16 bits (prmt's sign-replicating selectors)
+  asm("prmt.b32 %0, %2, 0, 0x9180;\n"
+      "prmt.b32 %1, %2, 0, 0xb3a2;\n"
+      : "=r"(v0), "=r"(v1)
+      : "r"(w));
+  const uint32_t t0 = (v0 << 4) & 0x87f087f0u, t1 = (v1 << 4) & 0x87f087f0u;
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+  asm("mul.rn.bf16x2 %0, %2, %4;\n"
+      "mul.rn.bf16x2 %1, %3, %4;\n"
+      : "=r"(lo), "=r"(hi)
+      : "r"(t0), "r"(t1), "r"(m2));
+#else
+  asm("{\n"
+      ".reg .b32 z;\n"
+      "mov.b32 z, 0x80008000;\n"  // -0: x * m + -0 is x * m, signed zeros included
+      "fma.rn.bf16x2 %0, %2, %4, z;\n"
+      "fma.rn.bf16x2 %1, %3, %4, z;\n"
+      "}\n"
+      : "=r"(lo), "=r"(hi)
+      : "r"(t0), "r"(t1), "r"(m2));
+#endif
+#else
+  (void)w; (void)m2; lo = hi = 0u;  // (NVIDIA sm_80+ only: kFastDq is false elsewhere)
+#endif
+}
+// Whether dequant4_ue8m0_fast gives dequant4's bits for a set of FP8 words and UE8M0 scale
+// bytes: add every word and every scale word (bytes not used as scales masked to 0), then ok().
+//  - NaN codes (low 7 bits 0x7f): adding 1 to each byte flips that byte's bit 7 (a carry out
+//    of a 0xff byte can flip the next one's too, but only next to a NaN code).
+//  - Scale bytes above 134 (2^(e - 7) not a normal bf16): bit 7 set and low 7 bits + 0x79
+//    reaching bit 7.
+struct FastDequantCheck {
+  uint32_t nan = 0u, big = 0u;
+  __device__ __forceinline__ void word(uint32_t w) { nan |= w ^ (w + 0x01010101u); }
+  __device__ __forceinline__ void scales(uint32_t x) { big |= x & ((x & 0x7f7f7f7fu) + 0x79797979u); }
+  __device__ __forceinline__ bool ok() const { return ((nan | big) & 0x80808080u) == 0u; }
+};
+
 // One 16-byte chunk of e4m3 bytes (times s where MUL) -> 16 bf16 as two 16-byte chunks
 // (lo: bytes 0-7, hi: bytes 8-15).
 template <bool FNUZ, bool MUL>
@@ -1042,18 +1098,52 @@ struct Gather {
   // 16-row MMA block is still multiplied), later rows are not written at all.
   template <bool SKIP>
   __device__ __forceinline__ void store(uint16_t* K, int kst, float* ksc, int tid, int live) const {
-    if constexpr (kQuarters) {
-      store_quarters<SKIP>(K, kst, ksc, tid, live);
+    if (fast_dequant_ok()) {
+      store_dq<SKIP, kFastDq>(K, kst, ksc, tid, live);
     } else {
-      store_units<SKIP>(K, kst, ksc, tid, live);
+      store_dq<SKIP, false>(K, kst, ksc, tid, live);
     }
   }
-  template <bool SKIP>
+  template <bool SKIP, bool FAST>
+  __device__ __forceinline__ void store_dq(uint16_t* K, int kst, float* ksc, int tid, int live) const {
+    if constexpr (kQuarters) {
+      store_quarters<SKIP, FAST>(K, kst, ksc, tid, live);
+    } else {
+      store_units<SKIP, FAST>(K, kst, ksc, tid, live);
+    }
+  }
+  // V4 e4m3fn rows in row quarters (the mma.sync and warpgroup kernels): dequant4_ue8m0_fast (no conversion instructions) where this thread's FP8
+  // units hold no NaN code and its scale bytes are all <= 134; otherwise (or other formats)
+  // the general dequant4. Per thread and tile: the branch diverges only where rows carry NaN
+  // codes or scales above 2^7.
+#if defined(MLA_EXT_DECODE_MMA)
+  static constexpr bool kFastDq = kLayout == KvFormat::kFP8DsMlaV4 && !kv_is_fnuz(F) && kQuarters;
+#else
+  static constexpr bool kFastDq = false;
+#endif
+  __device__ __forceinline__ bool fast_dequant_ok() const {
+    if constexpr (!kFastDq) {
+      return false;
+    } else {
+      FastDequantCheck chk;
+#pragma unroll
+      for (int k = 0; k < kUF; ++k) {
+        chk.word(raw[k].x);
+        chk.word(raw[k].y);
+        chk.word(raw[k].z);
+        chk.word(raw[k].w);
+      }
+      chk.scales(sraw[0]);
+      chk.scales(sraw[1] & 0x00ffffffu);  // byte 7: padding
+      return chk.ok();
+    }
+  }
+  template <bool SKIP, bool FAST>
   __device__ __forceinline__ void store_quarters(uint16_t* K, int kst, float* ksc, int tid, int live) const {
     const int row = quarter_row(tid);
     if (SKIP && row >= ((live + 15) & ~15)) return;  // past the last live 16-row block: not read
     uint16_t* krow = K + size_t(row) * kst;
-    store_quarter_row([&](int ch, const uint4& v) { *reinterpret_cast<uint4*>(krow + 8 * ch) = v; }, ksc, tid,
+    store_quarter_row<FAST>([&](int ch, const uint4& v) { *reinterpret_cast<uint4*>(krow + 8 * ch) = v; }, ksc, tid,
                       SKIP && row >= live);
   }
   // This thread's quarter of its row (quarter_row(tid)): scale (kScaled), FP8
@@ -1067,7 +1157,7 @@ struct Gather {
   // of 0, inf or NaN is multiplied into K whole (K = value x s, exact: 0, inf or NaN, as
   // the reference's value x s) with e = 1; k is clamped to [-100, 100] (subnormal
   // scales: e = s x 2^100), so every ratio is finite and nonzero. Rows past `live`: e = 1.
-  template <class PUT>
+  template <bool FAST, class PUT>
   __device__ __forceinline__ void store_quarter_row(const PUT& put, float* ksc, int tid, bool dead) const {
     const int row = quarter_row(tid), q = tid & 3;
     const uint4 z = make_uint4(0u, 0u, 0u, 0u);
@@ -1104,7 +1194,7 @@ struct Gather {
       for (int k = 0; k < kUF; ++k) {
         const int c = q + 4 * k;
         uint4 lo = z, hi = z;
-        if (!dead) dequant_unit(k, c, row, ksc, lo, hi);
+        if (!dead) dequant_unit<FAST>(k, c, row, ksc, lo, hi);
         put(2 * c, lo);
         put(2 * c + 1, hi);
       }
@@ -1117,7 +1207,7 @@ struct Gather {
   // tile, -2..3% at 8-16 heads x >= 64 tokens; the 32-head tile measured +3..4%
   // with it, seventeenth session): see store_units.
   static constexpr bool kPhaseSwap = PHASES && kFp8 && SPLIT && !kRuns && kNF == 32 && kThreads % 32 == 0;
-  template <bool SKIP>
+  template <bool SKIP, bool FAST>
   __device__ __forceinline__ void store_units(uint16_t* K, int kst, float* ksc, int tid, int live) const {
     const int zero_end = (live + 15) & ~15;
     const uint4 z = make_uint4(0u, 0u, 0u, 0u);
@@ -1154,11 +1244,11 @@ struct Gather {
         // dequantise and store their high half first (the raw words swapped),
         // so each of the two stores covers 8 slots.
         const bool sw = (c & 4) != 0;
-        dequant_unit(k, c, row, ksc, lo, hi, sw);
+        dequant_unit<FAST>(k, c, row, ksc, lo, hi, sw);
         *reinterpret_cast<uint4*>(krow + 16 * c + (sw ? 8 : 0)) = lo;
         *reinterpret_cast<uint4*>(krow + 16 * c + (sw ? 0 : 8)) = hi;
       } else {
-        dequant_unit(k, c, row, ksc, lo, hi);
+        dequant_unit<FAST>(k, c, row, ksc, lo, hi);
         *reinterpret_cast<uint4*>(krow + 16 * c) = lo;
         *reinterpret_cast<uint4*>(krow + 16 * c + 8) = hi;
       }
@@ -1180,6 +1270,14 @@ struct Gather {
   // WHOLE: each 16-byte chunk stored by one instruction (st_shared16).
   template <bool WHOLE>
   __device__ __forceinline__ void store_swizzled(uint16_t* K, float* ksc, int tid, int live) const {
+    if (fast_dequant_ok()) {
+      store_swizzled_dq<WHOLE, kFastDq>(K, ksc, tid, live);
+    } else {
+      store_swizzled_dq<WHOLE, false>(K, ksc, tid, live);
+    }
+  }
+  template <bool WHOLE, bool FAST>
+  __device__ __forceinline__ void store_swizzled_dq(uint16_t* K, float* ksc, int tid, int live) const {
     auto put = [&](int row, int ch, const uint4& v) {
       uint16_t* dst = swz_chunk<true, BN>(K, 0, row, ch);
       if (WHOLE) {
@@ -1192,12 +1290,12 @@ struct Gather {
       // Row quarters: every store phase (8 lanes: 4 chunks of a row pair) hits 8
       // slots, the pair's rows having opposite swizzle parity.
       const int row = quarter_row(tid);
-      store_quarter_row([&](int ch, const uint4& v) { put(row, ch, v); }, ksc, tid, row >= live);
+      store_quarter_row<FAST>([&](int ch, const uint4& v) { put(row, ch, v); }, ksc, tid, row >= live);
     } else {
-      store_swizzled_units(put, ksc, tid, live);
+      store_swizzled_units<FAST>(put, ksc, tid, live);
     }
   }
-  template <class PUT>
+  template <bool FAST, class PUT>
   __device__ __forceinline__ void store_swizzled_units(const PUT& put, float* ksc, int tid, int live) const {
     const uint4 z = make_uint4(0u, 0u, 0u, 0u);
     if constexpr (kScaled) {  // (V3.2 rows take the row-quarter branch of store_swizzled)
@@ -1217,7 +1315,7 @@ struct Gather {
         continue;
       }
       uint4 lo = z, hi = z;
-      if (row < live) dequant_unit(k, c, row, ksc, lo, hi);
+      if (row < live) dequant_unit<FAST>(k, c, row, ksc, lo, hi);
       put(row, 2 * c, lo);
       put(row, 2 * c + 1, hi);
     }
@@ -1233,6 +1331,8 @@ struct Gather {
   // kScaled: its fp32 scale goes to ksc instead (the raw values are exact in bf16).
   // Invalid rows: raw bytes and scale bits are 0 -> +0 * 2^-127 = 0.
   // swap: the chunk's two halves exchanged (hi dequantised into lo and back).
+  // FAST (kFastDq, fast_dequant_ok()): dequant4_ue8m0_fast, the same bits.
+  template <bool FAST = false>
   __device__ __forceinline__ void dequant_unit(int k, int c, int row, float* ksc, uint4& lo, uint4& hi,
                                                bool swap = false) const {
     // V4 row quarters: unit k's scale is byte k of the row's 8 scale bytes.
@@ -1242,6 +1342,17 @@ struct Gather {
       sb = k < 4 ? sraw[0] >> (8 * k) : sraw[1] >> (8 * (k - 4));
     } else if constexpr (!kQuarters && !kRowScales) {
       sb = sraw[kFp8 ? k : 0];
+    }
+    if constexpr (FAST) {
+      static_assert(!FAST || kFastDq, "fast dequantisation: V4 e4m3fn rows in row quarters");
+      uint4 r = raw[k];
+      if (swap) r = make_uint4(r.z, r.w, r.x, r.y);
+      const uint32_t m2 = ue8m0_bf16x2_multiplier(sb, 0);
+      dequant4_ue8m0_fast(r.x, m2, lo.x, lo.y);
+      dequant4_ue8m0_fast(r.y, m2, lo.z, lo.w);
+      dequant4_ue8m0_fast(r.z, m2, hi.x, hi.y);
+      dequant4_ue8m0_fast(r.w, m2, hi.z, hi.w);
+      return;
     }
     float sc;
     if (kLayout == KvFormat::kFP8DsMlaV4) {
@@ -1690,8 +1801,9 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
         const uint4 v = *reinterpret_cast<const uint4*>(base + 4 * unit);
         a[0] = v.x; a[1] = v.y; a[2] = v.z; a[3] = v.w;
       };
-      auto steps = [&](auto dhc) {
+      auto steps = [&](auto dhc, auto fastc) {
         constexpr int DH = decltype(dhc)::value, NF = DH == 0 ? 4 : 3, NE = DH == 0 ? 1 : 3;
+        constexpr bool FAST = decltype(fastc)::value;
         // FP8 chunks, 8 dims (two k-steps) at a time: Q's two head rows, then per row its
         // values dequantised (words 4 g4 + 2 h, + 1), stored and multiplied.
 #pragma unroll
@@ -1704,10 +1816,16 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
             q_frag(qf[h], 16 * (4 * DH + g4) + 1, a1);
 #pragma unroll
             for (int i = 0; i < 2; ++i) {
-              const float sc = ue8m0_to_float(uint8_t(rqs[i] >> (8 * g4)));
               uint4 kv;
-              dequant4<kv_is_fnuz(F), true>(rw[i][4 * g4 + 2 * h], sc, kv.x, kv.y);
-              dequant4<kv_is_fnuz(F), true>(rw[i][4 * g4 + 2 * h + 1], sc, kv.z, kv.w);
+              if constexpr (FAST) {
+                const uint32_t m2 = ue8m0_bf16x2_multiplier(rqs[i], g4);
+                dequant4_ue8m0_fast(rw[i][4 * g4 + 2 * h], m2, kv.x, kv.y);
+                dequant4_ue8m0_fast(rw[i][4 * g4 + 2 * h + 1], m2, kv.z, kv.w);
+              } else {
+                const float sc = ue8m0_to_float(uint8_t(rqs[i] >> (8 * g4)));
+                dequant4<kv_is_fnuz(F), true>(rw[i][4 * g4 + 2 * h], sc, kv.x, kv.y);
+                dequant4<kv_is_fnuz(F), true>(rw[i][4 * g4 + 2 * h + 1], sc, kv.z, kv.w);
+              }
               const int row = kg * 16 + 8 * i + rr;
               if (row < zero_end) *reinterpret_cast<uint4*>(Ks + row * KST + dim0 + 8 * h) = kv;
               mma16816(c2[i], a0, kv.x, kv.y);
@@ -1730,10 +1848,36 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
           }
         }
       };
+      // The conversion-free dequantisation (dequant4_ue8m0_fast) where the whole warp may take
+      // it: e4m3fn, no NaN code in the lanes' FP8 words, every scale byte used <= 134. Rare
+      // tiles (NaN codes, scales above 2^7) run the exact general path.
+      auto fast_ok = [&](auto dhc) {
+        if constexpr (kv_is_fnuz(F)) {
+          return false;
+        } else {
+          constexpr int NF = decltype(dhc)::value == 0 ? 4 : 3;
+          FastDequantCheck chk;
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+#pragma unroll
+            for (int k = 0; k < 4 * NF; ++k) chk.word(rw[i][k]);
+            chk.scales(NF == 4 ? rqs[i] : rqs[i] & 0x00ffffffu);  // dh 1: byte 3 is padding
+          }
+          return MLA_EXT_BALLOT(!chk.ok()) == 0u;
+        }
+      };
       if (dh == 0) {
-        steps(std::integral_constant<int, 0>());
+        if (fast_ok(std::integral_constant<int, 0>())) {
+          steps(std::integral_constant<int, 0>(), std::true_type());
+        } else {
+          steps(std::integral_constant<int, 0>(), std::false_type());
+        }
       } else {
-        steps(std::integral_constant<int, 1>());
+        if (fast_ok(std::integral_constant<int, 1>())) {
+          steps(std::integral_constant<int, 1>(), std::true_type());
+        } else {
+          steps(std::integral_constant<int, 1>(), std::false_type());
+        }
       }
       float* Sh = Ss + dh * (HTp * SST);
 #pragma unroll
