@@ -70,6 +70,13 @@ bool rows_disjoint(int64_t T, int64_t H, int64_t st, int64_t sh, int64_t width) 
   return n2 <= 1 || double(s2) >= extent;
 }
 
+// Output rows (`width` elements) and, where present, LSE elements that no two (token, head)
+// pairs share: the check every entry point makes before a launch.
+bool outputs_disjoint(int64_t T, int64_t H, int64_t out_st, int64_t out_sh, int64_t width, const float* lse,
+                      int64_t lse_st, int64_t lse_sh) {
+  return rows_disjoint(T, H, out_st, out_sh, width) && (lse == nullptr || rows_disjoint(T, H, lse_st, lse_sh, 1));
+}
+
 bool aligned4(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 3u) == 0; }
 bool aligned_to(const void* p, uintptr_t bytes) { return (reinterpret_cast<uintptr_t>(p) & (bytes - 1)) == 0; }
 
@@ -168,9 +175,8 @@ int mla_ext_merge_attn_states(const mla_ext_merge_params* c, int num_sms, void* 
   if (!aligned_to(p.output, ob) || !aligned_to(p.prefix_output, vb) || !aligned_to(p.suffix_output, vb) ||
       !aligned4(p.output_lse) || !aligned4(p.prefix_lse) || !aligned4(p.suffix_lse))
     return MLA_EXT_STATUS_INVALID_ARGUMENT;
-  if (!rows_disjoint(p.num_tokens, p.num_heads, p.output_stride_token, p.output_stride_head, p.head_size) ||
-      (p.output_lse != nullptr &&
-       !rows_disjoint(p.num_tokens, p.num_heads, p.output_lse_stride_token, p.output_lse_stride_head, 1)))
+  if (!outputs_disjoint(p.num_tokens, p.num_heads, p.output_stride_token, p.output_stride_head, p.head_size,
+                        p.output_lse, p.output_lse_stride_token, p.output_lse_stride_head))
     return MLA_EXT_STATUS_INVALID_ARGUMENT;
   // the prefix is not read when no token has one (prefill_tokens_with_context == 0)
   const bool prefix_read = !(p.has_prefill_tokens_with_context && p.prefill_tokens_with_context == 0);
@@ -211,9 +217,8 @@ int mla_ext_merge_attn_states_n(const mla_ext_merge_n_params* c, int num_sms, vo
   if (!aligned_to(p.output, vb) || !aligned_to(p.values, vb) || !aligned4(p.output_lse) || !aligned4(p.lses) ||
       !aligned4(p.attn_sink))
     return MLA_EXT_STATUS_INVALID_ARGUMENT;
-  if (!rows_disjoint(p.num_tokens, p.num_heads, p.output_stride_token, p.output_stride_head, p.head_size) ||
-      (p.output_lse != nullptr &&
-       !rows_disjoint(p.num_tokens, p.num_heads, p.output_lse_stride_token, p.output_lse_stride_head, 1)))
+  if (!outputs_disjoint(p.num_tokens, p.num_heads, p.output_stride_token, p.output_stride_head, p.head_size,
+                        p.output_lse, p.output_lse_stride_token, p.output_lse_stride_head))
     return MLA_EXT_STATUS_INVALID_ARGUMENT;
   if (p.num_tokens > 0 && p.num_heads > 0 && p.head_size > 0 &&
       (p.output == nullptr || p.values == nullptr || p.lses == nullptr))
@@ -237,8 +242,8 @@ int mla_ext_sparse_mla_decode(const mla_ext_sparse_decode_params* c, void* works
   if (c->q_stride_token < 0 || c->q_stride_head < 0 || c->output_stride_token < 0 || c->output_stride_head < 0 ||
       c->lse_stride_token < 0 || c->lse_stride_head < 0)
     return MLA_EXT_STATUS_INVALID_ARGUMENT;
-  if (!rows_disjoint(c->num_tokens, c->num_heads, c->output_stride_token, c->output_stride_head, 512) ||
-      (c->lse != nullptr && !rows_disjoint(c->num_tokens, c->num_heads, c->lse_stride_token, c->lse_stride_head, 1)))
+  if (!outputs_disjoint(c->num_tokens, c->num_heads, c->output_stride_token, c->output_stride_head, 512, c->lse,
+                        c->lse_stride_token, c->lse_stride_head))
     return MLA_EXT_STATUS_INVALID_ARGUMENT;
   mla_ext::SparseDecodeParams p = to_cpp(*c);
   // A processor count no GPU has (refused at every num_splits, as documented).

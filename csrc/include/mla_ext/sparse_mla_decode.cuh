@@ -482,7 +482,8 @@ __device__ __forceinline__ void dequant4(uint32_t w, float s, uint32_t& lo, uint
 // multiply by 2^(e - 7) gives value x 2^(e - 127) rounded once to bf16: the bits of
 // dequant4<false, true>(w, ue8m0_to_float(e)), if no byte of w is a NaN code (0x7f / 0xff:
 // here 480 x scale) and e <= 134 (2^(e - 7) then a normal bf16). Callers test both first
-// (the RAW tile's fast_ok, Gather::fast_dequant_ok) and run dequant4 where either fails.
+// with FastDequantCheck (the RAW tile's fast_ok, Gather::fast_dequant_ok) and run dequant4
+// where either fails.
 // Per 4 values: 2 PRMT + 2 shifts + 2 LOP3 + 2 bf16x2 multiplies, against dequant4's two
 // conversions to f16x2, four widenings, four fp32 multiplies and two packs.
 // UE8M0 byte e (low 8 bits of x's byte `byte`) -> the bf16x2 multiplier {2^(e-7), 2^(e-7)}.
@@ -1112,10 +1113,11 @@ struct Gather {
       store_units<SKIP, FAST>(K, kst, ksc, tid, live);
     }
   }
-  // V4 e4m3fn rows in row quarters (the mma.sync and warpgroup kernels): dequant4_ue8m0_fast (no conversion instructions) where this thread's FP8
-  // units hold no NaN code and its scale bytes are all <= 134; otherwise (or other formats)
-  // the general dequant4. Per thread and tile: the branch diverges only where rows carry NaN
-  // codes or scales above 2^7.
+  // V4 e4m3fn rows in row quarters (the mma.sync and warpgroup kernels): dequant4_ue8m0_fast
+  // (no conversion instructions) where this thread's FP8 units hold no NaN code and its scale
+  // bytes are all <= 134 (FastDequantCheck); otherwise (or other formats) the general
+  // dequant4. Per thread and tile: the branch diverges only where rows carry NaN codes or
+  // scales above 2^7.
 #if defined(MLA_EXT_DECODE_MMA)
   static constexpr bool kFastDq = kLayout == KvFormat::kFP8DsMlaV4 && !kv_is_fnuz(F) && kQuarters;
 #else
@@ -1866,18 +1868,17 @@ __device__ __forceinline__ void decode_body(const DecodeArgs& a, int sub = -1) {
           return MLA_EXT_BALLOT(!chk.ok()) == 0u;
         }
       };
+      auto run = [&](auto dhc) {
+        if (fast_ok(dhc)) {
+          steps(dhc, std::true_type());
+        } else {
+          steps(dhc, std::false_type());
+        }
+      };
       if (dh == 0) {
-        if (fast_ok(std::integral_constant<int, 0>())) {
-          steps(std::integral_constant<int, 0>(), std::true_type());
-        } else {
-          steps(std::integral_constant<int, 0>(), std::false_type());
-        }
+        run(std::integral_constant<int, 0>());
       } else {
-        if (fast_ok(std::integral_constant<int, 1>())) {
-          steps(std::integral_constant<int, 1>(), std::true_type());
-        } else {
-          steps(std::integral_constant<int, 1>(), std::false_type());
-        }
+        run(std::integral_constant<int, 1>());
       }
       float* Sh = Ss + dh * (HTp * SST);
 #pragma unroll
