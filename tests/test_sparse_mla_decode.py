@@ -858,12 +858,13 @@ def test_flavour_is_honoured(device, fnuz_fmt, fn_fmt, d_qk):
     assert not err <= 0.2, err  # NaN counts as different
 
 
-def _every_byte_rows(fmt, n_regular, g):
+def _every_byte_rows(fmt, n_regular, g, v32_exponents=None):
     """Rows whose FP8 value bytes take every value: n_regular rows of all non-NaN bytes (each row a
     different permutation, so every byte meets several scale tiles), then one row per NaN code of
     the flavour (a regular row with that code at one position). Scales are chosen so that every
-    value x scale is exact in bf16. Returns (latent uint8 [n, nlat], scales, scale_f64 [n, nlat],
-    rope bf16 [n, 64], nan_row bool [n])."""
+    value x scale is exact in bf16; v32_exponents (V3.2 only): scale (row, group) is
+    m x 2^k with k the list's entries in turn and m in {1, 1.25, 1.5, 1.75}. Returns (latent uint8
+    [n, nlat], scales, scale_f64 [n, nlat], rope bf16 [n, 64], nan_row bool [n])."""
     fnuz = formats.is_fnuz(fmt)
     v32 = formats.kv_layout(fmt) == "fp8_ds_mla"
     nlat, tile = (512, 128) if v32 else (448, 64)
@@ -877,7 +878,12 @@ def _every_byte_rows(fmt, n_regular, g):
         rows.append(row)
     latent = torch.stack(rows).to(torch.uint8)
     n = latent.shape[0]
-    if v32:  # fp32 scales with <= 3 significant bits: e4m3 (4 bits) x scale fits bf16's 8
+    if v32 and v32_exponents is not None:
+        k = torch.tensor(v32_exponents)[torch.arange(4 * n) % len(v32_exponents)].view(n, 4)
+        m = 1 + 0.25 * torch.randint(0, 4, (n, 4), generator=g)
+        scales = torch.ldexp(m, k).float()
+        scale_f = scales.double()
+    elif v32:  # fp32 scales with <= 3 significant bits: e4m3 (4 bits) x scale fits bf16's 8
         base = torch.tensor([0.75, 3.0 * 2 ** -5, 40.0, 1.25])
         scales = base[torch.randint(0, 4, (n, 4), generator=g)] * 2.0 ** torch.randint(-3, 4, (n, 4), generator=g)
         scale_f = scales.double()
@@ -905,14 +911,14 @@ def _write_raw_rows(cache, fmt, slots, latent, scales, rope):
         sc[page, off, 7] = 0
 
 
-def check_every_byte_value(device, fmt, d_qk, num_splits, num_heads=16):
+def check_every_byte_value(device, fmt, d_qk, num_splits, num_heads=16, v32_exponents=None):
     """The op on a cache whose FP8 bytes take all 256 values. Each query token selects exactly one
     row (amid invalid entries), so its output is that row's first 512 dims, decoded and rounded to
     bf16, for every head: compared exactly with a table built from the bit fields. Rows holding the
     flavour's NaN code give NaN outputs and lse, whatever the split count (a split that met a
     NaN score poisons the reduction, on the GPU and the CPU alike)."""
     g = torch.Generator().manual_seed(zlib.crc32(fmt.encode()) + num_splits)
-    latent, scales, scale_f, rope, nan_row = _every_byte_rows(fmt, 5, g)
+    latent, scales, scale_f, rope, nan_row = _every_byte_rows(fmt, 5, g, v32_exponents)
     n = latent.shape[0]
     ps, num_pages = 4, 4
     cache = formats.alloc_kv_cache(fmt, num_pages, ps, d_qk)  # garbage everywhere else
@@ -960,6 +966,20 @@ def _to_device(cache, fmt, device):
 @pytest.mark.parametrize("S", [1, 2])
 def test_fp8_every_byte_value(device, fmt, d_qk, S):
     check_every_byte_value(device, fmt, d_qk, S)
+
+
+@pytest.mark.parametrize("fmt", ["fp8_ds_mla", "fp8_ds_mla_fnuz"])
+@pytest.mark.parametrize("num_heads", [64, 128])
+def test_v32_keys_exact_across_scale_exponents(device, fmt, num_heads):
+    """test_fp8_every_byte_value for V3.2 rows whose fp32 group scales are m x 2^k for k from -110
+    to 15, densely around 7. On Hopper the 64-head tile (forced here; at 128 heads two head groups,
+    which the 2-block cluster kernel serves) puts value x 2^k into K with one bf16 multiply by
+    2^(k + 120) up to k = 7 (e4m3fn rows without a NaN code) and through fp32 above; every output
+    must be its row exactly, and NaN-code rows NaN."""
+    exps = [-110, -20, 0, 5, 6, 7, 8, 9, 15]
+    with (gpu_path(head_tile=64) if device != "cpu" else contextlib.nullcontext()):
+        for S in (1, 2):
+            check_every_byte_value(device, fmt, 576, S, num_heads=num_heads, v32_exponents=exps)
 
 
 # UE8M0 scale bytes at and near their edges: 0 is 2^-127 (an fp32 subnormal), 255 is NaN.

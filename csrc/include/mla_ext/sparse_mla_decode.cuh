@@ -1120,8 +1120,11 @@ struct Gather {
   // scales above 2^7.
 #if defined(MLA_EXT_DECODE_MMA)
   static constexpr bool kFastDq = kLayout == KvFormat::kFP8DsMlaV4 && !kv_is_fnuz(F) && kQuarters;
+  // fp8_ds_mla (e4m3fn) rows in the asymmetric kernels (EXPK): see store_quarter_row.
+  static constexpr bool kFastExpk = kScaled && EXPK && !kv_is_fnuz(F) && kQuarters;
 #else
   static constexpr bool kFastDq = false;
+  static constexpr bool kFastExpk = false;
 #endif
   __device__ __forceinline__ bool fast_dequant_ok() const {
     if constexpr (!kFastDq) {
@@ -1180,15 +1183,57 @@ struct Gather {
       const float ex1 = MLA_EXT_SHFL_XOR(e, 1), ex3 = MLA_EXT_SHFL_XOR(e, 3);
       ksc[q * BN + row] = e;
       if (q < 3) ksc[(4 + q) * BN + row] = e / (q == 1 ? ex3 : ex1);  // e_q / e_{q + 1}
+      // kFastExpk: value x 2^k as dequant4_ue8m0_fast with the multiplier 2^(k + 120), no
+      // conversion instructions. The product is exact in bf16 for k in [-100, 7] (e4m3 values
+      // have 4 significant bits and lie in [2^-9, 448]), so the bits are dequant16's. Taken
+      // where all four groups' p2 are such powers of two (exponent fields 1..134: not the
+      // whole-scale cases 0, inf or NaN, nor k > 7) and this thread's words hold no NaN code.
+      bool fast = false;
+      uint32_t m2[4] = {0u, 0u, 0u, 0u};
+      if constexpr (kFastExpk) {
+        const float pv[4] = {p2, p2x1, p2x2, p2x3};
+        bool ok = !dead;
 #pragma unroll
-      for (int k = 0; k < kUF; ++k) {
-        const int c = q + 4 * k;  // group c / 8 = k / 2
-        const int gx = (k >> 1) ^ q;
-        const float m = gx == 0 ? p2 : gx == 1 ? p2x1 : gx == 2 ? p2x2 : p2x3;
-        uint4 lo = z, hi = z;
-        if (!dead) dequant16<kv_is_fnuz(F), true>(raw[k], m, lo, hi);
-        put(2 * c, lo);
-        put(2 * c + 1, hi);
+        for (int i = 0; i < 4; ++i) {
+          const uint32_t pb = float_to_bits(pv[i]);
+          ok = ok && (pb >> 23) - 1u < 134u;
+          m2[i] = ((pb >> 16) + (120u << 7)) * 0x00010001u;  // bf16x2 {2^(k + 120), 2^(k + 120)}
+        }
+        FastDequantCheck chk;
+#pragma unroll
+        for (int k = 0; k < kUF; ++k) {
+          chk.word(raw[k].x);
+          chk.word(raw[k].y);
+          chk.word(raw[k].z);
+          chk.word(raw[k].w);
+        }
+        fast = ok && chk.ok();
+      }
+      if (fast) {
+#pragma unroll
+        for (int k = 0; k < kUF; ++k) {
+          const int c = q + 4 * k;  // group c / 8 = k / 2
+          const int gx = (k >> 1) ^ q;
+          const uint32_t m = gx == 0 ? m2[0] : gx == 1 ? m2[1] : gx == 2 ? m2[2] : m2[3];
+          uint4 lo, hi;
+          dequant4_ue8m0_fast(raw[k].x, m, lo.x, lo.y);
+          dequant4_ue8m0_fast(raw[k].y, m, lo.z, lo.w);
+          dequant4_ue8m0_fast(raw[k].z, m, hi.x, hi.y);
+          dequant4_ue8m0_fast(raw[k].w, m, hi.z, hi.w);
+          put(2 * c, lo);
+          put(2 * c + 1, hi);
+        }
+      } else {
+#pragma unroll
+        for (int k = 0; k < kUF; ++k) {
+          const int c = q + 4 * k;  // group c / 8 = k / 2
+          const int gx = (k >> 1) ^ q;
+          const float m = gx == 0 ? p2 : gx == 1 ? p2x1 : gx == 2 ? p2x2 : p2x3;
+          uint4 lo = z, hi = z;
+          if (!dead) dequant16<kv_is_fnuz(F), true>(raw[k], m, lo, hi);
+          put(2 * c, lo);
+          put(2 * c + 1, hi);
+        }
       }
     } else {
       if constexpr (kScaled) ksc[q * BN + row] = dead ? 0.f : bits_to_float(sraw[0]);
