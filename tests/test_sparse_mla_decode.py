@@ -971,12 +971,15 @@ def test_fp8_every_byte_value(device, fmt, d_qk, S):
 @pytest.mark.parametrize("fmt", ["fp8_ds_mla", "fp8_ds_mla_fnuz"])
 @pytest.mark.parametrize("num_heads", [64, 128])
 def test_v32_keys_exact_across_scale_exponents(device, fmt, num_heads):
-    """test_fp8_every_byte_value for V3.2 rows whose fp32 group scales are m x 2^k for k from -110
-    to 15, densely around 7. On Hopper the 64-head tile (forced here; at 128 heads two head groups,
-    which the 2-block cluster kernel serves) puts value x 2^k into K with one bf16 multiply by
-    2^(k + 120) up to k = 7 (e4m3fn rows without a NaN code) and through fp32 above; every output
-    must be its row exactly, and NaN-code rows NaN."""
-    exps = [-110, -20, 0, 5, 6, 7, 8, 9, 15]
+    """test_fp8_every_byte_value for V3.2 rows whose fp32 group scales are m x 2^k, k from -110 to
+    15. On Hopper the 64-head tile (forced here; at 128 heads two head groups, which the 2-block
+    cluster kernel serves) puts value x 2^k into K with one bf16 multiply by 2^(k + 120) where all
+    four groups of the row have k <= 7 and the thread's bytes hold no NaN code, and through fp32
+    otherwise. Per row (4 groups each): rows 0-2 take the bf16 multiply with k = 6 and 7 among
+    them, row 3 has one k = 8 among 7s (the whole row falls back), row 4 larger k; the two NaN-code
+    rows (0x7f, 0xff; e4m3fnuz: 0x80) have scales the multiply would take. Every output must be its
+    row exactly, and NaN-code rows NaN."""
+    exps = [7, 6, -110, 5, 7, 7, 7, 7, -20, 0, 7, 6, 7, 7, 8, 7, 9, 15, 6, -110, 7, 6, 5, 0, 6, 7, -20, 7]
     with (gpu_path(head_tile=64) if device != "cpu" else contextlib.nullcontext()):
         for S in (1, 2):
             check_every_byte_value(device, fmt, 576, S, num_heads=num_heads, v32_exponents=exps)
