@@ -483,7 +483,8 @@ __device__ __forceinline__ void dequant4(uint32_t w, float s, uint32_t& lo, uint
 // dequant4<false, true>(w, ue8m0_to_float(e)), if no byte of w is a NaN code (0x7f / 0xff:
 // here 480 x scale) and e <= 134 (2^(e - 7) then a normal bf16). Callers test both first
 // with FastDequantCheck (the RAW tile's fast_ok, Gather::fast_dequant_ok) and run dequant4
-// where either fails.
+// where either fails. V3.2 rows in the asymmetric 64-head and cluster kernels use it too, with
+// the multiplier 2^(k + 120) for their value x 2^k (Gather::store_quarter_row, kFastExpk).
 // Per 4 values: 2 PRMT + 2 shifts + 2 LOP3 + 2 bf16x2 multiplies, against dequant4's two
 // conversions to f16x2, four widenings, four fp32 multiplies and two packs.
 // UE8M0 byte e (low 8 bits of x's byte `byte`) -> the bf16x2 multiplier {2^(e-7), 2^(e-7)}.
@@ -530,6 +531,14 @@ struct FastDequantCheck {
   __device__ __forceinline__ void scales(uint32_t x) { big |= x & ((x & 0x7f7f7f7fu) + 0x79797979u); }
   __device__ __forceinline__ bool ok() const { return ((nan | big) & 0x80808080u) == 0u; }
 };
+
+// dequant4_ue8m0_fast over one 16-byte chunk (lo: bytes 0-7, hi: bytes 8-15), one multiplier.
+__device__ __forceinline__ void dequant16_fast(const uint4& r, uint32_t m2, uint4& lo, uint4& hi) {
+  dequant4_ue8m0_fast(r.x, m2, lo.x, lo.y);
+  dequant4_ue8m0_fast(r.y, m2, lo.z, lo.w);
+  dequant4_ue8m0_fast(r.z, m2, hi.x, hi.y);
+  dequant4_ue8m0_fast(r.w, m2, hi.z, hi.w);
+}
 
 // One 16-byte chunk of e4m3 bytes (times s where MUL) -> 16 bf16 as two 16-byte chunks
 // (lo: bytes 0-7, hi: bytes 8-15).
@@ -1126,18 +1135,23 @@ struct Gather {
   static constexpr bool kFastDq = false;
   static constexpr bool kFastExpk = false;
 #endif
+  // FastDequantCheck over this thread's FP8 words (raw[0 .. kUF)).
+  __device__ __forceinline__ FastDequantCheck fp8_words_check() const {
+    FastDequantCheck chk;
+#pragma unroll
+    for (int k = 0; k < kUF; ++k) {
+      chk.word(raw[k].x);
+      chk.word(raw[k].y);
+      chk.word(raw[k].z);
+      chk.word(raw[k].w);
+    }
+    return chk;
+  }
   __device__ __forceinline__ bool fast_dequant_ok() const {
     if constexpr (!kFastDq) {
       return false;
     } else {
-      FastDequantCheck chk;
-#pragma unroll
-      for (int k = 0; k < kUF; ++k) {
-        chk.word(raw[k].x);
-        chk.word(raw[k].y);
-        chk.word(raw[k].z);
-        chk.word(raw[k].w);
-      }
+      FastDequantCheck chk = fp8_words_check();
       chk.scales(sraw[0]);
       chk.scales(sraw[1] & 0x00ffffffu);  // byte 7: padding
       return chk.ok();
@@ -1199,14 +1213,7 @@ struct Gather {
           ok = ok && (pb >> 23) - 1u < 134u;
           m2[i] = ((pb >> 16) + (120u << 7)) * 0x00010001u;  // bf16x2 {2^(k + 120), 2^(k + 120)}
         }
-        FastDequantCheck chk;
-#pragma unroll
-        for (int k = 0; k < kUF; ++k) {
-          chk.word(raw[k].x);
-          chk.word(raw[k].y);
-          chk.word(raw[k].z);
-          chk.word(raw[k].w);
-        }
+        const FastDequantCheck chk = fp8_words_check();
         fast = ok && chk.ok();
       }
       if (fast) {
@@ -1216,10 +1223,7 @@ struct Gather {
           const int gx = (k >> 1) ^ q;
           const uint32_t m = gx == 0 ? m2[0] : gx == 1 ? m2[1] : gx == 2 ? m2[2] : m2[3];
           uint4 lo, hi;
-          dequant4_ue8m0_fast(raw[k].x, m, lo.x, lo.y);
-          dequant4_ue8m0_fast(raw[k].y, m, lo.z, lo.w);
-          dequant4_ue8m0_fast(raw[k].z, m, hi.x, hi.y);
-          dequant4_ue8m0_fast(raw[k].w, m, hi.z, hi.w);
+          dequant16_fast(raw[k], m, lo, hi);
           put(2 * c, lo);
           put(2 * c + 1, hi);
         }
@@ -1394,11 +1398,7 @@ struct Gather {
       static_assert(!FAST || kFastDq, "fast dequantisation: V4 e4m3fn rows in row quarters");
       uint4 r = raw[k];
       if (swap) r = make_uint4(r.z, r.w, r.x, r.y);
-      const uint32_t m2 = ue8m0_bf16x2_multiplier(sb, 0);
-      dequant4_ue8m0_fast(r.x, m2, lo.x, lo.y);
-      dequant4_ue8m0_fast(r.y, m2, lo.z, lo.w);
-      dequant4_ue8m0_fast(r.z, m2, hi.x, hi.y);
-      dequant4_ue8m0_fast(r.w, m2, hi.z, hi.w);
+      dequant16_fast(r, ue8m0_bf16x2_multiplier(sb, 0), lo, hi);
       return;
     }
     float sc;
