@@ -2975,28 +2975,41 @@ def test_gpu_deterministic_with_poisoned_workspace(batch, S):
 
 
 @requires_gpu
-@pytest.mark.parametrize("kind,topk,heads,batch,h200_splits", [("v32", 2048, 8, 96, 8), ("v4_c4", 1024, 16, 140, 3)])
-def test_gpu_balance_model_counts(kind, topk, heads, batch, h200_splits):
+@pytest.mark.parametrize("kind,topk,heads,batch,h200_splits,hopper_splits",
+                         [("v32", 2048, 8, 96, 8, 4), ("v32", 2048, 16, 64, 4, 2), ("v4_c4", 1024, 16, 140, 3, 3)])
+def test_gpu_balance_model_counts(kind, topk, heads, batch, h200_splits, hopper_splits):
     """Calls whose automatic split count comes from the policy's balance model
     (decode_balance_splits: V3.2 8 heads x 96 tokens and C4 Pro 16 heads x 140 tokens take 8 and
-    3 splits on an H200, where the wave count took 2 and 1) fit the workspace the size query gives
-    for their shape (poisoned) and match the float64 reference; on a 132-processor GPU the result
-    is bit-identical to the explicit count the policy is meant to pick there."""
+    3 splits on a 132-processor GPU, where the wave count took 2 and 1; on Hopper, where V3.2's
+    wide 16-head splits run one block per processor, decode_wide16_splits gives V3.2 4 and 2 at
+    8 x 96 and 16 x 64) fit the workspace the size query gives for their shape (poisoned) and
+    match the float64 reference; on a 132-processor GPU the result is bit-identical to the
+    explicit count the policy is meant to pick there, and with the mma.sync tile forced (no
+    one-block tile) to the balance model's count."""
     inp = builders.build_decode_inputs(kind, batch=batch, num_heads=heads, context_len=(4096, 8192), topk=topk,
                                        device="cuda", seed=34)
     T = inp.num_tokens
-    out, lse, ws = poisoned_buffers(T, heads, 0, "cuda")
-    mla_ext.sparse_mla_decode(inp.q, inp.kv_cache, inp.indices, output=out, workspace=ws, lse=lse, num_splits=0,
-                              **inp.op_kwargs())
-    ref_o, ref_l = inp.reference(dtype=torch.float64)
-    check_out(out, ref_o.cpu(), inp.kv_format)
-    check_lse(lse, ref_l.cpu(), kv_format=inp.kv_format)
-    if torch.cuda.get_device_properties(0).multi_processor_count == 132:
-        out2, lse2, ws2 = poisoned_buffers(T, heads, h200_splits, "cuda")
-        mla_ext.sparse_mla_decode(inp.q, inp.kv_cache, inp.indices, output=out2, workspace=ws2, lse=lse2,
-                                  num_splits=h200_splits, **inp.op_kwargs())
-        assert torch.equal(out.view(torch.int16), out2.view(torch.int16))
-        assert torch.equal(lse.view(torch.int32), lse2.view(torch.int32))
+    props = torch.cuda.get_device_properties(0)
+    hopper = props.major == 9 and os.environ.get("MLA_EXT_ASYM16", "2").strip() != "0"
+    forced = (False, True) if props.multi_processor_count == 132 else (False,)
+    for force_mma_sync in forced:
+        prev = torch.ops.mla_ext._set_force_mma_sync(force_mma_sync)
+        try:
+            out, lse, ws = poisoned_buffers(T, heads, 0, "cuda")
+            mla_ext.sparse_mla_decode(inp.q, inp.kv_cache, inp.indices, output=out, workspace=ws, lse=lse,
+                                      num_splits=0, **inp.op_kwargs())
+            ref_o, ref_l = inp.reference(dtype=torch.float64)
+            check_out(out, ref_o.cpu(), inp.kv_format)
+            check_lse(lse, ref_l.cpu(), kv_format=inp.kv_format)
+            if props.multi_processor_count == 132:
+                S = hopper_splits if hopper and not force_mma_sync else h200_splits
+                out2, lse2, ws2 = poisoned_buffers(T, heads, S, "cuda")
+                mla_ext.sparse_mla_decode(inp.q, inp.kv_cache, inp.indices, output=out2, workspace=ws2, lse=lse2,
+                                          num_splits=S, **inp.op_kwargs())
+                assert torch.equal(out.view(torch.int16), out2.view(torch.int16)), (force_mma_sync, S)
+                assert torch.equal(lse.view(torch.int32), lse2.view(torch.int32)), (force_mma_sync, S)
+        finally:
+            torch.ops.mla_ext._set_force_mma_sync(prev)
 
 
 @requires_gpu

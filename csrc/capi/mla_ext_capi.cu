@@ -252,7 +252,9 @@ int mla_ext_sparse_mla_decode(const mla_ext_sparse_decode_params* c, void* works
   // No processor count (num_sms <= 0 and no current device to ask): the automatic split count
   // has nothing to go by, and a launch could not run anyway.
   if (sms <= 0 && c->num_splits == 0) return MLA_EXT_STATUS_LAUNCH_FAILED;
-  if (p.num_splits == 0) p.num_splits = mla_ext::decode_auto_splits(p, sms);
+  if (p.num_splits == 0)
+    p.num_splits = mla_ext::decode_auto_splits(
+        p, sms, true, mla_ext::decode_wide16_rows(p, mla_ext::current_device_cc_major(), mla_ext::current_device_smem_optin()));
   return int(mla_ext::launch_sparse_mla_decode(p, workspace, workspace_bytes, sms,
                                                static_cast<mla_ext::gpuStream_t>(stream), c->num_splits == 0));
 }

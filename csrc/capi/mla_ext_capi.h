@@ -283,7 +283,10 @@ MLA_EXT_CAPI_EXPORT size_t mla_ext_sparse_mla_decode_workspace_size_for(long lon
  * min(8, 1024 / num_tokens) slots per token, and at 257-512 tokens with
  * 2 x num_sms < num_tokens <= 3 x num_sms a grid of min(8, 1536 / num_tokens), of which the decode
  * (num_splits == 0 only) uses as many as the rows' lengths ask for
- * (mla_ext::decode_active_splits_table).
+ * (mla_ext::decode_active_splits_table). V3.2 calls (fp8_ds_mla) of 1-16 heads on Hopper,
+ * whose wide splits run one block per processor, may get another count in the decode from a
+ * model of their own (mla_ext::decode_wide16_splits; within the same workspace bound): this
+ * query, which has no format argument, gives the count of other formats.
  * num_sms <= 0 queries the current device. 0 for negative arguments, num_sms above 65536 or
  * no device to query. */
 MLA_EXT_CAPI_EXPORT int mla_ext_sparse_mla_decode_num_splits(long long num_tokens, long long num_heads,

@@ -197,7 +197,8 @@ inline mla_ext::SparseDecodeParams make_decode_params(
     const std::optional<Tensor>& lengths, const std::optional<Tensor>& extra_kv_cache,
     const std::optional<Tensor>& extra_indices, const std::optional<Tensor>& extra_lengths,
     const std::optional<Tensor>& attn_sink, const std::optional<Tensor>& lse, int64_t num_splits,
-    const std::function<int()>& processor_count) {
+    const std::function<int()>& processor_count,
+    const std::function<bool(const mla_ext::SparseDecodeParams&)>& wide16 = nullptr) {
   using namespace decode_detail;
   mla_ext::SparseDecodeParams p;
   // Every tensor argument defined first (None for a required one reaches the op as an undefined tensor).
@@ -302,8 +303,12 @@ inline mla_ext::SparseDecodeParams make_decode_params(
   MLA_CHECK(num_splits >= 0 && num_splits <= mla_ext::kMaxSplits, kOp,
             "expected num_splits to be 0 (automatic) or 1..", mla_ext::kMaxSplits, ", got ", num_splits);
 
+  // The test switches first: whether the wide V3.2 16-head tile can run depends on them.
+  p.force_portable = force_portable_flag().load();
+  p.force_mma_sync = force_mma_sync_flag().load();
+  p.smem_limit = smem_limit_setting().load();
   int S = int(num_splits);
-  if (S == 0) S = mla_ext::decode_auto_splits(p, processor_count(), !q.is_cpu());
+  if (S == 0) S = mla_ext::decode_auto_splits(p, processor_count(), !q.is_cpu(), !q.is_cpu() && wide16 && wide16(p));
   if (S < 1) S = 1;
   const size_t need = mla_ext::decode_workspace_size(T, H, S);
   MLA_CHECK(size_t(workspace.numel()) >= need, kOp, "expected workspace of at least ", need,
@@ -355,9 +360,6 @@ inline mla_ext::SparseDecodeParams make_decode_params(
     p.lse_stride_head = lse->stride(1);
   }
   p.num_splits = S;
-  p.force_portable = force_portable_flag().load();
-  p.force_mma_sync = force_mma_sync_flag().load();
-  p.smem_limit = smem_limit_setting().load();
   p.head_tile = head_tile_setting().load();
   p.two_token = two_token_setting().load();
   return p;

@@ -11,6 +11,13 @@ int processor_count(int device) {
   return mla_ext::device_attribute_cached(cache, mlaDevAttrMultiProcessorCount, device);
 }
 
+bool decode_wide16_rows(const mla_ext::SparseDecodeParams& p, int device) {
+  static mla_ext::PerDevice<int> cc, smem;
+  return mla_ext::decode_wide16_rows(
+      p, mla_ext::device_attribute_cached(cc, mlaDevAttrComputeCapabilityMajor, device),
+      size_t(mla_ext::device_attribute_cached(smem, mlaDevAttrMaxSharedMemoryPerBlockOptin, device)));
+}
+
 int launch_merge_attn_states(const mla_ext::MergeParams& p, int device, void* stream) {
   return int(mla_ext::launch_merge_attn_states(p, processor_count(device),
                                                static_cast<mla_ext::gpuStream_t>(stream)));

@@ -19,6 +19,10 @@ namespace mla_ext_gpu {
 // Multiprocessor (CU) count of device `device`, read once per device; 0 on failure.
 int processor_count(int device);
 
+// Whether device `device` runs V3.2 rows' wide 16-head splits in one block per processor
+// (mla_ext::decode_wide16_rows; the automatic split count models them apart).
+bool decode_wide16_rows(const mla_ext::SparseDecodeParams& p, int device);
+
 // Launch on `stream` (a cudaStream_t / hipStream_t); the device must be current.
 // Return an mla_ext::Status as int.
 int launch_merge_attn_states(const mla_ext::MergeParams& p, int device, void* stream);

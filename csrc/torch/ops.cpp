@@ -131,7 +131,8 @@ void sparse_mla_decode_cuda(Tensor q, Tensor kv_cache, Tensor indices, std::stri
   const mla_ext::SparseDecodeParams p = make_decode_params(
       q, kv_cache, indices, kv_format, softmax_scale, output, workspace, lengths, extra_kv_cache,
       extra_indices, extra_lengths, attn_sink, lse, num_splits,
-      [&] { return mla_ext_gpu::processor_count(q.get_device_index()); });
+      [&] { return mla_ext_gpu::processor_count(q.get_device_index()); },
+      [&](const mla_ext::SparseDecodeParams& pp) { return mla_ext_gpu::decode_wide16_rows(pp, q.get_device_index()); });
   const int32_t dev = q.get_device_index();
   if (p.num_tokens == 0 || p.num_heads == 0) return;
   check_decode_gpu_alignment(p);

@@ -134,6 +134,35 @@ int main() {
   expect("splits(C4 Pro, 16 heads, 180 tokens)", decode_num_splits(180, 16, 1152, 132, false), 1);
   expect("splits(C128, 16 heads, 140 tokens, no balanced map)", decode_num_splits(140, 16, 8320, 132, false), 1);
   expect("splits(C4 Pro, 16 heads, 140 tokens, CPU)", decode_num_splits(140, 16, 1152, 132, false, false), 1);
+  // V3.2 rows whose wide 16-head splits run one block per processor (wide16, sixty-third session):
+  // the counts an H100 sweep measured fastest (within 1%), from decode_wide16_cost.
+  expect("wide16 splits(V3.2, 16 heads, 40 tokens)", decode_num_splits(40, 16, 2048, 132, false, true, true), 3);
+  expect("wide16 splits(V3.2, 16 heads, 64 tokens)", decode_num_splits(64, 16, 2048, 132, false, true, true), 2);
+  expect("wide16 splits(V3.2, 16 heads, 128 tokens)", decode_num_splits(128, 16, 2048, 132, false, true, true), 1);
+  expect("wide16 splits(V3.2, 16 heads, 192 tokens)", decode_num_splits(192, 16, 2048, 132, false, true, true), 2);
+  expect("wide16 splits(V3.2, 8 heads, 96 tokens)", decode_num_splits(96, 8, 2048, 132, false, true, true), 4);
+  expect("wide16 splits(V3.2, 16 heads, 448 tokens)", decode_num_splits(448, 16, 2048, 132, false, true, true), 2);
+  expect("wide16 splits(V3.2, 16 heads, 512 tokens)", decode_num_splits(512, 16, 2048, 132, false, true, true), 1);
+  expect("wide16 cost(64, 16, 2048, 2 splits)", long(mla_ext::decode_wide16_cost(64, 16, 2048, 2, 132)),
+         16L * 132 * 1 * 17 + 29 * 132 + 64 * 16 * 2);
+  // never a count whose splits fall below kAsym16MinSplitRows (2048 / 320: at most 6)
+  {
+    int ok = 1;
+    for (int64_t t = 40; t <= 512; ++t)
+      for (int64_t h = 1; h <= 16; ++h) {
+        const int s = decode_num_splits(t, h, 2048, 132, false, true, true);
+        ok = ok && s >= 1 && s <= 6;
+      }
+    expect("wide16 splits of >= 320 entries", ok, 1);
+  }
+  // not above 16 heads, below V3.2's width, where the balance model does not apply, or on the CPU
+  expect("wide16 off at 17 heads", decode_num_splits(64, 17, 2048, 132, false, true, true),
+         decode_num_splits(64, 17, 2048, 132, false));
+  expect("wide16 off at 1152 entries", decode_num_splits(140, 16, 1152, 132, false, true, true), 3);
+  expect("wide16 off at 39 tokens", decode_num_splits(39, 16, 2048, 132, false, true, true),
+         decode_num_splits(39, 16, 2048, 132, false));
+  expect("wide16 off on the CPU", decode_num_splits(64, 16, 2048, 132, false, false, true),
+         decode_num_splits(64, 16, 2048, 132, false, false));
   // A modelled gain of exactly 8% keeps the wave count on every host (integer costs: 2,525,952 is
   // 92% of 2,745,600 for 16 heads x 396 tokens x 4095 entries, one split against two).
   expect("cost(396, 16, 4095, 1 split)", long(mla_ext::decode_split_cost(396, 16, 4095, 1, 132)), 2745600);
@@ -344,11 +373,11 @@ int main() {
           for (int64_t t = 1; t <= 600 && ok; t += (t < 64 ? 1 : 5)) {
             const size_t ws = mla_ext::decode_workspace_size_for(t, h, 0, n, gpu != 0);
             for (int64_t w = 1; w <= 9000 && ok; w += (w < 300 ? 1 : 37))
-              for (int map = 0; map < 2 && ok; ++map) {
-                const int s = decode_num_splits(t, h, w, n, map != 0, gpu != 0);
+              for (int map = 0; map < 4 && ok; ++map) {
+                const int s = decode_num_splits(t, h, w, n, (map & 1) != 0, gpu != 0, map >= 2);
                 ok = s >= 1 && s <= mla_ext::decode_max_auto_splits(t, h, n, map != 0, gpu != 0) &&
                      mla_ext::decode_workspace_size(t, h, s) <= ws;
-                if (!ok) printf("t=%ld h=%ld w=%ld sms=%d map=%d gpu=%d: %d splits\n", long(t), long(h), long(w), n, map, gpu, s);
+                if (!ok) printf("t=%ld h=%ld w=%ld sms=%d map=%d (+2: wide16) gpu=%d: %d splits\n", long(t), long(h), long(w), n, map, gpu, s);
               }
           }
     expect("automatic splits within the automatic workspace", ok, 1);

@@ -4069,13 +4069,30 @@ inline bool decode_use_asym() {
 // -6..-8%, of 8 tiles and more (56-512 tokens) -7.6..-21.1%; V4 rows lose with it at 16-128
 // tokens (C4 Pro +3..+42%). The first H200 round (forty-eighth session, before the independent
 // accumulators) had V3.2 16 x 512 at -7.7% and V4 at +0..+48% at 16-128 tokens.
-constexpr int64_t kAsym16MinSplitRows = 320;
+// (kAsym16MinSplitRows: sparse_mla_decode.h, whose split policy models these calls.)
+inline int decode_asym16_mode() {
+  static const int mode = int(env_int("MLA_EXT_ASYM16", 2));
+  return mode;
+}
 template <KvFormat F>
 inline bool decode_use_asym16(const DecodeArgs& a) {
-  static const int mode = int(env_int("MLA_EXT_ASYM16", 2));
+  const int mode = decode_asym16_mode();
   if (mode != 2) return mode != 0;
   const int64_t w = a.p.main.width + (a.p.extra.cache != nullptr ? a.p.extra.width : 0);
   return kv_layout(F) == KvFormat::kFP8DsMla && w >= kAsym16MinSplitRows * int64_t(a.p.num_splits);
+}
+// Whether a device of compute capability major cc_major and smem_optin bytes of shared memory
+// per block would run a V3.2 call's 16-head splits of kAsym16MinSplitRows+ entries as A16 (one
+// block per processor), as launch_sparse_mla_decode would pick it: the automatic split count's
+// `wide16` (decode_auto_splits; the op and the C API pass it). A Hopper build without sm_90a
+// code runs the mma.sync tile there with the count chosen for A16 (the launcher cannot tell).
+inline bool decode_wide16_rows(const SparseDecodeParams& p, int cc_major, size_t smem_optin) {
+  if (kWarpSize != 32 || kv_layout(p.kv_format) != KvFormat::kFP8DsMla || p.d_qk != 576) return false;
+  if (p.force_portable || p.force_mma_sync || decode_asym16_mode() == 0 || cc_major != 9) return false;
+  using C = Cfg<1, 576, true, true, true, true, true>;  // launch_split's A16 allocation
+  const size_t limit = p.smem_limit > 0 && (smem_optin == 0 || size_t(p.smem_limit) < smem_optin)
+                           ? size_t(p.smem_limit) : smem_optin;
+  return limit == 0 || C::bytes <= limit;
 }
 // Whether V3.2's asymmetric kernel runs as 2-block clusters at two head groups (65-128 heads;
 // decode_body's CL: each block gathers and dequantises half of every tile and copies it into
@@ -4270,6 +4287,9 @@ inline bool check_set(const KvSet& s, KvFormat f, int d_qk, bool required) {
 }
 
 }  // namespace decode_detail
+
+// For the automatic split count's callers (the op and the C API).
+using decode_detail::decode_wide16_rows;
 
 // Launch sparse MLA decode (DESIGN.md §4). p.num_splits must be resolved
 // (1..kMaxSplits); num_splits > 1 needs decode_workspace_size(T, H, S) bytes of

@@ -496,6 +496,43 @@ inline int decode_balance_splits(int64_t num_tokens, int64_t num_heads, int64_t 
   return best_cost * 100 < wave_cost * (100 - kBalanceMinGainPercent) ? best : wave;
 }
 
+// V3.2 rows whose 16-head tile runs one block per processor (decode_num_splits' `wide16`: the
+// launcher's A16 tile, sm_90a, takes V3.2 splits of at least kAsym16MinSplitRows index entries;
+// decode_use_asym16). The model above has two 16-head blocks share each processor; A16's 176 KB
+// of shared memory leave one, so it picked counts whose second wave of blocks ran alone: at 16
+// of 30 V3.2 shapes (8-16 heads x 40-448 tokens) its counts ran 6-32% slower than the best one
+// (H100 sweep, sixty-third session, benchmarks/RESULTS.md; 64 tokens: 4 splits 60.9 µs against
+// 52.4 for 2). The cost of
+// a count whose splits take A16, in sixteenths of an A16 tile's time x processors (least squares
+// over that sweep's 180 times at 1-6 splits: tile 2.68 µs, block 2.63, reduce 4.79 + 0.17 x T H
+// S / processors; rounded to these integers, the picks are within 1% of the fastest count at 28
+// of its 30 shapes and 3.7% / 5.7% at the other two): m blocks on the busiest processor, n tiles
+// each, m (n + 1), plus 29 / 16 + T H S / (16 processors) for the reduce.
+constexpr int64_t kAsym16MinSplitRows = 320;
+inline int64_t decode_wide16_cost(int64_t num_tokens, int64_t num_heads, int64_t total_width, int num_splits,
+                                  int num_sms) {
+  const int64_t S = num_splits, sms = num_sms;
+  const int64_t m = decode_ceil_div(num_tokens * decode_ceil_div(num_heads, 16) * S, sms);
+  const int64_t n = decode_ceil_div(decode_ceil_div(total_width, S), kDecodeTileRows);
+  int64_t t = 16 * sms * m * (n + 1);
+  if (S > 1) t += 29 * sms + num_tokens * num_heads * S;
+  return t;
+}
+// The count of least decode_wide16_cost among those whose splits take A16 (at least
+// kAsym16MinSplitRows entries each) within decode_balance_reach; ties go to fewer splits.
+inline int decode_wide16_splits(int64_t num_tokens, int64_t num_heads, int64_t total_width, int num_sms) {
+  const int64_t by_width = total_width / kAsym16MinSplitRows;
+  const int reach = decode_balance_reach(num_tokens, num_heads);
+  const int top = by_width < reach ? int(by_width) : reach;
+  int best = 1;
+  int64_t best_cost = decode_wide16_cost(num_tokens, num_heads, total_width, 1, num_sms);
+  for (int s = 2; s <= top; ++s) {
+    const int64_t c = decode_wide16_cost(num_tokens, num_heads, total_width, s, num_sms);
+    if (c < best_cost) best = s, best_cost = c;
+  }
+  return best;
+}
+
 // Active splits (GPU calls on the balanced map with long index sets: V4 C128 layers). The policy
 // sees only the sets' width W (8320 for a C128 layer: sized for the longest context), while the
 // rows' real lengths decide what a split count costs. On the H200 (thirty-fifth session, rows of
@@ -742,12 +779,14 @@ inline int decode_max_auto_splits(int64_t num_tokens, int64_t num_heads, int num
 // gpu = false is the CPU twin's count, whose "processors" are its threads (see
 // decode_one_split_pays). Never more than decode_max_auto_splits(T, H, n, balanced_map, gpu).
 inline int decode_num_splits(int64_t num_tokens, int64_t num_heads, int64_t total_width,
-                             int num_sms, bool balanced_map = true, bool gpu = true) {
+                             int num_sms, bool balanced_map = true, bool gpu = true, bool wide16 = false) {
   if (total_width > kMaxPolicyWidth) total_width = kMaxPolicyWidth;
   if (gpu && decode_one_split_pays(num_tokens, num_heads, total_width, num_sms)) return 1;
   int s = decode_wave_splits(num_tokens, num_heads, total_width, num_sms, balanced_map);
   if (gpu && decode_balance_applies(num_tokens, num_heads, total_width, num_sms))
-    s = decode_balance_splits(num_tokens, num_heads, total_width, num_sms, s);
+    s = wide16 && num_heads <= 16 && total_width >= kBalanceWideMinWidth
+            ? decode_wide16_splits(num_tokens, num_heads, total_width, num_sms)
+            : decode_balance_splits(num_tokens, num_heads, total_width, num_sms, s);
   else if (gpu && balanced_map && decode_active_applies(num_tokens, num_heads, total_width, num_sms))
     s = decode_active_grid(num_tokens, num_heads);
   return s;
@@ -857,8 +896,11 @@ MLA_EXT_HD bool decode_two_token_blocks(const SparseDecodeParams& p, int64_t hea
 // use it. Reads kv_format, num_tokens, num_heads and both sets' caches, widths
 // and lengths pointers (never their contents). gpu = false: the CPU twin's count
 // (num_sms = its threads; no one-split rule, decode_one_split_pays).
-inline int decode_auto_splits(const SparseDecodeParams& p, int num_sms, bool gpu = true) {
-  return decode_num_splits(p.num_tokens, p.num_heads, decode_total_width(p), num_sms, decode_balanced_shape(p), gpu);
+// wide16: the device runs V3.2 rows' 16-head splits of kAsym16MinSplitRows+ entries in one block
+// per processor (the launcher's decode_wide16_rows); only V3.2 layouts take it here.
+inline int decode_auto_splits(const SparseDecodeParams& p, int num_sms, bool gpu = true, bool wide16 = false) {
+  return decode_num_splits(p.num_tokens, p.num_heads, decode_total_width(p), num_sms, decode_balanced_shape(p), gpu,
+                           wide16 && kv_layout(p.kv_format) == KvFormat::kFP8DsMla);
 }
 
 // c_t of the balanced map: 1..2^31 - 1, so that X * C_t stays below 2^57
