@@ -2976,13 +2976,15 @@ def test_gpu_deterministic_with_poisoned_workspace(batch, S):
 
 @requires_gpu
 @pytest.mark.parametrize("kind,topk,heads,batch,h200_splits,hopper_splits",
-                         [("v32", 2048, 8, 96, 8, 4), ("v32", 2048, 16, 64, 4, 2), ("v4_c4", 1024, 16, 140, 3, 3)])
+                         [("v32", 2048, 8, 96, 8, 4), ("v32", 2048, 16, 64, 4, 2), ("v32", 2048, 16, 28, 9, 4),
+                          ("v4_c4", 1024, 16, 140, 3, 3)])
 def test_gpu_balance_model_counts(kind, topk, heads, batch, h200_splits, hopper_splits):
     """Calls whose automatic split count comes from the policy's balance model
     (decode_balance_splits: V3.2 8 heads x 96 tokens and C4 Pro 16 heads x 140 tokens take 8 and
     3 splits on a 132-processor GPU, where the wave count took 2 and 1; on Hopper, where V3.2's
-    wide 16-head splits run one block per processor, decode_wide16_splits gives V3.2 4 and 2 at
-    8 x 96 and 16 x 64) fit the workspace the size query gives for their shape (poisoned) and
+    wide 16-head splits run one block per processor, decode_wide16_splits gives V3.2 4, 2 and 4 at
+    8 x 96, 16 x 64 and 16 x 28, the last below the balance model's range, where the wave count
+    gives 9) fit the workspace the size query gives for their shape (poisoned) and
     match the float64 reference; on a 132-processor GPU the result is bit-identical to the
     explicit count the policy is meant to pick there, and with the mma.sync tile forced (no
     one-block tile) to the balance model's count."""

@@ -148,7 +148,7 @@ int main() {
   // never a count whose splits fall below kAsym16MinSplitRows (2048 / 320: at most 6)
   {
     int ok = 1;
-    for (int64_t t = 40; t <= 512; ++t)
+    for (int64_t t = 20; t <= 512; ++t)
       for (int64_t h = 1; h <= 16; ++h) {
         const int s = decode_num_splits(t, h, 2048, 132, false, true, true);
         ok = ok && s >= 1 && s <= 6;
@@ -159,8 +159,18 @@ int main() {
   expect("wide16 off at 17 heads", decode_num_splits(64, 17, 2048, 132, false, true, true),
          decode_num_splits(64, 17, 2048, 132, false));
   expect("wide16 off at 1152 entries", decode_num_splits(140, 16, 1152, 132, false, true, true), 3);
-  expect("wide16 off at 39 tokens", decode_num_splits(39, 16, 2048, 132, false, true, true),
-         decode_num_splits(39, 16, 2048, 132, false));
+  // below the balance model's 40 tokens, from 0.15 x processors (20 on 132): one wave of A16 blocks
+  expect("wide16 splits(V3.2, 16 heads, 20 tokens)", decode_num_splits(20, 16, 2048, 132, false, true, true), 6);
+  expect("wide16 splits(V3.2, 16 heads, 24 tokens)", decode_num_splits(24, 16, 2048, 132, false, true, true), 5);
+  expect("wide16 splits(V3.2, 8 heads, 32 tokens)", decode_num_splits(32, 8, 2048, 132, false, true, true), 4);
+  expect("wide16 splits(V3.2, 16 heads, 36 tokens)", decode_num_splits(36, 16, 2048, 132, false, true, true), 3);
+  expect("wide16 off at 19 tokens", decode_num_splits(19, 16, 2048, 132, false, true, true),
+         decode_num_splits(19, 16, 2048, 132, false));
+  expect("wide16 at 19 tokens: the wave count", decode_num_splits(19, 16, 2048, 132, false), 13);
+  expect("wide16 applies(20 tokens, 132)", mla_ext::decode_wide16_applies(20, 16, 2048, 132), 1);
+  expect("wide16 applies(4096 entries)", mla_ext::decode_wide16_applies(100, 16, 4096, 132), 0);
+  expect("wide16 applies(2047 entries)", mla_ext::decode_wide16_applies(100, 16, 2047, 132), 0);
+  expect("wide16 applies(513 tokens)", mla_ext::decode_wide16_applies(513, 16, 2048, 132), 0);
   expect("wide16 off on the CPU", decode_num_splits(64, 16, 2048, 132, false, false, true),
          decode_num_splits(64, 16, 2048, 132, false, false));
   // A modelled gain of exactly 8% keeps the wave count on every host (integer costs: 2,525,952 is

@@ -518,6 +518,19 @@ inline int64_t decode_wide16_cost(int64_t num_tokens, int64_t num_heads, int64_t
   if (S > 1) t += 29 * sms + num_tokens * num_heads * S;
   return t;
 }
+// Where decode_num_splits takes it (with `wide16`): up to 16 heads, V3.2's widths within the
+// balance model's (kBalanceWideMinWidth..kBalanceMinWidth - 1), up to half of
+// decode_balance_max_token_splits tokens, and from 0.15 x processors tokens (20 on 132), below
+// the balance model's 0.3 x: at 20-39 tokens the wave count ran the mma.sync tile at 7-13 splits,
+// where one wave of A16 blocks at 3-6 was 14-25% faster (H100 sweep, sixty-third session); at
+// 8-12 tokens A16's at most 6 splits leave most processors idle (the wave count was 5-32% faster),
+// and at 16 they were even.
+inline bool decode_wide16_applies(int64_t num_tokens, int64_t num_heads, int64_t total_width, int num_sms) {
+  if (num_sms <= 0 || num_tokens <= 0 || num_heads <= 0 || num_heads > 16) return false;
+  if (total_width < kBalanceWideMinWidth || total_width >= kBalanceMinWidth) return false;
+  if (num_tokens > decode_balance_max_token_splits(num_heads) / 2) return false;
+  return num_tokens * 20 >= int64_t(num_sms) * 3;
+}
 // The count of least decode_wide16_cost among those whose splits take A16 (at least
 // kAsym16MinSplitRows entries each) within decode_balance_reach; ties go to fewer splits.
 inline int decode_wide16_splits(int64_t num_tokens, int64_t num_heads, int64_t total_width, int num_sms) {
@@ -771,6 +784,8 @@ inline int decode_max_auto_splits(int64_t num_tokens, int64_t num_heads, int num
 //  - GPU calls of many blocks and index sets of 257..4095 entries
 //    (decode_balance_applies): the balance model's pick between the wave count and
 //    1..8 splits (decode_balance_splits). (Sets that long take no two-split floor.)
+//    With wide16 (V3.2 rows on Hopper), 1-16 heads and 2048..4095 entries, from 0.15 x
+//    processors tokens: decode_wide16_splits instead (decode_wide16_applies).
 //  - GPU calls on the balanced map with sets of 4096+ entries, up to 16 heads and
 //    0.54 x processors to 512 tokens
 //    (decode_active_applies): the grid of the active splits, 3-8 slots
@@ -782,11 +797,11 @@ inline int decode_num_splits(int64_t num_tokens, int64_t num_heads, int64_t tota
                              int num_sms, bool balanced_map = true, bool gpu = true, bool wide16 = false) {
   if (total_width > kMaxPolicyWidth) total_width = kMaxPolicyWidth;
   if (gpu && decode_one_split_pays(num_tokens, num_heads, total_width, num_sms)) return 1;
+  if (gpu && wide16 && decode_wide16_applies(num_tokens, num_heads, total_width, num_sms))
+    return decode_wide16_splits(num_tokens, num_heads, total_width, num_sms);
   int s = decode_wave_splits(num_tokens, num_heads, total_width, num_sms, balanced_map);
   if (gpu && decode_balance_applies(num_tokens, num_heads, total_width, num_sms))
-    s = wide16 && num_heads <= 16 && total_width >= kBalanceWideMinWidth
-            ? decode_wide16_splits(num_tokens, num_heads, total_width, num_sms)
-            : decode_balance_splits(num_tokens, num_heads, total_width, num_sms, s);
+    s = decode_balance_splits(num_tokens, num_heads, total_width, num_sms, s);
   else if (gpu && balanced_map && decode_active_applies(num_tokens, num_heads, total_width, num_sms))
     s = decode_active_grid(num_tokens, num_heads);
   return s;
