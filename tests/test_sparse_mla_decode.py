@@ -2992,15 +2992,14 @@ def test_gpu_balance_model_counts(kind, topk, heads, batch, h200_splits, hopper_
                                        device="cuda", seed=34)
     T = inp.num_tokens
     props = torch.cuda.get_device_properties(0)
-    hopper = props.major == 9 and os.environ.get("MLA_EXT_ASYM16", "2").strip() != "0"
+    hopper = props.major == 9 and asym16_env_mode() != 0
     forced = (False, True) if props.multi_processor_count == 132 else (False,)
+    ref_o, ref_l = inp.reference(dtype=torch.float64)
     for force_mma_sync in forced:
-        prev = torch.ops.mla_ext._set_force_mma_sync(force_mma_sync)
-        try:
+        with gpu_path(mma_sync=force_mma_sync):
             out, lse, ws = poisoned_buffers(T, heads, 0, "cuda")
             mla_ext.sparse_mla_decode(inp.q, inp.kv_cache, inp.indices, output=out, workspace=ws, lse=lse,
                                       num_splits=0, **inp.op_kwargs())
-            ref_o, ref_l = inp.reference(dtype=torch.float64)
             check_out(out, ref_o.cpu(), inp.kv_format)
             check_lse(lse, ref_l.cpu(), kv_format=inp.kv_format)
             if props.multi_processor_count == 132:
@@ -3010,8 +3009,16 @@ def test_gpu_balance_model_counts(kind, topk, heads, batch, h200_splits, hopper_
                                           num_splits=S, **inp.op_kwargs())
                 assert torch.equal(out.view(torch.int16), out2.view(torch.int16)), (force_mma_sync, S)
                 assert torch.equal(lse.view(torch.int32), lse2.view(torch.int32)), (force_mma_sync, S)
-        finally:
-            torch.ops.mla_ext._set_force_mma_sync(prev)
+
+
+def asym16_env_mode() -> int:
+    """MLA_EXT_ASYM16 as the library reads it (env_int: strtol with base 0, so 0x hex and 0-led
+    octal; unset, empty or not an integer: the default 2)."""
+    v = os.environ.get("MLA_EXT_ASYM16", "").strip()
+    for pattern, base in ((r"[+-]?0[xX][0-9a-fA-F]+", 16), (r"[+-]?0[0-7]*", 8), (r"[+-]?[1-9][0-9]*", 10)):
+        if re.fullmatch(pattern, v):
+            return int(v, base)
+    return 2
 
 
 @requires_gpu

@@ -385,7 +385,7 @@ int main() {
             for (int64_t w = 1; w <= 9000 && ok; w += (w < 300 ? 1 : 37))
               for (int map = 0; map < 4 && ok; ++map) {
                 const int s = decode_num_splits(t, h, w, n, (map & 1) != 0, gpu != 0, map >= 2);
-                ok = s >= 1 && s <= mla_ext::decode_max_auto_splits(t, h, n, map != 0, gpu != 0) &&
+                ok = s >= 1 && s <= mla_ext::decode_max_auto_splits(t, h, n, (map & 1) != 0, gpu != 0) &&
                      mla_ext::decode_workspace_size(t, h, s) <= ws;
                 if (!ok) printf("t=%ld h=%ld w=%ld sms=%d map=%d (+2: wide16) gpu=%d: %d splits\n", long(t), long(h), long(w), n, map, gpu, s);
               }

@@ -4014,14 +4014,20 @@ inline Status launch_reduce(const ReduceArgs& r, uint32_t rows, gpuStream_t stre
 }
 
 // CL: the asymmetric fp8_ds_mla kernel as 2-block clusters (decode_split_cluster_kernel).
+// The dynamic shared memory of a split kernel instance (launch_split; decode_wide16_rows). WG:
+// room for either body of the kernel (decode_split_mma_kernel).
+template <int MT, int DQK, KvFormat F, bool MMA, bool BAL, bool WG, bool ASYM>
+constexpr size_t decode_split_smem_bytes() {
+  constexpr bool kSc = kv_layout(F) == KvFormat::kFP8DsMla;
+  using CW = Cfg<MT, DQK, MMA, kSc, WG, decode_two_stages(F, DQK, WG, BAL) || ASYM, ASYM>;
+  using CM = Cfg<MT, DQK, MMA, kSc>;
+  return WG && CW::bytes > CM::bytes ? CW::bytes : CM::bytes;
+}
+
 template <int MT, int DQK, KvFormat F, bool MMA, bool BAL, bool WG = false, bool ASYM = false, bool TWO = false,
           bool QREG = false, bool ANCH = false, bool CL = false, bool RAW = false>
 inline Status launch_split(const DecodeArgs& a, uint32_t blocks, gpuStream_t stream) {
-  constexpr bool kSc = kv_layout(F) == KvFormat::kFP8DsMla;
-  // WG: room for either body of the kernel (decode_split_mma_kernel).
-  using CW = Cfg<MT, DQK, MMA, kSc, WG, decode_two_stages(F, DQK, WG, BAL) || ASYM, ASYM>;
-  using CM = Cfg<MT, DQK, MMA, kSc>;
-  constexpr size_t kBytes = WG && CW::bytes > CM::bytes ? CW::bytes : CM::bytes;
+  constexpr size_t kBytes = decode_split_smem_bytes<MT, DQK, F, MMA, BAL, WG, ASYM>();
   // More than the device lets a block have (A100: the 64-head kernels of d_qk
   // 576; sm_86 / sm_89: every tensor-core kernel above 16 heads): nothing is
   // launched, and the caller takes a smaller head tile.
@@ -4085,14 +4091,17 @@ inline bool decode_use_asym16(const DecodeArgs& a) {
 // per block would run a V3.2 call's 16-head splits of kAsym16MinSplitRows+ entries as A16 (one
 // block per processor), as launch_sparse_mla_decode would pick it: the automatic split count's
 // `wide16` (decode_auto_splits; the op and the C API pass it). A Hopper build without sm_90a
-// code runs the mma.sync tile there with the count chosen for A16 (the launcher cannot tell).
+// code runs the mma.sync body there in the same allocation (one block per processor still), so
+// the count chosen for A16 stays about right. Not modelled: test switches that take A16 away at
+// run time (two-token mode 2 at one split, a forced head tile).
 inline bool decode_wide16_rows(const SparseDecodeParams& p, int cc_major, size_t smem_optin) {
   if (kWarpSize != 32 || kv_layout(p.kv_format) != KvFormat::kFP8DsMla || p.d_qk != 576) return false;
   if (p.force_portable || p.force_mma_sync || decode_asym16_mode() == 0 || cc_major != 9) return false;
-  using C = Cfg<1, 576, true, true, true, true, true>;  // launch_split's A16 allocation
+  // launch_split's A16 instance (launch_split_mt: MT 1, the uniform map, WG and ASYM)
+  constexpr size_t kBytes = decode_split_smem_bytes<1, 576, KvFormat::kFP8DsMla, true, false, true, true>();
   const size_t limit = p.smem_limit > 0 && (smem_optin == 0 || size_t(p.smem_limit) < smem_optin)
                            ? size_t(p.smem_limit) : smem_optin;
-  return limit == 0 || C::bytes <= limit;
+  return limit == 0 || kBytes <= limit;
 }
 // Whether V3.2's asymmetric kernel runs as 2-block clusters at two head groups (65-128 heads;
 // decode_body's CL: each block gathers and dequantises half of every tile and copies it into

@@ -508,6 +508,7 @@ inline int decode_balance_splits(int64_t num_tokens, int64_t num_heads, int64_t 
 // S / processors; rounded to these integers, the picks are within 1% of the fastest count at 28
 // of its 30 shapes and 3.7% / 5.7% at the other two): m blocks on the busiest processor, n tiles
 // each, m (n + 1), plus 29 / 16 + T H S / (16 processors) for the reduce.
+// num_splits >= 1 and num_sms >= 1 (decode_wide16_splits calls it where decode_wide16_applies).
 constexpr int64_t kAsym16MinSplitRows = 320;
 inline int64_t decode_wide16_cost(int64_t num_tokens, int64_t num_heads, int64_t total_width, int num_splits,
                                   int num_sms) {
