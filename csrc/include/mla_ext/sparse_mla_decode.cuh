@@ -4013,7 +4013,6 @@ inline Status launch_reduce(const ReduceArgs& r, uint32_t rows, gpuStream_t stre
   return launch_kernel(pdl, kernel, dim3(rows, CH), dim3((kReduceThreads / CH) * groups), 0, stream, r);
 }
 
-// CL: the asymmetric fp8_ds_mla kernel as 2-block clusters (decode_split_cluster_kernel).
 // The dynamic shared memory of a split kernel instance (launch_split; decode_wide16_rows). WG:
 // room for either body of the kernel (decode_split_mma_kernel).
 template <int MT, int DQK, KvFormat F, bool MMA, bool BAL, bool WG, bool ASYM>
@@ -4024,6 +4023,7 @@ constexpr size_t decode_split_smem_bytes() {
   return WG && CW::bytes > CM::bytes ? CW::bytes : CM::bytes;
 }
 
+// CL: the asymmetric fp8_ds_mla kernel as 2-block clusters (decode_split_cluster_kernel).
 template <int MT, int DQK, KvFormat F, bool MMA, bool BAL, bool WG = false, bool ASYM = false, bool TWO = false,
           bool QREG = false, bool ANCH = false, bool CL = false, bool RAW = false>
 inline Status launch_split(const DecodeArgs& a, uint32_t blocks, gpuStream_t stream) {

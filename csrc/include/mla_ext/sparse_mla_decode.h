@@ -502,12 +502,12 @@ inline int decode_balance_splits(int64_t num_tokens, int64_t num_heads, int64_t 
 // of shared memory leave one, so it picked counts whose second wave of blocks ran alone: at 16
 // of 30 V3.2 shapes (8-16 heads x 40-448 tokens) its counts ran 6-32% slower than the best one
 // (H100 sweep, sixty-third session, benchmarks/RESULTS.md; 64 tokens: 4 splits 60.9 µs against
-// 52.4 for 2). The cost of
-// a count whose splits take A16, in sixteenths of an A16 tile's time x processors (least squares
-// over that sweep's 180 times at 1-6 splits: tile 2.68 µs, block 2.63, reduce 4.79 + 0.17 x T H
-// S / processors; rounded to these integers, the picks are within 1% of the fastest count at 28
-// of its 30 shapes and 3.7% / 5.7% at the other two): m blocks on the busiest processor, n tiles
-// each, m (n + 1), plus 29 / 16 + T H S / (16 processors) for the reduce.
+// 52.4 for 2). The cost of a count whose splits take A16, in sixteenths of an A16 tile's time x
+// processors (least squares over that sweep's 180 times at 1-6 splits: tile 2.68 µs, block 2.63,
+// reduce 4.79 + 0.17 x T H S / processors; rounded to these integers, the picks are within 1% of
+// the fastest count at 28 of its 30 shapes and 3.7% / 5.7% at the other two): m blocks on the
+// busiest processor, n tiles each, m (n + 1), plus 29 / 16 + T H S / (16 processors) for the
+// reduce.
 // num_splits >= 1 and num_sms >= 1 (decode_wide16_splits calls it where decode_wide16_applies).
 constexpr int64_t kAsym16MinSplitRows = 320;
 inline int64_t decode_wide16_cost(int64_t num_tokens, int64_t num_heads, int64_t total_width, int num_splits,
