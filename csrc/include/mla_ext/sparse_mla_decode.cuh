@@ -4094,13 +4094,19 @@ inline bool decode_use_asym16(const DecodeArgs& a) {
 // code runs the mma.sync body there in the same allocation (one block per processor still), so
 // the count chosen for A16 stays about right. Not modelled: test switches that take A16 away at
 // run time (two-token mode 2 at one split, a forced head tile).
+// The shared-memory limit per block a call's kernels are chosen under: the caller's
+// p.smem_limit, never above the device's opt-in limit (a larger one would pick a kernel the
+// runtime then refuses to launch); 0 where neither says.
+inline size_t decode_smem_limit(const SparseDecodeParams& p, size_t smem_optin) {
+  const size_t limit = p.smem_limit > 0 ? size_t(p.smem_limit) : smem_optin;
+  return smem_optin != 0 && limit > smem_optin ? smem_optin : limit;
+}
 inline bool decode_wide16_rows(const SparseDecodeParams& p, int cc_major, size_t smem_optin) {
   if (kWarpSize != 32 || kv_layout(p.kv_format) != KvFormat::kFP8DsMla || p.d_qk != 576) return false;
   if (p.force_portable || p.force_mma_sync || decode_asym16_mode() == 0 || cc_major != 9) return false;
   // launch_split's A16 instance (launch_split_mt: MT 1, the uniform map, WG and ASYM)
   constexpr size_t kBytes = decode_split_smem_bytes<1, 576, KvFormat::kFP8DsMla, true, false, true, true>();
-  const size_t limit = p.smem_limit > 0 && (smem_optin == 0 || size_t(p.smem_limit) < smem_optin)
-                           ? size_t(p.smem_limit) : smem_optin;
+  const size_t limit = decode_smem_limit(p, smem_optin);
   return limit == 0 || kBytes <= limit;
 }
 // Whether V3.2's asymmetric kernel runs as 2-block clusters at two head groups (65-128 heads;
@@ -4381,11 +4387,7 @@ inline Status launch_sparse_mla_decode(const SparseDecodeParams& p, void* worksp
   a.early_trigger = S > 1 && pdl_trigger_early(blocks, num_sms);
   a.q_regs = decode_q_regs(p, blocks, num_sms);
   a.raw_qk = decode_raw_qk(p);
-  // The caller's limit, never above the device's (a larger one would pick a kernel the runtime
-  // then refuses to launch).
-  const size_t device_smem = current_device_smem_optin();
-  a.smem_limit = p.smem_limit > 0 ? size_t(p.smem_limit) : device_smem;
-  if (device_smem != 0 && a.smem_limit > device_smem) a.smem_limit = device_smem;
+  a.smem_limit = decode_smem_limit(p, current_device_smem_optin());
   // Half the head tile (at most 16 * m heads), for a device whose blocks cannot
   // have the shared memory of the current tile's kernel.
   auto halve_tile = [&]() {
