@@ -116,6 +116,7 @@ def library(warp: int) -> C.CDLL:
     lib.mla_ext_sparse_mla_decode_workspace_size_for.restype = C.c_size_t
     lib.mla_ext_sparse_mla_decode_workspace_size_for.argtypes = [C.c_longlong, C.c_longlong, C.c_int, C.c_int]
     lib.mla_ext_sparse_mla_decode_num_splits.argtypes = [C.c_longlong, C.c_longlong, C.c_longlong, C.c_int]
+    lib.mla_ext_sparse_mla_decode_num_splits_for.argtypes = [C.c_void_p, C.c_int]
     assert lib.mla_ext_sparse_decode_params_size() == C.sizeof(DecodeParams)
     assert lib.mla_ext_merge_params_size() == C.sizeof(MergeParams)
     assert lib.mla_ext_merge_n_params_size() == C.sizeof(MergeNParams)
@@ -254,6 +255,13 @@ def sparse_mla_decode(lib, *, workspace, num_cus=8, **args) -> None:
     ws_bytes = workspace.numel() if workspace is not None else 0
     rc = lib.mla_ext_sparse_mla_decode(C.byref(p), C.c_void_p(_ptr(workspace)), C.c_size_t(ws_bytes), num_cus, None)
     _status(lib, rc, "mla_ext_sparse_mla_decode")
+
+
+def num_splits_for(lib, *, num_cus=8, **args) -> int:
+    """mla_ext_sparse_mla_decode_num_splits_for of the call `args` (sparse_mla_decode's
+    arguments, workspace and num_cus aside) on num_cus processors."""
+    p = _decode_params(**args)
+    return int(lib.mla_ext_sparse_mla_decode_num_splits_for(C.byref(p), num_cus))
 
 
 def token_map(lib, workspace: torch.Tensor, *, num_cus=8, **args):

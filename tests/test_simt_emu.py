@@ -300,6 +300,46 @@ def test_decode_balanced_split_map(lib, T, S):
     _check_orders(lib, inp, S, 0, 8, out, lse)
 
 
+@pytest.mark.parametrize("fmt,with_lengths", [("bf16", True), ("fp8_ds_mla_v4", False), ("fp8_ds_mla_v4", True)],
+                         ids=["bf16", "v4-no-lengths", "v4-lengths"])
+def test_decode_num_splits_for_is_the_decodes_count(lib, fmt, with_lengths):
+    """mla_ext_sparse_mla_decode_num_splits_for reads the call, not only its widths: 6 tokens x 8
+    heads of 128 + 4096 entries on 8 CUs take 2 splits where the call cannot use the balanced map
+    (a bf16 cache, or V4 rows without lengths), while the width-only query, which assumes V4 rows
+    with lengths, says 8; with lengths the two agree. Where the map is uniform, the decode with
+    num_splits = 0 runs that count: output and lse bit-identical to an explicit call with it, and
+    not to one with the width-only query's count."""
+    g = torch.Generator().manual_seed(64)
+    T, H, cus = 6, 8, 8
+    idx, _ = make_indices(g, T, 128, 4 * 64, None, None)
+    eidx = torch.randint(0, 2048 * 2, (T, 4096), generator=g, dtype=torch.int32)
+    inp = dict(q=torch.randn(T, H, 512, generator=g).to(torch.bfloat16),
+               kv_cache=make_cache(g, fmt, 512, 4, 64, idx, "cpu"), indices=idx, kv_format=fmt,
+               softmax_scale=512 ** -0.5, lengths=None, extra_kv_cache=make_cache(g, fmt, 512, 2048, 2, eidx, "cpu"),
+               extra_indices=eidx, extra_lengths=None, attn_sink=make_sink(g, H, "random"))
+    if with_lengths:
+        inp["lengths"] = torch.randint(1, 129, (T,), dtype=torch.int32, generator=g)
+        inp["extra_lengths"] = torch.randint(1, 4097, (T,), dtype=torch.int32, generator=g)
+    width_only = lib.mla_ext_sparse_mla_decode_num_splits(T, H, 128 + 4096, cus)
+    out0 = torch.empty(T, H, 512, dtype=torch.bfloat16)
+    S = simt_capi.num_splits_for(lib, num_cus=cus, output=out0, **inp)
+    assert width_only == 8
+    assert S == (8 if fmt == "fp8_ds_mla_v4" and with_lengths else 2)
+    # given counts come back as they are; a count the decode refuses gives 0
+    assert simt_capi.num_splits_for(lib, num_cus=cus, output=out0, num_splits=5, **inp) == 5
+    assert simt_capi.num_splits_for(lib, num_cus=cus, output=out0, num_splits=257, **inp) == 0
+    assert simt_capi.num_splits_for(lib, num_cus=1 << 17, output=out0, num_splits=5, **inp) == 0
+    if S == width_only:
+        return  # (the balanced map: its automatic calls use the slots the lengths ask for)
+    ref_o, ref_l = _decode_reference(inp)
+    out_a, lse_a, _ = _run_decode(lib, inp, 0, 0, cus)
+    _check_decode(out_a, lse_a, ref_o, ref_l, fmt)
+    out_s, lse_s, _ = _run_decode(lib, inp, S, 0, cus)
+    assert torch.equal(out_a.view(torch.int16), out_s.view(torch.int16)) and torch.equal(lse_a, lse_s)
+    out_w, lse_w, _ = _run_decode(lib, inp, width_only, 0, cus)
+    assert not (torch.equal(out_a.view(torch.int16), out_w.view(torch.int16)) and torch.equal(lse_a, lse_w))
+
+
 @pytest.mark.parametrize("H", [8, 18])  # 18: a last reduce block of 2 of its 4 heads
 def test_decode_anchored_map(lib, H):
     """Past 256 tokens a balanced V4 call runs the anchored map (a token's first split block knows

@@ -127,6 +127,13 @@ mla_ext::SparseDecodeParams to_cpp(const mla_ext_sparse_decode_params& c) {
   return p;
 }
 
+// The automatic split count of a call on `sms` processors of the current device, as the decode
+// resolves num_splits == 0 (and mla_ext_sparse_mla_decode_num_splits_for reports it).
+int auto_splits(const mla_ext::SparseDecodeParams& p, int sms) {
+  return mla_ext::decode_auto_splits(
+      p, sms, true, mla_ext::decode_wide16_rows(p, mla_ext::current_device_cc_major(), mla_ext::current_device_smem_optin()));
+}
+
 }  // namespace
 
 extern "C" {
@@ -252,9 +259,7 @@ int mla_ext_sparse_mla_decode(const mla_ext_sparse_decode_params* c, void* works
   // No processor count (num_sms <= 0 and no current device to ask): the automatic split count
   // has nothing to go by, and a launch could not run anyway.
   if (sms <= 0 && c->num_splits == 0) return MLA_EXT_STATUS_LAUNCH_FAILED;
-  if (p.num_splits == 0)
-    p.num_splits = mla_ext::decode_auto_splits(
-        p, sms, true, mla_ext::decode_wide16_rows(p, mla_ext::current_device_cc_major(), mla_ext::current_device_smem_optin()));
+  if (p.num_splits == 0) p.num_splits = auto_splits(p, sms);
   return int(mla_ext::launch_sparse_mla_decode(p, workspace, workspace_bytes, sms,
                                                static_cast<mla_ext::gpuStream_t>(stream), c->num_splits == 0));
 }
@@ -282,6 +287,16 @@ int mla_ext_sparse_mla_decode_num_splits(long long num_tokens, long long num_hea
   // 16 heads x 200 tokens x 640 entries).
   return mla_ext::decode_num_splits(num_tokens, num_heads, total_width, sms,
                                     mla_ext::decode_balanced_width(num_tokens, total_width));
+}
+
+int mla_ext_sparse_mla_decode_num_splits_for(const mla_ext_sparse_decode_params* c, int num_sms) {
+  if (c == nullptr || num_sms > kMaxSms) return 0;
+  if (c->kv_format < MLA_EXT_KV_BF16 || c->kv_format > MLA_EXT_KV_FP8_DS_MLA_V4_FNUZ) return 0;
+  if (!workspace_args_ok(c->num_tokens, c->num_heads, c->num_splits)) return 0;
+  if (c->num_splits > 0) return c->num_splits;
+  const int sms = resolve_sms(num_sms);
+  if (sms <= 0) return 0;
+  return auto_splits(to_cpp(*c), sms);
 }
 
 size_t mla_ext_sparse_decode_params_size(void) { return sizeof(mla_ext_sparse_decode_params); }

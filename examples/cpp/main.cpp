@@ -464,9 +464,12 @@ bool run_decode(const DecodeCase& dc, gpuStream_t stream, int num_sms, void* ws,
   p.lse_stride_token = 1;  // [H, T] buffer seen as [T, H]
   p.lse_stride_head = T;
   p.num_splits = dc.num_splits;
-  // num_splits = 0: the decode picks the count (for V3.2 on Hopper it may differ from the format-blind
-  // mla_ext_sparse_mla_decode_num_splits), and the automatic workspace size covers whatever it picks.
-  const std::string splits = dc.num_splits > 0 ? std::to_string(dc.num_splits) + " splits" : "automatic splits";
+  // num_splits = 0: the decode picks the count (mla_ext_sparse_mla_decode_num_splits_for says which: it
+  // reads the format and lengths, which the width-only mla_ext_sparse_mla_decode_num_splits cannot), and
+  // the automatic workspace size covers whatever it picks.
+  const int runs = mla_ext_sparse_mla_decode_num_splits_for(&p, num_sms);
+  const std::string splits = dc.num_splits > 0 ? std::to_string(dc.num_splits) + " splits"
+                                               : "automatic splits: " + std::to_string(runs);
   const size_t need = mla_ext_sparse_mla_decode_workspace_size_for(T, H, dc.num_splits, num_sms);
   if (need > ws_bytes) {
     std::fprintf(stderr, "workspace: %zu bytes needed, %zu allocated\n", need, ws_bytes);

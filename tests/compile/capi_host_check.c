@@ -78,6 +78,37 @@ int main(void) {
         }
     EXPECT(ok, "automatic splits within the automatic workspace");
   }
+  /* num_splits_for: the count the decode runs a call with, from the call's fields */
+  {
+    mla_ext_sparse_decode_params d;
+    memset(&d, 0, sizeof d);
+    d.kv_format = MLA_EXT_KV_BF16;
+    d.d_qk = 512;
+    d.num_tokens = 128;
+    d.num_heads = 16;
+    d.main.cache = aligned;
+    d.main.width = 128;
+    d.extra.cache = aligned;
+    d.extra.width = 8192;
+    EXPECT(mla_ext_sparse_mla_decode_num_splits(128, 16, 8320, 132) == 8, "C128 width, 128 tokens: 8 (V4 rows with lengths)");
+    EXPECT(mla_ext_sparse_mla_decode_num_splits_for(&d, 132) == 2, "bf16 rows of that width: 2 (no balanced map)");
+    d.kv_format = MLA_EXT_KV_FP8_DS_MLA_V4;
+    EXPECT(mla_ext_sparse_mla_decode_num_splits_for(&d, 132) == 2, "V4 rows without lengths: 2");
+    d.extra.lengths = (const int32_t*)aligned;
+    EXPECT(mla_ext_sparse_mla_decode_num_splits_for(&d, 132) == 8, "V4 rows with lengths: the width query's 8");
+    d.num_splits = 5;
+    EXPECT(mla_ext_sparse_mla_decode_num_splits_for(&d, 132) == 5, "a given count comes back");
+    EXPECT(mla_ext_sparse_mla_decode_num_splits_for(&d, 1 << 17) == 0, "a processor count no GPU has");
+    d.num_splits = 257;
+    EXPECT(mla_ext_sparse_mla_decode_num_splits_for(&d, 132) == 0, "num_splits above 256");
+    d.num_splits = 0;
+    d.kv_format = 9;
+    EXPECT(mla_ext_sparse_mla_decode_num_splits_for(&d, 132) == 0, "an unknown kv_format");
+    d.kv_format = MLA_EXT_KV_FP8_DS_MLA_V4;
+    d.num_tokens = -1;
+    EXPECT(mla_ext_sparse_mla_decode_num_splits_for(&d, 132) == 0, "negative num_tokens");
+    EXPECT(mla_ext_sparse_mla_decode_num_splits_for(NULL, 132) == 0, "no params");
+  }
 
   /* merge: an FP8 output without a scale fails even with nothing to merge */
   {

@@ -36,6 +36,8 @@ def load_lib(path):
     lib.mla_ext_sparse_mla_decode_workspace_size.argtypes = [C.c_longlong, C.c_longlong, C.c_int]
     lib.mla_ext_sparse_mla_decode_num_splits.restype = C.c_int
     lib.mla_ext_sparse_mla_decode_num_splits.argtypes = [C.c_longlong, C.c_longlong, C.c_longlong, C.c_int]
+    lib.mla_ext_sparse_mla_decode_num_splits_for.restype = C.c_int
+    lib.mla_ext_sparse_mla_decode_num_splits_for.argtypes = [C.c_void_p, C.c_int]
     lib.mla_ext_sparse_decode_params_size.restype = C.c_size_t
     lib.mla_ext_status_string.restype = C.c_char_p
     lib.mla_ext_status_string.argtypes = [C.c_int]
@@ -224,10 +226,12 @@ class Runner:
         p.lse = lse_view.data_ptr() if lse_view is not None else None
         if lse_view is not None:
             p.lse_stride_token, p.lse_stride_head = lse_view.stride(0), lse_view.stride(1)
-        width = sum(s[1].shape[1] for s in sets)
-        S = splits if splits != "auto" else self.lib.mla_ext_sparse_mla_decode_num_splits(T, H, width, self.num_sms)
-        p.num_splits = S
         p.force_portable = portable
+        # "auto": num_splits = 0, resolved by the decode itself; its count (for the workspace and
+        # the report) from mla_ext_sparse_mla_decode_num_splits_for
+        p.num_splits = 0 if splits == "auto" else splits
+        S = self.lib.mla_ext_sparse_mla_decode_num_splits_for(C.byref(p), self.num_sms)
+        assert S >= 1, "mla_ext_sparse_mla_decode_num_splits_for refused the call"
         ws_bytes = self.lib.mla_ext_sparse_mla_decode_workspace_size(T, H, S)
         ws = torch.full((max(ws_bytes, 4) // 4,), float("nan"), dtype=torch.float32, device=q.device)
         return p, ws, ws_bytes, S
