@@ -1906,6 +1906,10 @@ def _wgmma_kernel_expected():
             and "9.0a" in (BUILD_INFO.get("gpu_arch_list") or ""))
 
 
+# The A16 instance's demangled name (MT 1, BAL either, WG and ASYM set, the rest off).
+A16_KERNEL = r"decode_split_mma_kernel<1, (?:512|576), [^>]*, (?:true|false), true, true, false, false, false, false>"
+
+
 def _split_kernel_names(fn):
     """Names of the decode split kernels `fn` launches, as the profiler reports them (demangled);
     empty when the profiler records no GPU kernels on this machine."""
@@ -2532,7 +2536,7 @@ def test_gpu_asym16_switch(tmp_path):
              ("v32", 9, 4, (300, 5000), 2, 23, "fp8_ds_mla_fnuz"), ("v32", 16, 4, (300, 5000), 8, 25),
              ("v32", 14, 4, (300, 5000), 6, 27), ("v32", 16, 5, (300, 5000), 7, 29)]
     results = _run_switch_children(tmp_path, "MLA_EXT_ASYM16", ("1", "0", ""), "1", cases, "decode_split")
-    a16 = r"decode_split_mma_kernel<1, (?:512|576), [^>]*, (?:true|false), true, true, false, false, false, false>"
+    a16 = A16_KERNEL
     splits = {f"{c[0]}_{c[1]}_{c[2]}" + (f"_{c[6]}" if len(c) > 6 else ""): c[4] for c in cases}
     for key, (out, lse, ref_o, ref_l, names, fmt) in results["1"].items():
         o0, l0, _, _, names0, _ = results["0"][key]
@@ -2987,7 +2991,8 @@ def test_gpu_balance_model_counts(kind, topk, heads, batch, h200_splits, hopper_
     gives 9) fit the workspace the size query gives for their shape (poisoned) and
     match the float64 reference; on a 132-processor GPU the result is bit-identical to the
     explicit count the policy is meant to pick there, and with the mma.sync tile forced (no
-    one-block tile) to the balance model's count."""
+    one-block tile) to the balance model's count. Where the profiler names kernels on an sm_90a
+    build, the V3.2 calls ran the one-block tile (A16) the counts are made for, unless forced off."""
     inp = builders.build_decode_inputs(kind, batch=batch, num_heads=heads, context_len=(4096, 8192), topk=topk,
                                        device="cuda", seed=34)
     T = inp.num_tokens
@@ -2998,10 +3003,13 @@ def test_gpu_balance_model_counts(kind, topk, heads, batch, h200_splits, hopper_
     for force_mma_sync in forced:
         with gpu_path(mma_sync=force_mma_sync):
             out, lse, ws = poisoned_buffers(T, heads, 0, "cuda")
-            mla_ext.sparse_mla_decode(inp.q, inp.kv_cache, inp.indices, output=out, workspace=ws, lse=lse,
-                                      num_splits=0, **inp.op_kwargs())
+            names = _split_kernel_names(lambda: mla_ext.sparse_mla_decode(
+                inp.q, inp.kv_cache, inp.indices, output=out, workspace=ws, lse=lse, num_splits=0, **inp.op_kwargs()))
             check_out(out, ref_o.cpu(), inp.kv_format)
             check_lse(lse, ref_l.cpu(), kv_format=inp.kv_format)
+            if names and _wgmma_kernel_expected():
+                want = hopper and not force_mma_sync and kind == "v32"
+                assert any(re.search(A16_KERNEL, n) for n in names) == want, (force_mma_sync, names)
             if props.multi_processor_count == 132:
                 S = hopper_splits if hopper and not force_mma_sync else h200_splits
                 out2, lse2, ws2 = poisoned_buffers(T, heads, S, "cuda")
