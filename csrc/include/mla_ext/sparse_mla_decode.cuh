@@ -3775,7 +3775,6 @@ __global__ void __launch_bounds__(GROUPED ? (kReduceThreads / CH) * kReduceMaxGr
   constexpr int TPG = kReduceThreads / CH;  // threads per column group
   static_assert(CH == 1 || (GROUPED && TPG % kWarpSize == 0), "column chunks: column groups, whole warps");
   static_assert(HB == 1 || (!BLOCK_SCAN && !GROUPED), "heads per block: the per-thread scan (no barriers)");
-  wait_for_prior_grids();
   const SparseDecodeParams& p = a.p;
   const int64_t H = p.num_heads;
   int64_t t, h_first;
@@ -3788,6 +3787,16 @@ __global__ void __launch_bounds__(GROUPED ? (kReduceThreads / CH) * kReduceMaxGr
     t = int64_t(blockIdx.x) / groups;
     h_first = (int64_t(blockIdx.x) - t * groups) * HB;
   }
+  // The rows' sinks are the caller's input, not the split kernel's output: loaded before the
+  // wait for the split grid, so that the fold's last step does not wait on memory (an engine's
+  // per-layer sink is likely out of L2). This grid starts only once the split grid has passed
+  // its own wait (its early trigger comes after it) or ended, so the kernels before the op,
+  // which may have written the sink, have completed and their writes are visible.
+  float sink_v[HB];
+#pragma unroll
+  for (int j = 0; j < HB; ++j)
+    sink_v[j] = p.attn_sink != nullptr && h_first + j < H ? p.attn_sink[(h_first + j) * p.attn_sink_stride] : 0.f;
+  wait_for_prior_grids();
   const int tid = threadIdx.x;
   // Column group: threads [TPG g, TPG g + TPG) cover this block's 512 / CH output columns once
   // (the per-thread path and the balanced map run one group of 128: blockDim.x == kReduceThreads).
@@ -3805,7 +3814,7 @@ __global__ void __launch_bounds__(GROUPED ? (kReduceThreads / CH) * kReduceMaxGr
     S = int(m.y);
   }
   // One (token, head) row; HB of them in turn (the last block's up to H).
-  auto reduce_row = [&](const int64_t h) {
+  auto reduce_row = [&](const int64_t h, const float sink) {
     const float* lse = a.ws_lse + h * NQ + q0;
     const float* parts = a.ws_out + (h * NQ + q0) * kDV;  // split i's partial: parts + i * kDV
     const int col = (CH > 1 ? int(blockIdx.y) * TPG + ctid : ctid) * 4;
@@ -3819,8 +3828,7 @@ __global__ void __launch_bounds__(GROUPED ? (kReduceThreads / CH) * kReduceMaxGr
       o[3] = fmaf(w, v.w, o[3]);
     };
     auto finish = [&](float L, float mx) {
-      const float inv =
-          split_merge_finish(L, mx, p.attn_sink != nullptr ? p.attn_sink + h * p.attn_sink_stride : nullptr, &out_lse);
+      const float inv = split_merge_finish(L, mx, p.attn_sink != nullptr, sink, &out_lse);
 #pragma unroll
       for (int e = 0; e < 4; ++e) o[e] *= inv;
     };
@@ -3972,9 +3980,11 @@ __global__ void __launch_bounds__(GROUPED ? (kReduceThreads / CH) * kReduceMaxGr
       p.lse[t * p.lse_stride_token + h * p.lse_stride_head] = out_lse;
   };
   if constexpr (HB == 1) {
-    reduce_row(h_first);
+    reduce_row(h_first, sink_v[0]);
   } else {
-    for (int j = 0; j < HB && h_first + j < H; ++j) reduce_row(h_first + j);
+#pragma unroll
+    for (int j = 0; j < HB; ++j)
+      if (h_first + j < H) reduce_row(h_first + j, sink_v[j]);
   }
 }
 

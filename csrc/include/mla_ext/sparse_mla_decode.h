@@ -1015,12 +1015,16 @@ MLA_EXT_HD SplitMergeMode split_merge_scan(const float* lse, int num_splits, flo
 }
 
 // kMix, after summing the weights into L: the factor for the weighted sum and the row's lse
-// (sink excluded). sink: the head's sink logit, or nullptr.
-MLA_EXT_HD float split_merge_finish(float L, float max_lse, const float* sink, float* lse) {
+// (sink excluded). has_sink: whether the head has a sink, its logit `sink`.
+MLA_EXT_HD float split_merge_finish(float L, float max_lse, bool has_sink, float sink, float* lse) {
   float den = L;
-  if (sink != nullptr) den = L + expf(*sink - max_lse);
+  if (has_sink) den = L + expf(sink - max_lse);
   *lse = max_lse + logf(L);
   return 1.f / den;
+}
+// The same with the sink read through a pointer (nullptr: none).
+MLA_EXT_HD float split_merge_finish(float L, float max_lse, const float* sink, float* lse) {
+  return split_merge_finish(L, max_lse, sink != nullptr, sink != nullptr ? *sink : 0.f, lse);
 }
 
 // ---------------------------------------------------------------------------
