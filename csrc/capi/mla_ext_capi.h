@@ -286,8 +286,10 @@ MLA_EXT_CAPI_EXPORT size_t mla_ext_sparse_mla_decode_workspace_size_for(long lon
  * (mla_ext::decode_active_splits_table). V3.2 calls (fp8_ds_mla) of 1-16 heads on Hopper,
  * whose wide splits run one block per processor, may get another count in the decode from a
  * model of their own (mla_ext::decode_wide16_splits; within the same workspace bound), and calls
- * that cannot take the balanced map may get one split where this query keeps two: this query,
- * which has no format argument, gives the count of a V4 FP8 call with lengths.
+ * that cannot take the balanced map (bf16 and V3.2 caches, V4 rows without lengths) get the
+ * policy's count without the two-split floor and the active splits' grid, often far fewer (at
+ * 128 tokens x 16 heads x 8320 entries: 2, where this query says 8): this query, which has no
+ * format argument, gives the count of a V4 FP8 call with lengths.
  * mla_ext_sparse_mla_decode_num_splits_for gives any call's count.
  * num_sms <= 0 queries the current device. 0 for negative arguments, num_sms above 65536 or
  * no device to query. */
@@ -296,13 +298,16 @@ MLA_EXT_CAPI_EXPORT int mla_ext_sparse_mla_decode_num_splits(long long num_token
 
 /* The split count mla_ext_sparse_mla_decode runs *p with on num_sms processors (<= 0: the current
  * device's count): p->num_splits where it is 1..256, else (0, automatic) the count the decode
- * resolves from p's format, sizes, index widths, whether lengths are given (the balanced map),
- * head_tile, smem_limit and force_portable, and the current device (the V3.2 model above).
- * Reads the struct's fields, never the arrays they point to; size a workspace for it with
- * mla_ext_sparse_mla_decode_workspace_size(T, H, count). 0 where the decode would refuse these
- * fields (p NULL, an unknown kv_format, negative sizes, num_splits above 256, num_tokens x
- * num_heads >= 2^31), for num_sms above 65536, or when the count is automatic and num_sms <= 0
- * finds no device. (Added within C API version 2: libraries built before it do not export it.) */
+ * resolves from p's kv_format and d_qk, num_tokens, num_heads, both sets' widths, whether
+ * lengths are given (the balanced map), smem_limit and force_portable, and the current device
+ * (the V3.2 model above). Reads the struct's fields, never the arrays they point to; size a
+ * workspace for it with mla_ext_sparse_mla_decode_workspace_size(T, H, count). 0 for fields
+ * the decode refuses: p NULL, an unknown kv_format, a d_qk the format does not have, negative
+ * sizes or widths, num_splits above 256, num_tokens x num_heads >= 2^31, head_tile outside
+ * 0..64, a negative smem_limit; and for num_sms above 65536, or when the count is automatic and
+ * num_sms <= 0 finds no device. A count above 0 does not mean the decode accepts the call: it
+ * also checks the pointers, strides, alignment and the sets' page fields.
+ * (Added within C API version 2: libraries built before it do not export it.) */
 MLA_EXT_CAPI_EXPORT int mla_ext_sparse_mla_decode_num_splits_for(const mla_ext_sparse_decode_params* p,
                                                                  int num_sms);
 

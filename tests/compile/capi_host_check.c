@@ -105,6 +105,15 @@ int main(void) {
     d.kv_format = 9;
     EXPECT(mla_ext_sparse_mla_decode_num_splits_for(&d, 132) == 0, "an unknown kv_format");
     d.kv_format = MLA_EXT_KV_FP8_DS_MLA_V4;
+    d.d_qk = 576;
+    EXPECT(mla_ext_sparse_mla_decode_num_splits_for(&d, 132) == 0, "V4 rows with d_qk 576");
+    d.d_qk = 512;
+    d.head_tile = 65;
+    EXPECT(mla_ext_sparse_mla_decode_num_splits_for(&d, 132) == 0, "head_tile above 64");
+    d.head_tile = 0;
+    d.extra.width = -4000;
+    EXPECT(mla_ext_sparse_mla_decode_num_splits_for(&d, 132) == 0, "a negative width");
+    d.extra.width = 8192;
     d.num_tokens = -1;
     EXPECT(mla_ext_sparse_mla_decode_num_splits_for(&d, 132) == 0, "negative num_tokens");
     EXPECT(mla_ext_sparse_mla_decode_num_splits_for(NULL, 132) == 0, "no params");
