@@ -3,7 +3,7 @@ L2-cold input sets) with the benchmark's attention sink shared by every set (L2-
 first replay) and with a sink tensor per set (so that, like an engine's per-layer sink, it comes
 from DRAM). Writes {"layer:H:T": [hot_us, cold_us]} as JSON; run once per build and compare.
 
-    python3 benchmarks/dev/sink_cold_ab.py out.json
+    python3 benchmarks/dev/sink_cold_ab.py out.json [layer:H:T,...]
 """
 import json
 import sys
@@ -14,6 +14,8 @@ import mla_ext
 from mla_ext.bench import build_layer_sets, time_graph
 
 shapes = [(l, h, t) for l in ("v4_swa", "v4_c4_flash", "v4_c4_pro", "v4_c128") for h in (8, 16, 128) for t in (1, 16)]
+if len(sys.argv) > 2:
+    shapes = [(l, int(h), int(t)) for l, h, t in (x.split(":") for x in sys.argv[2].split(","))]
 res = {}
 for layer, H, T in shapes:
     ds = build_layer_sets(layer, num_tokens=T, num_heads=H)
