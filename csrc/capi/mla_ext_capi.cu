@@ -294,10 +294,7 @@ int mla_ext_sparse_mla_decode_num_splits_for(const mla_ext_sparse_decode_params*
   if (c->kv_format < MLA_EXT_KV_BF16 || c->kv_format > MLA_EXT_KV_FP8_DS_MLA_V4_FNUZ) return 0;
   if (!workspace_args_ok(c->num_tokens, c->num_heads, c->num_splits)) return 0;
   // The other fields the count reads, refused as the launcher refuses them.
-  const mla_ext::KvFormat layout = mla_ext::kv_layout(static_cast<mla_ext::KvFormat>(c->kv_format));
-  if (c->d_qk != (layout == mla_ext::KvFormat::kFP8DsMlaV4 ? 512 : 576) &&
-      !(layout == mla_ext::KvFormat::kBF16 && c->d_qk == 512))
-    return 0;
+  if (!mla_ext::kv_format_d_qk_ok(static_cast<mla_ext::KvFormat>(c->kv_format), c->d_qk)) return 0;
   if (c->head_tile < 0 || c->head_tile > 64 || c->smem_limit < 0) return 0;
   if ((c->main.cache != nullptr && c->main.width < 0) || (c->extra.cache != nullptr && c->extra.width < 0)) return 0;
   if (c->num_splits > 0) return c->num_splits;

@@ -4097,13 +4097,6 @@ inline bool decode_use_asym16(const DecodeArgs& a) {
   const int64_t w = a.p.main.width + (a.p.extra.cache != nullptr ? a.p.extra.width : 0);
   return kv_layout(F) == KvFormat::kFP8DsMla && w >= kAsym16MinSplitRows * int64_t(a.p.num_splits);
 }
-// Whether a device of compute capability major cc_major and smem_optin bytes of shared memory
-// per block would run a V3.2 call's 16-head splits of kAsym16MinSplitRows+ entries as A16 (one
-// block per processor), as launch_sparse_mla_decode would pick it: the automatic split count's
-// `wide16` (decode_auto_splits; the op and the C API pass it). A Hopper build without sm_90a
-// code runs the mma.sync body there in the same allocation (one block per processor still), so
-// the count chosen for A16 stays about right. Not modelled: test switches that take A16 away at
-// run time (two-token mode 2 at one split, a forced head tile).
 // The shared-memory limit per block a call's kernels are chosen under: the caller's
 // p.smem_limit, never above the device's opt-in limit (a larger one would pick a kernel the
 // runtime then refuses to launch); 0 where neither says.
@@ -4111,6 +4104,13 @@ inline size_t decode_smem_limit(const SparseDecodeParams& p, size_t smem_optin) 
   const size_t limit = p.smem_limit > 0 ? size_t(p.smem_limit) : smem_optin;
   return smem_optin != 0 && limit > smem_optin ? smem_optin : limit;
 }
+// Whether a device of compute capability major cc_major and smem_optin bytes of shared memory
+// per block would run a V3.2 call's 16-head splits of kAsym16MinSplitRows+ entries as A16 (one
+// block per processor), as launch_sparse_mla_decode would pick it: the automatic split count's
+// `wide16` (decode_auto_splits; the op and the C API pass it). A Hopper build without sm_90a
+// code runs the mma.sync body there in the same allocation (one block per processor still), so
+// the count chosen for A16 stays about right. Not modelled: test switches that take A16 away at
+// run time (two-token mode 2 at one split, a forced head tile).
 inline bool decode_wide16_rows(const SparseDecodeParams& p, int cc_major, size_t smem_optin) {
   if (kWarpSize != 32 || kv_layout(p.kv_format) != KvFormat::kFP8DsMla || p.d_qk != 576) return false;
   if (p.force_portable || p.force_mma_sync || decode_asym16_mode() == 0 || cc_major != 9) return false;
@@ -4333,10 +4333,7 @@ inline Status launch_sparse_mla_decode(const SparseDecodeParams& p, void* worksp
   if (p.num_tokens < 0 || p.num_heads < 0) return Status::kInvalidArgument;
   if (p.num_splits < 1 || p.num_splits > kMaxSplits) return Status::kInvalidArgument;
   if (p.two_token < 0 || p.two_token > 2) return Status::kInvalidArgument;
-  if (p.d_qk != 512 && p.d_qk != 576) return Status::kInvalidArgument;
-  if (!kv_format_valid(p.kv_format)) return Status::kInvalidArgument;
-  if (kv_layout(p.kv_format) == KvFormat::kFP8DsMla && p.d_qk != 576) return Status::kInvalidArgument;
-  if (kv_layout(p.kv_format) == KvFormat::kFP8DsMlaV4 && p.d_qk != 512) return Status::kInvalidArgument;
+  if (!kv_format_d_qk_ok(p.kv_format, p.d_qk)) return Status::kInvalidArgument;
   if (p.num_tokens == 0 || p.num_heads == 0) return Status::kSuccess;
   if (p.q == nullptr || p.output == nullptr) return Status::kInvalidArgument;
   if (!aligned16(p.q) || (p.q_stride_token & 7) != 0 || (p.q_stride_head & 7) != 0)

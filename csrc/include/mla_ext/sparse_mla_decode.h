@@ -33,6 +33,11 @@ MLA_EXT_HD constexpr bool kv_is_fnuz(KvFormat f) {
 MLA_EXT_HD constexpr bool kv_format_valid(KvFormat f) {
   return int(f) >= int(KvFormat::kBF16) && int(f) <= int(KvFormat::kFP8DsMlaV4Fnuz);
 }
+// A known format with a d_qk it has: V3.2 rows 576, V4 rows 512, bf16 caches either.
+MLA_EXT_HD constexpr bool kv_format_d_qk_ok(KvFormat f, int d_qk) {
+  return kv_format_valid(f) && (d_qk == 512 || d_qk == 576) &&
+         !(kv_layout(f) == KvFormat::kFP8DsMla && d_qk != 576) && !(kv_layout(f) == KvFormat::kFP8DsMlaV4 && d_qk != 512);
+}
 
 constexpr int kDV = 512;           // value dims (both geometries)
 constexpr int kMaxSplits = 256;    // explicit num_splits range is 1..kMaxSplits
