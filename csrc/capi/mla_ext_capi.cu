@@ -295,7 +295,7 @@ int mla_ext_sparse_mla_decode_num_splits_for(const mla_ext_sparse_decode_params*
   if (!workspace_args_ok(c->num_tokens, c->num_heads, c->num_splits)) return 0;
   // The other fields the count reads, refused as the launcher refuses them.
   if (!mla_ext::kv_format_d_qk_ok(static_cast<mla_ext::KvFormat>(c->kv_format), c->d_qk)) return 0;
-  if (c->head_tile < 0 || c->head_tile > 64 || c->smem_limit < 0) return 0;
+  if (!mla_ext::decode_overrides_ok(c->head_tile, c->smem_limit)) return 0;
   if ((c->main.cache != nullptr && c->main.width < 0) || (c->extra.cache != nullptr && c->extra.width < 0)) return 0;
   if (c->num_splits > 0) return c->num_splits;
   const int sms = resolve_sms(num_sms);

@@ -317,6 +317,17 @@ int main(void) {
     bad.smem_limit = -1;
     EXPECT(mla_ext_sparse_mla_decode(&bad, aligned, ws, 132, NULL) == MLA_EXT_STATUS_INVALID_ARGUMENT,
            "negative smem_limit");
+    /* the per-field ranges hold for empty calls too (the launcher returns early for them only after) */
+    bad = p;
+    bad.num_tokens = 0;
+    EXPECT(mla_ext_sparse_mla_decode(&bad, aligned, ws, 132, NULL) == MLA_EXT_STATUS_SUCCESS, "empty decode");
+    bad.head_tile = 65;
+    EXPECT(mla_ext_sparse_mla_decode(&bad, aligned, ws, 132, NULL) == MLA_EXT_STATUS_INVALID_ARGUMENT,
+           "head_tile > 64 on an empty call");
+    bad.head_tile = 0;
+    bad.smem_limit = -1;
+    EXPECT(mla_ext_sparse_mla_decode(&bad, aligned, ws, 132, NULL) == MLA_EXT_STATUS_INVALID_ARGUMENT,
+           "negative smem_limit on an empty call");
     bad = p;
     bad.q = (const uint16_t*)(aligned + 2);
     EXPECT(mla_ext_sparse_mla_decode(&bad, aligned, ws, 132, NULL) == MLA_EXT_STATUS_INVALID_ARGUMENT,

@@ -4334,6 +4334,7 @@ inline Status launch_sparse_mla_decode(const SparseDecodeParams& p, void* worksp
   if (p.num_splits < 1 || p.num_splits > kMaxSplits) return Status::kInvalidArgument;
   if (p.two_token < 0 || p.two_token > 2) return Status::kInvalidArgument;
   if (!kv_format_d_qk_ok(p.kv_format, p.d_qk)) return Status::kInvalidArgument;
+  if (!decode_overrides_ok(p.head_tile, p.smem_limit)) return Status::kInvalidArgument;
   if (p.num_tokens == 0 || p.num_heads == 0) return Status::kSuccess;
   if (p.q == nullptr || p.output == nullptr) return Status::kInvalidArgument;
   if (!aligned16(p.q) || (p.q_stride_token & 7) != 0 || (p.q_stride_head & 7) != 0)
@@ -4347,8 +4348,6 @@ inline Status launch_sparse_mla_decode(const SparseDecodeParams& p, void* worksp
   // Bounds first, so that no product below can overflow (blocks <= T * H * 256).
   constexpr int64_t kMax31 = int64_t(1) << 31;
   if (T >= kMax31 || H >= kMax31 || T * H >= kMax31) return Status::kInvalidArgument;
-  if (p.head_tile < 0 || p.head_tile > 64) return Status::kInvalidArgument;
-  if (p.smem_limit < 0) return Status::kInvalidArgument;
   int64_t HT = p.head_tile > 0 ? (p.head_tile < H ? p.head_tile : H) : decode_launch_head_tile(T, H, S, num_sms);
   int64_t HG = (H + HT - 1) / HT;
   int mt = HT <= 16 ? 1 : (HT <= 32 ? 2 : 4);

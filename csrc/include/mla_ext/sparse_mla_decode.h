@@ -38,6 +38,11 @@ MLA_EXT_HD constexpr bool kv_format_d_qk_ok(KvFormat f, int d_qk) {
   return kv_format_valid(f) && (d_qk == 512 || d_qk == 576) &&
          !(kv_layout(f) == KvFormat::kFP8DsMla && d_qk != 576) && !(kv_layout(f) == KvFormat::kFP8DsMlaV4 && d_qk != 512);
 }
+// The call's GPU overrides in range (SparseDecodeParams::head_tile 0..64, smem_limit >= 0): refused
+// alike by the launcher (for every call, empty ones too) and the C API's split-count query.
+MLA_EXT_HD constexpr bool decode_overrides_ok(int head_tile, int64_t smem_limit) {
+  return head_tile >= 0 && head_tile <= 64 && smem_limit >= 0;
+}
 
 constexpr int kDV = 512;           // value dims (both geometries)
 constexpr int kMaxSplits = 256;    // explicit num_splits range is 1..kMaxSplits
