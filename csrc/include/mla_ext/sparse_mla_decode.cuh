@@ -4090,12 +4090,15 @@ inline int decode_asym16_mode() {
   static const int mode = int(env_int("MLA_EXT_ASYM16", 2));
   return mode;
 }
+// The rows mode 2 runs A16 for (V3.2's; V4 rows lose with it, above): decode_use_asym16 and the
+// split count's model of it (decode_wide16_rows).
+constexpr bool decode_asym16_default_rows(KvFormat f) { return kv_layout(f) == KvFormat::kFP8DsMla; }
 template <KvFormat F>
 inline bool decode_use_asym16(const DecodeArgs& a) {
   const int mode = decode_asym16_mode();
   if (mode != 2) return mode != 0;
   const int64_t w = a.p.main.width + (a.p.extra.cache != nullptr ? a.p.extra.width : 0);
-  return kv_layout(F) == KvFormat::kFP8DsMla && w >= kAsym16MinSplitRows * int64_t(a.p.num_splits);
+  return decode_asym16_default_rows(F) && w >= kAsym16MinSplitRows * int64_t(a.p.num_splits);
 }
 // The shared-memory limit per block a call's kernels are chosen under: the caller's
 // p.smem_limit, never above the device's opt-in limit (a larger one would pick a kernel the
@@ -4112,7 +4115,7 @@ inline size_t decode_smem_limit(const SparseDecodeParams& p, size_t smem_optin) 
 // the count chosen for A16 stays about right. Not modelled: test switches that take A16 away at
 // run time (two-token mode 2 at one split, a forced head tile).
 inline bool decode_wide16_rows(const SparseDecodeParams& p, int cc_major, size_t smem_optin) {
-  if (kWarpSize != 32 || kv_layout(p.kv_format) != KvFormat::kFP8DsMla || p.d_qk != 576) return false;
+  if (kWarpSize != 32 || !decode_asym16_default_rows(p.kv_format) || p.d_qk != 576) return false;
   if (p.force_portable || p.force_mma_sync || decode_asym16_mode() == 0 || cc_major != 9) return false;
   // launch_split's A16 instance (launch_split_mt: MT 1, the uniform map, WG and ASYM)
   constexpr size_t kBytes = decode_split_smem_bytes<1, 576, KvFormat::kFP8DsMla, true, false, true, true>();
