@@ -2536,7 +2536,6 @@ def test_gpu_asym16_switch(tmp_path):
              ("v32", 9, 4, (300, 5000), 2, 23, "fp8_ds_mla_fnuz"), ("v32", 16, 4, (300, 5000), 8, 25),
              ("v32", 14, 4, (300, 5000), 6, 27), ("v32", 16, 5, (300, 5000), 7, 29)]
     results = _run_switch_children(tmp_path, "MLA_EXT_ASYM16", ("1", "0", ""), "1", cases, "decode_split")
-    a16 = A16_KERNEL
     splits = {f"{c[0]}_{c[1]}_{c[2]}" + (f"_{c[6]}" if len(c) > 6 else ""): c[4] for c in cases}
     for key, (out, lse, ref_o, ref_l, names, fmt) in results["1"].items():
         o0, l0, _, _, names0, _ = results["0"][key]
@@ -2545,11 +2544,11 @@ def test_gpu_asym16_switch(tmp_path):
             check_out(o, ref_o, fmt)
             check_lse(l_, ref_l, kv_format=fmt)
         if _wgmma_kernel_expected() and names and names0:
-            assert any(re.search(a16, n) for n in names), (key, names)
-            assert not any(re.search(a16, n) for n in names0), (key, names0)
+            assert any(re.search(A16_KERNEL, n) for n in names), (key, names)
+            assert not any(re.search(A16_KERNEL, n) for n in names0), (key, names0)
         if _wgmma_kernel_expected() and names2 and splits[key] > 0:
             want = key.startswith("v32_") and 2048 >= 320 * splits[key]
-            assert any(re.search(a16, n) for n in names2) == want, (key, names2)
+            assert any(re.search(A16_KERNEL, n) for n in names2) == want, (key, names2)
         assert ((out.double() - o0.double()).abs().max() / o0.double().abs().max()).item() < 1e-2, key
         assert (lse.double() - l0.double()).abs().max().item() < 1e-3, key
 

@@ -291,9 +291,8 @@ int mla_ext_sparse_mla_decode_num_splits(long long num_tokens, long long num_hea
 
 int mla_ext_sparse_mla_decode_num_splits_for(const mla_ext_sparse_decode_params* c, int num_sms) {
   if (c == nullptr || num_sms > kMaxSms) return 0;
-  if (c->kv_format < MLA_EXT_KV_BF16 || c->kv_format > MLA_EXT_KV_FP8_DS_MLA_V4_FNUZ) return 0;
   if (!workspace_args_ok(c->num_tokens, c->num_heads, c->num_splits)) return 0;
-  // The other fields the count reads, refused as the launcher refuses them.
+  // The other fields the count reads, refused as the launcher refuses them (an unknown format too).
   if (!mla_ext::kv_format_d_qk_ok(static_cast<mla_ext::KvFormat>(c->kv_format), c->d_qk)) return 0;
   if (!mla_ext::decode_overrides_ok(c->head_tile, c->smem_limit)) return 0;
   if ((c->main.cache != nullptr && c->main.width < 0) || (c->extra.cache != nullptr && c->extra.width < 0)) return 0;

@@ -466,8 +466,7 @@ bool run_decode(const DecodeCase& dc, gpuStream_t stream, int num_sms, void* ws,
   p.num_splits = dc.num_splits;
   // num_splits = 0: the decode picks the count (mla_ext_sparse_mla_decode_num_splits_for says which: it
   // reads the format and lengths, which the width-only mla_ext_sparse_mla_decode_num_splits cannot), and
-  // the automatic workspace size covers whatever it picks.
-  // (0: a field of p that the decode would refuse)
+  // the automatic workspace size covers whatever it picks. The query gives 0 for params the decode refuses.
   const int runs = mla_ext_sparse_mla_decode_num_splits_for(&p, num_sms);
   if (runs == 0) {
     std::fprintf(stderr, "num_splits_for: the decode refuses these params\n");
