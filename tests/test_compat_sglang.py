@@ -135,3 +135,19 @@ def test_vllm_layout_refused_nothing_written():
     with pytest.raises(RuntimeError, match="prefix_lse"):
         sglang.merge_state(pa, la.T.contiguous(), pb, lb, out, lse)
     assert out.isnan().all() and lse.isnan().all()
+
+
+def test_torch_compile_fullgraph(device):
+    """The allocating form traces into one graph (the allocations and the op) and gives the eager
+    result."""
+    T, H, D = 7, 16, 128
+    pa, la, pb, lb = make_case(T, H, D, torch.bfloat16, device, seed=31)
+
+    @torch.compile(fullgraph=True, backend="aot_eager")
+    def fn(a, la_, b, lb_):
+        return sglang.merge_state(a, la_, b, lb_)
+
+    out, out_lse = fn(pa, la, pb, lb)
+    want, want_lse = sglang.merge_state(pa, la, pb, lb)
+    assert torch.equal(out, want) and torch.equal(out_lse, want_lse)
+    check(out, out_lse, pa, la, pb, lb, torch.bfloat16)
