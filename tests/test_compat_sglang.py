@@ -151,3 +151,33 @@ def test_torch_compile_fullgraph(device):
     want, want_lse = sglang.merge_state(pa, la, pb, lb)
     assert torch.equal(out, want) and torch.equal(out_lse, want_lse)
     check(out, out_lse, pa, la, pb, lb, torch.bfloat16)
+
+
+def test_errors_on_allocated_outputs_say_where_they_came_from():
+    """A check that fails on an output this wrapper allocated (the op names it ``output`` /
+    ``output_lse``) says which input it was made from; nothing the caller passed is written."""
+    T, H, D = 5, 3, 16
+    pa, la, pb, lb = make_case(T, H, D, torch.float32, "cpu", seed=9)
+    with pytest.raises(RuntimeError, match=r"expected output to be float32.*\n.*allocated output as "
+                                           r"torch\.empty_like\(prefix_output\)"):
+        sglang.merge_state(pa.double(), la, pb, lb)
+    lse = poison_(torch.empty(T, H))
+    with pytest.raises(RuntimeError, match=r"output and suffix_output to have the same shape.*\n.*about "
+                                           r"prefix_output / prefix_lse"):
+        sglang.merge_state(pa[:4], la[:4], pb, lb, output_lse=lse)
+    assert lse.isnan().all()
+    out = poison_(torch.empty(T, H, D))
+    with pytest.raises(RuntimeError, match=r"output_lse on the same device as output.*\n.*allocated output_lse as"):
+        sglang.merge_state(pa, la.to("meta"), pb, lb, output=out)
+    assert out.isnan().all()
+
+
+def test_allocated_lse_takes_the_prefix_lse_strides():
+    """As SGLang's ``torch.empty_like(s_a)``: a token-stride-1 prefix LSE (a transposed view)
+    gives an output LSE with the same strides."""
+    T, H, D = 6, 5, 32
+    pa, la, pb, lb = make_case(T, H, D, torch.float32, "cpu", seed=12)
+    la_t = la.T.contiguous().T
+    out, out_lse = sglang.merge_state(pa, la_t, pb, lb)
+    assert out_lse.stride() == la_t.stride() == (1, T)
+    check(out, out_lse, pa, la, pb, lb, torch.float32)

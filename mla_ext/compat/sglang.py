@@ -10,8 +10,8 @@ and return ``(output, output_lse)``, allocating whichever of the two was not giv
 The functions here keep those signatures and that return, and run :func:`mla_ext.merge_attn_states`
 (whose math and edge cases apply: ``+inf`` / ``-inf`` LSE marks an empty side, both empty gives
 output 0 and LSE ``-inf`` where SGLang's kernels give NaN, NaN propagates). Unlike SGLang's CUDA
-kernel they take strided value tensors (any token/head strides) and any head size; pass ``output``
-and ``output_lse`` to keep the call allocation-free.
+kernel they take strided value tensors (any token/head strides) and any head size from 1 (SGLang's
+needs a multiple of 4 or 8); pass ``output`` and ``output_lse`` to keep the call allocation-free.
 """
 from __future__ import annotations
 
@@ -50,30 +50,50 @@ def merge_state(
             last dim stride 1. Not mutated (unless one is ``output``).
         prefix_lse, suffix_lse: ``[num_tokens, num_heads]`` (SGLang's layout), natural log, any
             strides; float32, or another floating dtype, which is cast to a float32 copy first
-            (as SGLang's wrappers do). Not mutated.
+            (as SGLang's wrappers do). Not mutated. An LSE in vLLM's ``[num_heads, num_tokens]``
+            layout is refused by shape, except when num_tokens equals num_heads: then it is read
+            transposed, and no check can tell.
         output: optional ``[num_tokens, num_heads, head_size]`` of the inputs' dtype, any
             token/head strides, last dim stride 1; **mutated**; may be the very same view as
-            ``prefix_output`` or ``suffix_output`` (in place). ``None``: allocated like
-            ``prefix_output`` (``torch.empty_like``).
-        output_lse: optional ``[num_tokens, num_heads]`` float32, any strides; **mutated**.
-            ``None``: allocated (float32, the LSE's shape).
+            ``prefix_output`` or ``suffix_output`` (in place), must not otherwise share memory
+            with an input. ``None``: allocated with ``torch.empty_like(prefix_output)``.
+        output_lse: optional ``[num_tokens, num_heads]`` float32, any strides, sharing no memory
+            with an input; **mutated**. ``None``: allocated with ``torch.empty_like(prefix_lse,
+            dtype=torch.float32)``.
 
     Returns:
         ``(output, output_lse)``: the tensors written (the ones passed, or the new ones).
 
+    Autograd: as :func:`mla_ext.merge_attn_states`, no backward. A passed output that requires
+    grad is refused while grad mode is on; allocated outputs do not require grad, whatever the
+    inputs.
+
     Raises:
-        RuntimeError: as :func:`mla_ext.merge_attn_states` (dtypes, shapes, devices, strides),
-            before anything is written.
+        RuntimeError: as :func:`mla_ext.merge_attn_states` (dtypes, shapes, devices, strides,
+            overlaps), before anything is written. Its messages name the op's arguments: where
+            this function allocated ``output`` / ``output_lse``, a message about them is about
+            ``prefix_output`` / ``prefix_lse`` they were made from, and the message says so.
         TypeError: a tensor argument is not a tensor (``None`` for a required one), naming it.
     """
     try:
         prefix_lse = _lse_f32("prefix_lse", prefix_lse)
         suffix_lse = _lse_f32("suffix_lse", suffix_lse)
+        made = []
         if output is None:
             output = torch.empty_like(prefix_output)
+            made.append("output as torch.empty_like(prefix_output)")
         if output_lse is None:
-            output_lse = torch.empty(prefix_lse.shape, dtype=torch.float32, device=prefix_lse.device)
-        _merge(output, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse)
+            output_lse = torch.empty_like(prefix_lse, dtype=torch.float32)
+            made.append("output_lse as torch.empty_like(prefix_lse, dtype=torch.float32)")
+        try:
+            _merge(output, output_lse, prefix_output, prefix_lse, suffix_output, suffix_lse)
+        except RuntimeError as e:
+            if not made:
+                raise
+            # The op's checks met a tensor made here: say what it was made from.
+            raise RuntimeError(f"{e}\n({_OP} allocated {' and '.join(made)}, as SGLang does when they are not "
+                               "given: a message above about output / output_lse is about prefix_output / "
+                               "prefix_lse)") from e
     except (AttributeError, TypeError):
         # A non-tensor met the code above (error path only): name it. The outputs are optional
         # here (None: allocated), so only the inputs are required.
