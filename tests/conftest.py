@@ -43,6 +43,23 @@ def poison_(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+def make_merge_case(T, H, D, dtype, device, *, gen_seed=None, pad_to=None):
+    """A merge's inputs on fresh random data: prefix / suffix values ``[T, H, D]`` of ``dtype``
+    (``[..., :D]`` views of ``[T, H, pad_to]`` when given, as MLA's padded values) and float32
+    ``[T, H]`` LSEs (N(0, 9)). ``gen_seed`` fixes them; by default each call draws new ones."""
+    g = torch.Generator().manual_seed(gen_seed if gen_seed is not None else torch.seed() % 2**31)
+
+    def vals():
+        width = pad_to or D
+        full = torch.randn(T, H, width, generator=g).to(dtype).to(device)
+        return full[..., :D]
+
+    pa, pb = vals(), vals()
+    la = (torch.randn(T, H, generator=g) * 3).to(device)
+    lb = (torch.randn(T, H, generator=g) * 3).to(device)
+    return pa, la, pb, lb
+
+
 # Max abs error allowed relative to max |reference|, by output dtype (inputs rounded to that dtype).
 TOL = {torch.float32: 2e-6, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 

@@ -6,7 +6,7 @@ import torch
 
 from mla_ext import reference
 from mla_ext.compat import sglang
-from conftest import assert_close_rel, poison_
+from conftest import assert_close_rel, make_merge_case, poison_
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 INF = float("inf")
@@ -14,13 +14,7 @@ INF = float("inf")
 
 def make_case(T, H, D, dtype, device, seed, pad_to=None):
     """Prefix / suffix values [T, H, D] (views of [T, H, pad_to] when given) and [T, H] LSEs."""
-    g = torch.Generator().manual_seed(seed)
-    width = pad_to or D
-    pa = torch.randn(T, H, width, generator=g).to(dtype).to(device)[..., :D]
-    pb = torch.randn(T, H, width, generator=g).to(dtype).to(device)[..., :D]
-    la = (torch.randn(T, H, generator=g) * 3).to(device)
-    lb = (torch.randn(T, H, generator=g) * 3).to(device)
-    return pa, la, pb, lb
+    return make_merge_case(T, H, D, dtype, device, gen_seed=seed, pad_to=pad_to)
 
 
 def check(out, out_lse, pa, la, pb, lb, dtype):

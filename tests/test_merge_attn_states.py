@@ -10,24 +10,10 @@ import mla_ext
 from mla_ext import reference
 from conftest import (assert_close_rel, assert_fake_refuses_like_op, leave_runtime_error_pending,
                       loaded_cuda_runtime, ops_seen_by_function_mode, poison_, requires_gpu)
+from conftest import make_merge_case as make_case
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 INF = float("inf")
-
-
-def make_case(T, H, D, dtype, device, *, gen_seed=None, pad_to=None):
-    """Random prefix/suffix values [T,H,D] (optionally views of [T,H,pad_to]) and LSEs."""
-    g = torch.Generator().manual_seed(gen_seed if gen_seed is not None else torch.seed() % 2**31)
-
-    def vals():
-        width = pad_to or D
-        full = torch.randn(T, H, width, generator=g).to(dtype).to(device)
-        return full[..., :D]
-
-    pa, pb = vals(), vals()
-    la = (torch.randn(T, H, generator=g) * 3).to(device)
-    lb = (torch.randn(T, H, generator=g) * 3).to(device)
-    return pa, la, pb, lb
 
 
 def run_and_check(out, out_lse, pa, la, pb, lb, dtype):
