@@ -25,7 +25,7 @@ from .._ops import merge_attn_states as _merge
 _OP = "merge_state (SGLang layout)"
 
 
-def _lse_f32(name: str, lse):
+def _lse_f32(lse):
     """SGLang's wrappers cast the LSE inputs to float32 (``s.to(torch.float32)``, a copy only when
     they are not float32 already); the same here for floating LSEs. Other dtypes pass through, so
     that the op names them in its error."""
@@ -76,8 +76,8 @@ def merge_state(
         TypeError: a tensor argument is not a tensor (``None`` for a required one), naming it.
     """
     try:
-        prefix_lse = _lse_f32("prefix_lse", prefix_lse)
-        suffix_lse = _lse_f32("suffix_lse", suffix_lse)
+        prefix_lse = _lse_f32(prefix_lse)
+        suffix_lse = _lse_f32(suffix_lse)
         made = []
         if output is None:
             output = torch.empty_like(prefix_output)
