@@ -341,8 +341,8 @@ void reduce_row(const SparseDecodeParams& p, int64_t row, int64_t q0, int S, con
         for (int d = 0; d < kDV; ++d) o[d] += w * v[d];
       }
     }
-    const float inv =
-        split_merge_finish(L, mx, p.attn_sink != nullptr ? p.attn_sink + h * p.attn_sink_stride : nullptr, &out_lse);
+    const bool has_sink = p.attn_sink != nullptr;
+    const float inv = split_merge_finish(L, mx, has_sink, has_sink ? p.attn_sink[h * p.attn_sink_stride] : 0.f, &out_lse);
     for (int d = 0; d < kDV; ++d) o[d] *= inv;
   }
   uint16_t* out = p.output + t * p.output_stride_token + h * p.output_stride_head;

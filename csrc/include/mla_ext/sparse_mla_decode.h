@@ -1032,10 +1032,6 @@ MLA_EXT_HD float split_merge_finish(float L, float max_lse, bool has_sink, float
   *lse = max_lse + logf(L);
   return 1.f / den;
 }
-// The same with the sink read through a pointer (nullptr: none).
-MLA_EXT_HD float split_merge_finish(float L, float max_lse, const float* sink, float* lse) {
-  return split_merge_finish(L, max_lse, sink != nullptr, sink != nullptr ? *sink : 0.f, lse);
-}
 
 // ---------------------------------------------------------------------------
 // Workspace layout for num_splits > 1 (256-byte aligned sections), by split slot q in
