@@ -15,7 +15,9 @@ backend NCCL; CPU: backend gloo.
 
 Timing method: per step, a barrier, then CUDA events (GPU) or the host clock (CPU) around each
 phase; medians over the steps. ``single_us`` is the single-device decode of the same step on one
-device (rank 0), measured the same way.
+device (rank 0), measured the same way. On a CPU each rank runs on ``cpu_count // N`` threads
+and the single-device decode on all ``cpu_count`` (the other ranks wait), so the two columns
+compare N processes against one process on the same machine.
 """
 from __future__ import annotations
 
@@ -208,7 +210,7 @@ def run_rank(rank: int, world: int, local_rank: int, args: argparse.Namespace) -
                           num_splits=args.num_splits, **single)
 
     run_single()
-    res = dict(rank=rank, rows=rows, shard_ms=shard_ms,
+    res = dict(rank=rank, rows=rows, shard_ms=shard_ms, threads=None if cuda else torch.get_num_threads(),
                out_err=_max_rel(out, ref_out), lse_err=_lse_err(lse, ref_lse),
                **{k: statistics.median(v) if v else float("nan") for k, v in times.items()})
     if args.reference:
@@ -217,9 +219,12 @@ def run_rank(rank: int, world: int, local_rank: int, args: argparse.Namespace) -
         res["ref_lse_err"] = _lse_err(lse, r_l)
         res["single_ref_out_err"] = _max_rel(ref_out, r_o)
 
-    # single-device timing on rank 0 only (the others wait: on a CPU they would share cores)
+    # single-device timing on rank 0 only (the others wait: on a CPU they would share cores). On a
+    # CPU the single device is the whole machine: the ranks split its cores, the baseline gets them all
     dist.barrier()
     if rank == 0:
+        if not cuda:
+            torch.set_num_threads(os.cpu_count() or 1)
         st = []
         for i in range(args.warmup + args.steps):
             if cuda:
@@ -232,6 +237,9 @@ def run_rank(rank: int, world: int, local_rank: int, args: argparse.Namespace) -
             if i >= args.warmup:
                 st.append(timer.us(a, b))
         res["single_us"] = statistics.median(st) if st else float("nan")
+        res["single_threads"] = None if cuda else torch.get_num_threads()
+        if not cuda:
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     dist.barrier()
 
     gathered: List[Optional[dict]] = [None] * world
@@ -242,7 +250,8 @@ def run_rank(rank: int, world: int, local_rank: int, args: argparse.Namespace) -
     return dict(ok=ok, world=world, device=str(device) if not cuda else torch.cuda.get_device_name(device),
                 backend=dist.get_backend(), layer=args.layer, kv_format=inp.kv_format, sharding=args.sharding, compact=args.compact,
                 num_tokens=T, num_heads=H, num_selected=inp.num_selected,
-                comm_bytes_per_rank=cp.bytes_per_rank(T), single_us=gathered[0]["single_us"], ranks=gathered)
+                comm_bytes_per_rank=cp.bytes_per_rank(T), single_us=gathered[0]["single_us"],
+                single_threads=gathered[0]["single_threads"], ranks=gathered)
 
 
 def report(summary: dict, out=sys.stdout) -> None:
@@ -261,7 +270,9 @@ def report(summary: dict, out=sys.stdout) -> None:
     comm = max(r["comm_us"] for r in r0)
     print(f"per step (slowest rank): compute {compute:.4g} us (decode + merge), communication {comm:.4g} us "
           f"(all-gather incl. waiting for the slowest rank), step {max(r['step_us'] for r in r0):.4g} us; "
-          f"single-device decode {summary['single_us']:.4g} us", file=out)
+          f"single-device decode {summary['single_us']:.4g} us"
+          + (f" ({summary['single_threads']} threads; each rank {r0[0]['threads']})"
+             if summary.get("single_threads") else ""), file=out)
     print(f"verify against single-device decode (out max rel err <= {OUT_TOL}, lse max abs err <= {LSE_TOL}): "
           f"{'ok' if summary['ok'] else 'FAILED'}", file=out)
 
