@@ -353,6 +353,12 @@ def cmd_decode(args) -> int:
         return usage("--sets must be >= 1")
     if args.cp < 1:
         return usage(f"--cp must be >= 1, got {args.cp}")
+    if args.cp > 1:
+        ignored = [f for f, v in (("--plot", args.plot), ("--sets", args.sets),
+                                  ("--test-perturb", args.test_perturb)) if v is not None]
+        if ignored:  # the context-parallel runner times one input set per rank and draws no chart
+            return usage(f"{' and '.join(ignored)} cannot be combined with --cp {args.cp} "
+                         "(the context-parallel run has no roofline chart and one input set per rank)")
     perturb = args.test_perturb
     if perturb is not None and (perturb[0] not in kinds or not 0 <= perturb[1] < min(batches) * (1 + args.mtp)):
         return usage(f"--test-perturb {perturb[0]}:{perturb[1]}: needs a layer kind that runs ({', '.join(kinds)}) "
@@ -510,8 +516,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "as gfx942 engines may write them)")
     d.add_argument("--cp", type=int, default=1,
                    help="context-parallel ranks: >1 spreads each layer kind's KV pages over N processes "
-                        "(N GPUs with NCCL, or CPU processes with gloo), verifies against single-device "
-                        "decode and splits the step time into compute and communication (default 1)")
+                        "(N GPUs with NCCL, or CPU processes with gloo, which split the cores), verifies against "
+                        "single-device decode (one GPU, or one process on all cores), times both and splits the "
+                        "step time into compute and communication (default 1; no --plot or --sets)")
     d.add_argument("--device", default=_default_device(), help="cuda or cpu (default: cuda if present)")
     d.add_argument("--layers", default="all", choices=list(LAYER_SELECTIONS),
                    help="which layer kinds run (default all; dsa = V3.2)")

@@ -118,6 +118,9 @@ def test_decode_context_parallel_gloo(tmp_path, capsys):
     [run] = rep["runs"]
     assert run["ok"] and run["world"] == 2 and run["layers"] == 30 and len(run["ranks"]) == 2
     assert all(r["out_err"] <= 2e-2 and r["lse_err"] <= 1e-3 for r in run["ranks"])
+    # the ranks split the machine's cores; the single-process baseline gets them all
+    cores = os.cpu_count() or 1
+    assert [r["threads"] for r in run["ranks"]] == [max(1, cores // 2)] * 2 and run["single_threads"] == cores
     assert "context parallel over 2 ranks" in out
 
 
@@ -127,6 +130,7 @@ def test_decode_context_parallel_gloo(tmp_path, capsys):
     ["decode", "--json", "/nonexistent-dir/x.json"], ["decode", "--json", "/"], ["decode", "--plot", "/"],
     ["decode", "--plot", "/x.txt"], ["decode", "--context", "2097153"], ["decode", "--batch", "100000000000000"],
     ["decode", "--json", "/tmp/mla-ext-same.png", "--plot", "/tmp/mla-ext-same.png"],
+    ["decode", "--cp", "2", "--plot", "/tmp/mla-ext-cp.png"], ["decode", "--cp", "2", "--sets", "2"],
     ["merge", "--json", "/"], ["merge", "--num-tokens", "0"], ["merge", "--num-heads", "-3"],
     ["merge", "--head-size", "0"], ["merge", "--device", "meta"], ["merge", "--json", "/nonexistent-dir/x.json"]])
 def test_bad_arguments_exit_2_before_any_work(argv, capsys):
