@@ -98,6 +98,10 @@ def test_sharding_rejects_bad_args():
         PageSharding(2.0, 1)
     with pytest.raises(TypeError, match="expected rank to be an integer, got a tensor"):
         PageSharding(2, torch.tensor(1))
+    with pytest.raises(TypeError, match="shard_kv_cache: expected kv_cache to be a tensor, got list"):
+        PageSharding(2, 1).shard_kv_cache([torch.zeros(2, 64, 584, dtype=torch.uint8)])
+    with pytest.raises(ValueError, match=r"shard_kv_cache: expected kv_cache of shape \[num_pages, page_size, \.\.\.\]"):
+        PageSharding(2, 1).shard_kv_cache(torch.zeros(584, dtype=torch.uint8))
     assert PageSharding(2, 1).rank == 1
 
 
@@ -334,12 +338,17 @@ def _gloo_worker(rank, world, port, result_dir):
             errs.append(0.0 if "slice a padded buffer to output[:" in str(e) and padded.isnan().all() else 1.0)
         # a float32 output or a wrong-sized sink: refused before the local decode and the collective,
         # naming the caller's argument (not the merge's internal ones)
+        # a q of other heads than the object's (with an output to match it) blames q, not output
+        q5 = torch.cat([inp.q[:T], inp.q[:T, :1]], dim=1)
         bad = [dict(output=poison_(torch.empty(T, H, 512))),
-               dict(output=poison_(torch.empty(T, H, 512, dtype=torch.bfloat16)), attn_sink=torch.zeros(H + 1))]
-        for kw, want in zip(bad, ["expected output to be torch.bfloat16", "expected attn_sink of shape [4]"]):
+               dict(output=poison_(torch.empty(T, H, 512, dtype=torch.bfloat16)), attn_sink=torch.zeros(H + 1)),
+               dict(output=poison_(torch.empty(T, H + 1, 512, dtype=torch.bfloat16)), q=q5)]
+        for kw, want in zip(bad, ["expected output to be torch.bfloat16", "expected attn_sink of shape [4]",
+                                  "q must be [num_tokens, 4, d_qk] (the heads it was made for), got [3, 5, 512]"]):
             cp._send.fill_(7)
+            q = kw.pop("q", inp.q[:T])
             try:
-                cp(inp.q[:T], cache, idx[:T], kv_format=inp.kv_format, softmax_scale=inp.softmax_scale,
+                cp(q, cache, idx[:T], kv_format=inp.kv_format, softmax_scale=inp.softmax_scale,
                    lengths=inp.lengths, extra_kv_cache=xcache, extra_indices=xidx, extra_lengths=inp.extra_lengths,
                    **kw)
                 errs.append(1.0)
@@ -361,7 +370,7 @@ def test_context_parallel_decode_gloo_spawn(tmp_path):
         e = json.loads((tmp_path / f"rank{r}.json").read_text())
         assert e[0] <= 2e-2 and e[2] <= 2e-2 and e[1] <= 1e-3 and e[3] <= 1e-3, e
         assert e[4] == 0.0, "a padded output was not refused with a clear error"
-        assert e[5:] == [0.0, 0.0], "a wrong output dtype / sink shape was not refused before the decode"
+        assert e[5:] == [0.0, 0.0, 0.0], "a wrong output dtype / sink shape / q heads not refused before the decode"
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")

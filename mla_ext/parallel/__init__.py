@@ -217,7 +217,16 @@ class PageSharding:
         Returns:
             ``[max(1, num_local_pages), page_size, ...]`` on the same device, local page ``j``
             = global page ``owned_pages()[j]``.
+
+        Raises:
+            TypeError: ``kv_cache`` is not a tensor.
+            ValueError: ``kv_cache`` has fewer than 3 dims, or its pages overlap.
         """
+        if not isinstance(kv_cache, torch.Tensor):
+            raise TypeError(f"shard_kv_cache: expected kv_cache to be a tensor, got {type(kv_cache).__name__}")
+        if kv_cache.dim() < 3:
+            raise ValueError(f"shard_kv_cache: expected kv_cache of shape [num_pages, page_size, ...] (3 or more "
+                             f"dims, as sparse_mla_decode takes it), got {list(kv_cache.shape)}")
         num_pages = kv_cache.shape[0]
         extent = 1 + sum((s - 1) * st for s, st in zip(kv_cache.shape[1:], kv_cache.stride()[1:]))
         page_stride = kv_cache.stride(0) if num_pages > 1 else max(kv_cache.stride(0), extent)
@@ -327,17 +336,25 @@ class ContextParallelDecode:
         lses = recv.view(torch.float32).as_strided((S, T, H), (bpr // 4, H, 1), T * H * D_V * 2 // 4)
         return values, lses
 
+    def _check_q(self, q) -> int:
+        """q's token count, after checking q is a ``[T, H, d_qk]`` tensor with this object's H and
+        T within ``max_num_tokens`` (TypeError / ValueError)."""
+        if not isinstance(q, torch.Tensor):
+            raise TypeError(f"ContextParallelDecode: expected q to be a tensor, got {type(q).__name__}")
+        if q.dim() != 3 or int(q.shape[1]) != self.num_heads:
+            raise ValueError(f"ContextParallelDecode: q must be [num_tokens, {self.num_heads}, d_qk] (the heads it "
+                             f"was made for), got {list(q.shape)}")
+        T = int(q.shape[0])
+        self._check_tokens(T)
+        return T
+
     def local_decode(self, q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor, *, kv_format: str,
                      softmax_scale: float, lengths: Optional[torch.Tensor] = None,
                      extra_kv_cache: Optional[torch.Tensor] = None, extra_indices: Optional[torch.Tensor] = None,
                      extra_lengths: Optional[torch.Tensor] = None) -> None:
         """Phase 1: :func:`mla_ext.sparse_mla_decode` over this rank's shard (local cache(s) and
         local indices from :class:`PageSharding`), without the sink, into the send buffer."""
-        T = int(q.shape[0])
-        self._check_tokens(T)
-        if q.dim() != 3 or int(q.shape[1]) != self.num_heads:
-            raise ValueError(f"ContextParallelDecode: q must be [num_tokens, {self.num_heads}, d_qk] (the heads it "
-                             f"was made for), got {list(q.shape)}")
+        T = self._check_q(q)
         out, lse = self.partial_views(T)
         sparse_mla_decode(q, kv_cache, indices, kv_format=kv_format, softmax_scale=softmax_scale, output=out,
                           workspace=self.workspace.tensor, lengths=lengths, extra_kv_cache=extra_kv_cache,
@@ -372,19 +389,18 @@ class ContextParallelDecode:
                  attn_sink: Optional[torch.Tensor] = None) -> None:
         """One context-parallel decode step of one layer, written in place into ``output``.
 
-        Every rank calls it with the same ``q`` ``[T, H, d_qk]`` (bf16), ``lengths``,
-        ``extra_lengths`` and ``attn_sink``, and with its own local cache(s)
-        (:meth:`PageSharding.shard_kv_cache`) and local indices
-        (:meth:`PageSharding.localize_indices`). On return every rank's ``output``
+        Every rank calls it with the same ``q`` ``[T, H, d_qk]`` (bf16) and ``attn_sink``, and
+        with its own local cache(s) (:meth:`PageSharding.shard_kv_cache`), local indices
+        (:meth:`PageSharding.localize_indices`) and the lengths that go with them: the global
+        ``lengths`` / ``extra_lengths`` for local rows as ``localize_indices`` returns them, or
+        the per-rank lengths :func:`compact_indices` returns with compacted rows. On return every rank's ``output``
         ``[T, H, 512]`` bf16 (and ``lse`` ``[T, H]`` fp32, sink excluded) holds the result of
         :func:`mla_ext.sparse_mla_decode` over the union of the shards, sink applied once.
         Arguments as :func:`mla_ext.sparse_mla_decode`. Collective: every rank must call it.
         """
-        if not isinstance(q, torch.Tensor):
-            raise TypeError(f"ContextParallelDecode: expected q to be a tensor, got {type(q).__name__}")
-        # The caller's buffers are checked before any work or collective (so no rank hangs and
-        # an error names the caller's argument, not the merge's internal ones).
-        self._check_outputs(int(q.shape[0]), output, lse, attn_sink)
+        # q, then the caller's buffers, are checked before any work or collective (so no rank
+        # hangs and an error names the caller's argument, not the merge's internal ones).
+        self._check_outputs(self._check_q(q), output, lse, attn_sink)
         self.local_decode(q, kv_cache, indices, kv_format=kv_format, softmax_scale=softmax_scale, lengths=lengths,
                           extra_kv_cache=extra_kv_cache, extra_indices=extra_indices, extra_lengths=extra_lengths)
         self.exchange(int(q.shape[0]))
