@@ -40,8 +40,8 @@ What differs, on purpose:
   ``cache_seqlens``, ``causal``) raises ``NotImplementedError``.
 
 Allocations per call (device memory, from torch's caching allocator): none with ``out=``,
-``softmax_lse=`` and a sched meta holding a workspace (and ``seq_len_q`` 1, or ``topk_length``
-None). ``out`` must let its (batch_size, seq_len_q) dims merge into one token dim (a contiguous
+``softmax_lse=`` and a sched meta holding a workspace (and ``seq_len_q`` 1, or neither
+``topk_length`` nor ``extra_topk_length`` given). ``out`` must let its (batch_size, seq_len_q) dims merge into one token dim (a contiguous
 buffer, or a view of the engine's ``[num_tokens, num_heads_q * 512]`` output), and so must
 ``softmax_lse``'s: with ``seq_len_q > 1`` pass ``torch.empty(batch_size, seq_len_q,
 num_heads_q).transpose(1, 2)``; other layouts are refused. With ``seq_len_q > 1`` the per-token
