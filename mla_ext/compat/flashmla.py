@@ -35,7 +35,9 @@ What differs, on purpose:
   valid.
 - Errors are exceptions with the argument's name (``ValueError`` / ``TypeError`` /
   ``NotImplementedError`` here, ``RuntimeError`` from the op), raised before anything is
-  written, instead of assertions.
+  written, instead of assertions. Under ``torch.compile`` the op's own checks run while
+  tracing, outside this wrapper's renaming: their messages name the op's arguments
+  (``kv_cache``, ``output``, ``q [num_tokens, ...]``) instead of FlashMLA's.
 - Only the sparse mode exists (``indices`` given); the dense paged decode (``block_table``,
   ``cache_seqlens``, ``causal``) raises ``NotImplementedError``.
 
