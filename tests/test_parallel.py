@@ -275,6 +275,22 @@ def test_runner_bad_arguments_exit_2_before_any_rank(argv, words, capsys, monkey
     assert re.search(words, err), err
 
 
+def test_runner_cpu_baseline_sized_for_all_cores(tmp_path):
+    """On a CPU the ranks split the cores and the single-device baseline gets them all; a CPU
+    call's split count follows its thread count, so the baseline needs a workspace of its own
+    (found on a 16-core machine: this build machine's 2 cores give the same counts). The
+    processes here are told there are 16 cores."""
+    (tmp_path / "sitecustomize.py").write_text("import os\nos.cpu_count = lambda: 16\n")
+    js = tmp_path / "cp.json"
+    r = _run_module(["--cp", "2", "--device", "cpu", "--layer", "v4_c4", "--batch", "2", "--heads", "8",
+                     "--context", "300", "600", "--topk", "64", "--mtp", "1", "--steps", "1", "--warmup", "0",
+                     "--json", str(js)],
+                    env_extra={"PYTHONPATH": str(tmp_path) + os.pathsep + ROOT})
+    assert r.returncode == 0, r.stdout + r.stderr
+    s = json.loads(js.read_text())
+    assert s["ok"] and s["single_threads"] == 16 and [x["threads"] for x in s["ranks"]] == [8, 8]
+
+
 def test_runner_gloo_two_ranks(tmp_path):
     """python -m mla_ext.parallel --cp 2 on the CPU (gloo): verifies against single-device decode."""
     js = tmp_path / "cp.json"

@@ -34,6 +34,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from .._decode import DecodeWorkspace
 from ..builders import LAYER_KINDS, build_decode_inputs
 from . import SHARDING_MODES, ContextParallelDecode, PageSharding, compact_indices
 
@@ -204,9 +205,9 @@ def run_rank(rank: int, world: int, local_rank: int, args: argparse.Namespace) -
     ws = cp.workspace.tensor
     single = dict(kw, extra_kv_cache=inp.extra_kv_cache, extra_indices=inp.extra_indices, attn_sink=inp.attn_sink)
 
-    def run_single():
+    def run_single(workspace=ws):
         from .._decode import sparse_mla_decode
-        sparse_mla_decode(inp.q, inp.kv_cache, inp.indices, output=ref_out, workspace=ws, lse=ref_lse,
+        sparse_mla_decode(inp.q, inp.kv_cache, inp.indices, output=ref_out, workspace=workspace, lse=ref_lse,
                           num_splits=args.num_splits, **single)
 
     run_single()
@@ -223,14 +224,15 @@ def run_rank(rank: int, world: int, local_rank: int, args: argparse.Namespace) -
     # CPU the single device is the whole machine: the ranks split its cores, the baseline gets them all
     dist.barrier()
     if rank == 0:
-        if not cuda:
+        if not cuda:  # more threads can mean more splits: a workspace sized with all of them
             torch.set_num_threads(os.cpu_count() or 1)
+            ws = DecodeWorkspace(T, H, num_splits=args.num_splits, device=device).tensor
         st = []
         for i in range(args.warmup + args.steps):
             if cuda:
                 torch.cuda.synchronize()
             a = timer.mark()
-            run_single()
+            run_single(ws)
             b = timer.mark()
             if cuda:
                 torch.cuda.synchronize()
