@@ -139,13 +139,26 @@ def test_bad_arguments_exit_2_before_any_work(argv, capsys):
     assert "error:" in err and argv[1] in err
 
 
+def _overcommit_policy() -> int:
+    try:
+        with open("/proc/sys/vm/overcommit_memory") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return -1
+
+
 @pytest.mark.parametrize("argv", [["merge", "--device", "cpu", "--num-tokens", "99999999999999"],
                                   ["decode", "--device", "cpu", "--batch", "100000000000", "--context", "256",
                                    "--layers", "swa", "--steps", "1"]])
 def test_out_of_memory_exits_4(argv, capsys):
-    """A shape the host cannot hold (allocations past the 2^47-byte address space, refused
-    whatever the overcommit policy): exit 4 with a one-line hint (not a traceback and exit 1,
-    the code for a failed verification)."""
+    """A shape the host cannot hold: exit 4 with a one-line hint (not a traceback and exit 1,
+    the code for a failed verification). The merge's first allocation passes the 2^47-byte
+    address space, refused whatever the overcommit policy; the decode's (1.6 TB of per-request
+    context lengths: the op's num_tokens x num_heads limit keeps it below 2^47) is refused by
+    the kernel's default heuristic, but a host with vm.overcommit_memory = 1 grants it and then
+    kills the process that fills it (a 16-core GPU host's test worker died so)."""
+    if argv[0] == "decode" and _overcommit_policy() == 1:
+        pytest.skip("vm.overcommit_memory = 1: the allocation would be granted, then the process killed")
     assert cli.main(argv + ["--no-progress"]) == 4
     err = capsys.readouterr().err
     assert f"mla-ext {argv[0]}: out of memory on cpu" in err and "can't allocate memory" in err
