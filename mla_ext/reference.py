@@ -150,7 +150,8 @@ def sparse_mla_decode(
         ``(out [num_tokens, num_heads, 512], lse [num_tokens, num_heads])`` in ``dtype``, where
         out = sum_i exp(s_i - m) V_i / (l + exp(sink - m)), lse = m + log(l) (natural log, sink
         excluded), s_i = softmax_scale * <q, K_i[:d_qk]>, V_i = K_i[:512]. A token with no valid
-        entry gets out 0 and lse -inf. Duplicate entries count once each.
+        entry, or a (token, head) whose every score is -inf, gets out 0 and lse -inf (a -inf
+        score weighs 0); a +inf or NaN score gives NaN. Duplicate entries count once each.
     """
     formats._check_format(kv_format)
     c_main = formats._check_cache(kv_cache, kv_format, "kv_cache")
@@ -208,17 +209,20 @@ def sparse_mla_decode(
         k = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)  # [n, d_qk]
         s = (q[t].to(dtype) @ k.T) * softmax_scale  # [H, n]
         m = s.amax(dim=1)  # [H]
-        p = torch.exp(s - m[:, None])
+        # every score -inf: an empty row (-inf scores weigh 0; the max is read as 0 for the weights)
+        dead = torch.isneginf(m)
+        m_use = torch.where(dead, torch.zeros_like(m), m)
+        p = torch.exp(s - m_use[:, None])
         l = p.sum(dim=1)
         num = p @ k[:, :D_V]  # [H, 512]
         denom = l
         if sink is not None:
-            denom = l + torch.exp(sink - m)  # sink -inf adds 0; +inf gives inf
+            denom = l + torch.exp(sink - m_use)  # sink -inf adds 0; +inf gives inf
         o = num / denom[:, None]
         if sink is not None:
             o = torch.where(torch.isposinf(sink)[:, None], torch.zeros_like(o), o)
-        out[t] = o
-        lse[t] = m + torch.log(l)
+        out[t] = torch.where(dead[:, None], torch.zeros_like(o), o)
+        lse[t] = torch.where(dead, torch.full_like(m, float("-inf")), m + torch.log(l))
     return out, lse
 
 

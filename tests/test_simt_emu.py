@@ -25,7 +25,7 @@ import torch
 
 from mla_ext import reference
 from conftest import assert_close_rel, poison_
-from test_sparse_mla_decode import make_cache, make_indices, make_sink
+from test_sparse_mla_decode import check_inf_score_case, make_cache, make_indices, make_inf_score_case, make_sink
 import simt_capi
 
 pytestmark = pytest.mark.skipif(simt_capi.compiler() is None, reason="needs a host C++ compiler (CXX / g++)")
@@ -270,6 +270,19 @@ def test_decode(lib, i):
     _check_decode(out, lse, ref_o, ref_l, inp["kv_format"])
     _check_launched(lib, before, EXPECT.get(i, []))
     _check_orders(lib, inp, S, head_tile, cus, out, lse)
+
+
+@pytest.mark.parametrize("fmt", ["fp8_ds_mla", "bf16"])
+@pytest.mark.parametrize("S,head_tile", [(1, 0), (3, 0), (5, 16)])
+def test_decode_inf_scores(lib, fmt, S, head_tile):
+    """The portable kernels on scores of -inf and +inf (test_sparse_mla_decode's
+    make_inf_score_case): -inf rows weigh 0 wherever they sit, a row of only -inf scores gives
+    output 0 and lse -inf, a +inf score NaN, as the CPU twin and the reference."""
+    q, cache, idx, sink = make_inf_score_case(fmt)
+    inp = dict(q=q, kv_cache=cache, indices=idx, kv_format=fmt, softmax_scale=0.05, attn_sink=sink)
+    ref_o, ref_l = reference.sparse_mla_decode(q, cache, idx, kv_format=fmt, softmax_scale=0.05, attn_sink=sink)
+    out, lse, _ = _run_decode(lib, inp, S, head_tile, 8)
+    check_inf_score_case(out, lse, ref_o, ref_l, fmt)
 
 
 @pytest.mark.parametrize("S", [0, 6], ids=["auto", "S6"])

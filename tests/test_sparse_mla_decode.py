@@ -696,6 +696,56 @@ def test_nan_in_q_poisons_its_row_only(device, fmt, d_qk):
         check_lse(lse[~hit], ref_l[~hit], kv_format=fmt)
 
 
+def make_inf_score_case(fmt):
+    """(q, cache, indices, sink) of a V3.2-geometry call (576 dims; cache on the CPU) whose scores
+    hold -inf and +inf: selected rows with -inf (or +inf) in the last RoPE dim (not a value dim),
+    q's RoPE dim 0.5 in every head. Token 0: 96 -inf rows (three 32-row chunks) before 64 finite
+    ones; 1: after them; 2: interleaved; 3: -inf rows only (an empty row); 4: one +inf row."""
+    g = torch.Generator().manual_seed(zlib.crc32(fmt.encode()) + 23)
+    T, H, d_qk = 5, 16, 576
+    live = torch.arange(0, 160, dtype=torch.int32)
+    dead = torch.arange(160, 320, dtype=torch.int32)
+    idx = torch.stack([torch.cat([dead[:96], live[:64]]), torch.cat([live[:64], dead[:96]]),
+                       torch.stack([dead[:80], live[:80]], 1).reshape(-1), dead[:160],
+                       torch.cat([live[:159], torch.tensor([320], dtype=torch.int32)])])
+    cache = formats.alloc_kv_cache(fmt, 6, 64, d_qk, device="cpu")
+    rows = torch.randn(321, d_qk, generator=g) * 2
+    rows[160:320, d_qk - 1] = -INF
+    rows[320, d_qk - 1] = INF
+    formats.write_kv_rows(cache, fmt, torch.arange(321), rows)
+    q = torch.randn(T, H, d_qk, generator=g).to(torch.bfloat16)
+    q[..., d_qk - 1] = 0.5
+    return q, cache, idx, torch.randn(H, generator=g)
+
+
+def check_inf_score_case(out, lse, ref_o, ref_l, fmt):
+    """The op's result on make_inf_score_case: tokens 0-2 as the reference (the -inf rows weigh
+    0), token 3 output 0 and lse -inf, token 4 NaN."""
+    check_out(out[:4], ref_o[:4], fmt)
+    check_lse(lse[:4], ref_l[:4], kv_format=fmt)
+    assert (out[3] == 0).all() and torch.isneginf(lse[3]).all()
+    assert torch.isnan(out[4].float()).all() and torch.isnan(lse[4]).all()
+
+
+@pytest.mark.parametrize("fmt", ["fp8_ds_mla", "bf16"])
+def test_neg_inf_scores_weigh_zero_anywhere(device, fmt):
+    """A score of -inf weighs 0 wherever its row sits in the index row and at every split count
+    (the CPU twin made a split NaN when its leading chunk of 32 rows scored only -inf; the GPU
+    kernels did not); a (token, head) whose every score is -inf gives output 0 and lse -inf, as an
+    empty row, sink or not; a +inf score gives NaN (make_inf_score_case)."""
+    q, cache, idx, sink = make_inf_score_case(fmt)
+    ref_o, ref_l = reference.sparse_mla_decode(q, cache, idx, kv_format=fmt, softmax_scale=0.05, attn_sink=sink)
+    assert torch.isfinite(ref_l[:3]).all() and (ref_o[3] == 0).all() and torch.isneginf(ref_l[3]).all()
+    assert torch.isnan(ref_o[4]).all() and torch.isnan(ref_l[4]).all()
+    T, H = q.shape[:2]
+    cache_d, idx_d = cache.to(device), idx.to(device)
+    for S in (1, 2, 3, 5, 0):
+        out, lse, ws = poisoned_buffers(T, H, S, device)
+        mla_ext.sparse_mla_decode(q.to(device), cache_d, idx_d, kv_format=fmt, softmax_scale=0.05, output=out,
+                                  workspace=ws, lse=lse, attn_sink=sink.to(device), num_splits=S)
+        check_inf_score_case(out.cpu(), lse.cpu(), ref_o, ref_l, fmt)
+
+
 def test_strided_views_nothing_outside_written(device):
     g = torch.Generator().manual_seed(8)
     T, H, W, fmt = 6, 8, 70, "fp8_ds_mla_v4"

@@ -222,6 +222,11 @@ MLA_EXT_ALWAYS_INLINE inline void run_unit_body(const SparseDecodeParams& p, con
         float m_new = row_m[h];
         for (int j = 0; j < n; ++j)
           if (w[j] > m_new) m_new = w[j];
+        // A chunk whose scores are all -inf (so far) leaves m at -inf: its weights are
+        // exp(-inf - 0) = 0, not exp(-inf + inf) = NaN, so a -inf score weighs 0 wherever it
+        // falls (the GPU kernels' rule, `m_use`), and a row of only -inf scores ends as an empty
+        // one (l = 0: output 0, lse -inf).
+        const float m_use = m_new == neg_inf() ? 0.f : m_new;
         const float alpha = row_m[h] == neg_inf() ? 0.f : expf(row_m[h] - m_new);
         if (alpha != 1.f) {
           float* a = acc + h * kDV;
@@ -233,7 +238,7 @@ MLA_EXT_ALWAYS_INLINE inline void run_unit_body(const SparseDecodeParams& p, con
         // the lse of rows with hundreds of thousands of entries within 1e-3.
         float cs = 0.f;
         for (int j = 0; j < n; ++j) {
-          w[j] = expf(w[j] - m_new);
+          w[j] = expf(w[j] - m_use);
           cs += w[j];
         }
         row_m[h] = m_new;
