@@ -136,9 +136,12 @@ def sparse_mla_decode(
             ``"fp8_ds_mla_v4_fnuz"`` (both sets).
         softmax_scale: finite multiplier of ``q.K`` (V3.2: ``192**-0.5 * mscale**2``; V4:
             ``512**-0.5``; see :mod:`mla_ext.reference`). Scores are float32 (the dot product
-            ``q.K``, then the scale): where either leaves the float32 range (+-3.4e38), or every
-            score of a row with valid keys is -inf, the row's output and lse are NaN, where the
-            float64 reference stays finite.
+            ``q.K``, then the scale). A score of -inf (also one below -3.4e38 in float32) weighs
+            0 wherever it falls, whatever the split count; a (token, head) whose every score is
+            -inf gets output 0 and lse -inf, as an empty row. A score of +inf (also one above
+            +3.4e38 in float32, where the float64 reference stays finite) or NaN makes that
+            (token, head)'s output and lse NaN; so does an inf or NaN in a selected row's value
+            dims, even with weight 0.
         output: ``[num_tokens, num_heads, 512]`` bfloat16. **Mutated**: every element written.
             Any token and head strides whose elements do not overlap; last dim stride 1.
             ``output``, ``lse`` and ``workspace`` share no memory with each other or with any
