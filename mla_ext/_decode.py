@@ -114,7 +114,8 @@ def sparse_mla_decode(
             ``"bf16"``: bfloat16, row = d_qk elements, any page stride, token stride >= d_qk
             (rows must not overlap; a ``page_size`` of 1 has no token stride to check).
             ``"fp8_ds_mla"`` (DeepSeek V3.2): uint8, row = 656 bytes per token (512 e4m3fn +
-            4 fp32 scales, one per 128 elements + 64 bf16 RoPE values).
+            4 fp32 scales, one per 128 elements + 64 bf16 RoPE values); any page stride, token
+            stride >= 656 (as for bf16).
             ``"fp8_ds_mla_v4"`` (DeepSeek V4): uint8 view with row = 584 whose page stride
             ``stride(0)`` (bytes, >= ``page_size * 584``, usually padded to a multiple of 576)
             is honoured and whose token stride ``stride(1)`` is 584 (a page is one block of
@@ -200,13 +201,16 @@ def sparse_mla_decode(
     their raw e4m3 values with the fp32 scales applied to the per-128-dim partial scores after the
     MMA (and folded into the probabilities for the value product), so only the probabilities are
     rounded to bf16 (relative 2^-9 each). Both FP8 flavours are decoded exactly on every path
-    (all 256 byte values).
+    (all 256 byte values); so are V4's UE8M0 scale bytes, except that byte 0 (2^-127, a float32
+    subnormal, which the packers never write) reads as 0 on the CPU under
+    ``torch.set_flush_denormal(True)``.
 
     Raises:
         RuntimeError: before anything is written (``output``, ``lse`` and ``workspace`` are
             left untouched), naming the argument: wrong dtype / shape / strides of any tensor,
             unknown ``kv_format``, a cache row that does not match the format or q's d_qk, a V4
-            page stride below ``page_size * 584`` bytes or a V4 token stride other than 584, an
+            page stride below ``page_size * 584`` bytes or a V4 token stride other than 584, a bf16 /
+            V3.2 token stride below the row (rows overlapping), an
             incomplete extra set, tensors on different devices, ``num_splits`` outside 0..256, a
             ``softmax_scale`` not finite as a float32 (beyond 3.4e38), a workspace smaller than
             needed (the message states the bytes needed) or not 16-byte aligned, ``output`` /

@@ -469,14 +469,19 @@ def alloc_kv_cache(
         ``(page_stride, 584, 1)``, over a flat buffer of ``num_pages * page_stride`` bytes filled
         with 0xFF. Fill rows with :func:`write_kv_rows`.
     """
+    return _alloc("alloc_kv_cache", kv_format, num_pages, page_size, d_qk, device, page_stride)
+
+
+def _alloc(fn: str, kv_format: str, num_pages, page_size, d_qk, device, page_stride) -> torch.Tensor:
+    """alloc_kv_cache's body; its errors name ``fn`` (the public function the caller called)."""
     _check_format(kv_format)
-    num_pages = int_arg("alloc_kv_cache", "num_pages", num_pages)
-    page_size = int_arg("alloc_kv_cache", "page_size", page_size)
+    num_pages = int_arg(fn, "num_pages", num_pages)
+    page_size = int_arg(fn, "page_size", page_size)
     if num_pages < 0 or page_size < 1:
-        raise ValueError(f"alloc_kv_cache: expected num_pages >= 0 and page_size >= 1, got {num_pages} and "
+        raise ValueError(f"{fn}: expected num_pages >= 0 and page_size >= 1, got {num_pages} and "
                          f"{page_size}")
-    d_qk = _format_d_qk("alloc_kv_cache", kv_format, d_qk)
-    _check_page_stride_format("alloc_kv_cache", kv_format, page_stride)
+    d_qk = _format_d_qk(fn, kv_format, d_qk)
+    _check_page_stride_format(fn, kv_format, page_stride)
     if kv_format == "bf16":
         return torch.full((num_pages, page_size, d_qk), float("nan"), dtype=torch.bfloat16, device=device)
     if _LAYOUT[kv_format] == "fp8_ds_mla":
@@ -484,11 +489,9 @@ def alloc_kv_cache(
     row = ROW_BYTES["fp8_ds_mla_v4"]
     if page_stride is None:
         page_stride = default_v4_page_stride(page_size)
-    page_stride = int_arg("alloc_kv_cache", "page_stride", page_stride)
+    page_stride = int_arg(fn, "page_stride", page_stride)
     if page_stride < page_size * row:
-        raise ValueError(
-            f"alloc_kv_cache: page_stride must be >= page_size*584 = {page_size * row} bytes, got {page_stride}"
-        )
+        raise ValueError(f"{fn}: page_stride must be >= page_size*584 = {page_size * row} bytes, got {page_stride}")
     buf = torch.full((num_pages * page_stride,), GARBAGE_BYTE, dtype=torch.uint8, device=device)
     return buf.as_strided((num_pages, page_size, row), (page_stride, row, 1), 0)
 
@@ -598,11 +601,20 @@ def pack_fp8_ds_mla_v4(kv: torch.Tensor, page_stride: Optional[int] = None, *, f
         flat buffer of ``num_pages * page_stride`` bytes. Page n: token p's data row at byte
         ``n*page_stride + p*576`` (448 e4m3 + 64 bf16), its 7 UE8M0 scale bytes + one 0 pad
         byte at ``n*page_stride + page_size*576 + p*8``. Bytes between pages are 0xFF (garbage).
+
+    Raises:
+        ValueError: ``kv`` not a floating-point ``[num_pages, page_size >= 1, 512]`` tensor;
+            ``page_stride`` below ``page_size * 584``.
+        TypeError: ``page_stride`` not an integer (a float, a bool).
     """
+    return _pack_v4("pack_fp8_ds_mla_v4", kv, page_stride, fnuz)
+
+
+def _pack_v4(fn: str, kv: torch.Tensor, page_stride, fnuz: bool) -> torch.Tensor:
     _check_pack_input(kv, (512,))
     num_pages, page_size, _ = kv.shape
     fmt = "fp8_ds_mla_v4_fnuz" if fnuz else "fp8_ds_mla_v4"
-    cache = alloc_kv_cache(fmt, num_pages, page_size, device=kv.device, page_stride=page_stride)
+    cache = _alloc(fn, fmt, num_pages, page_size, None, kv.device, page_stride)
     slots = torch.arange(num_pages * page_size, device=kv.device)
     write_kv_rows(cache, fmt, slots, kv.reshape(-1, 512))
     return cache
@@ -615,7 +627,8 @@ def pack_kv_cache(kv: torch.Tensor, kv_format: str, page_stride: Optional[int] =
     :func:`pack_fp8_ds_mla` (d_qk 576); ``"fp8_ds_mla_v4[_fnuz]"`` -> :func:`pack_fp8_ds_mla_v4`
     (d_qk 512; ``page_stride`` only here, a ValueError with the other formats). Every format
     needs page_size >= 1 (as :func:`sparse_mla_decode` does). ValueError naming ``kv`` for anything
-    but a floating-point tensor of that shape.
+    but a floating-point tensor of that shape, or for a ``page_stride`` below ``page_size * 584``;
+    TypeError for a ``page_stride`` that is not an integer.
     """
     layout, fnuz = kv_layout(kv_format), is_fnuz(kv_format)
     _check_page_stride_format("pack_kv_cache", kv_format, page_stride)
@@ -624,7 +637,7 @@ def pack_kv_cache(kv: torch.Tensor, kv_format: str, page_stride: Optional[int] =
         return kv.to(torch.bfloat16)
     if layout == "fp8_ds_mla":
         return pack_fp8_ds_mla(kv, fnuz=fnuz)
-    return pack_fp8_ds_mla_v4(kv, page_stride, fnuz=fnuz)
+    return _pack_v4("pack_kv_cache", kv, page_stride, fnuz)
 
 
 # ----------------------------------------------------------------------------------------------

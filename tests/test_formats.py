@@ -299,6 +299,20 @@ def test_pack_kv_cache_refuses_empty_pages_and_foreign_page_stride(fmt):
             F.pack_kv_cache(torch.randn(2, 4, d), fmt, page_stride=12345)
 
 
+@pytest.mark.parametrize("fmt", ["fp8_ds_mla_v4", "fp8_ds_mla_v4_fnuz"])
+def test_pack_errors_name_the_function_called(fmt):
+    """A bad page_stride given to a packer is named with that packer, not alloc_kv_cache (which
+    the caller never called)."""
+    kv = torch.randn(2, 4, 512)
+    fnuz = fmt.endswith("_fnuz")
+    for call, fn in ((lambda **k: F.pack_kv_cache(kv, fmt, **k), "pack_kv_cache"),
+                     (lambda **k: F.pack_fp8_ds_mla_v4(kv, fnuz=fnuz, **k), "pack_fp8_ds_mla_v4")):
+        with pytest.raises(ValueError, match=fn + r": page_stride must be >= page_size\*584 = 2336 bytes, got 100"):
+            call(page_stride=100)
+        with pytest.raises(TypeError, match=fn + ": expected page_stride to be an integer, got 2400.0"):
+            call(page_stride=2400.0)
+
+
 def test_small_helpers_refuse_out_of_domain_arguments():
     with pytest.raises(ValueError, match="page_size >= 1, got -1"):
         F.default_v4_page_stride(-1)
