@@ -221,7 +221,7 @@ def sparse_mla_decode(
         o = num / denom[:, None]
         if sink is not None:
             o = torch.where(torch.isposinf(sink)[:, None], torch.zeros_like(o), o)
-        out[t] = torch.where(dead[:, None], torch.zeros_like(o), o)
+        out[t] = torch.where(dead[:, None], num * 0, o)  # 0 (NaN from an inf / NaN value, as the kernels)
         lse[t] = torch.where(dead, torch.full_like(m, float("-inf")), m + torch.log(l))
     return out, lse
 
