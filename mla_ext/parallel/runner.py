@@ -123,10 +123,11 @@ def run_rank(rank: int, world: int, local_rank: int, args: argparse.Namespace) -
     """Body of one rank (the process group is initialised). Returns the summary on rank 0."""
     cuda = args.device == "cuda"
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    rank_threads = max(1, (os.cpu_count() or 1) // world)  # CPU: the ranks split the cores
     if cuda:
         torch.cuda.set_device(device)
     else:
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+        torch.set_num_threads(rank_threads)
 
     inp = build_decode_inputs(args.layer, batch=args.batch, num_heads=args.heads, context_len=tuple(args.context),
                               mtp=args.mtp, kv_format=args.kv_format, topk=args.topk, device=device, seed=args.seed)
@@ -241,7 +242,7 @@ def run_rank(rank: int, world: int, local_rank: int, args: argparse.Namespace) -
         res["single_us"] = statistics.median(st) if st else float("nan")
         res["single_threads"] = None if cuda else torch.get_num_threads()
         if not cuda:
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+            torch.set_num_threads(rank_threads)
     dist.barrier()
 
     gathered: List[Optional[dict]] = [None] * world
