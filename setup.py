@@ -14,6 +14,7 @@ Environment:
 - MAX_JOBS                 parallel compile jobs (honoured by torch's ninja build).
 """
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -66,6 +67,25 @@ def git_commit():
         return "unknown"
 
 
+def nvcc_version(cuda_home):
+    """(major, minor) of the nvcc under cuda_home, or None when it cannot be run or read."""
+    try:
+        out = subprocess.check_output([os.path.join(cuda_home, "bin", "nvcc"), "--version"],
+                                      stderr=subprocess.STDOUT, text=True)
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    m = re.search(r"release (\d+)\.(\d+)", out)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def default_cuda_arch_list(nvcc):
+    """DEFAULT_CUDA_ARCH_LIST without the targets this nvcc cannot compile (sm_100 needs
+    CUDA >= 12.8); PTX then goes with the newest target left."""
+    if nvcc is not None and nvcc < (12, 8):
+        return "8.0;9.0a+PTX"
+    return DEFAULT_CUDA_ARCH_LIST
+
+
 def isolated_build_env(torch) -> bool:
     """Whether torch comes from a build front end's temporary environment (pip's build isolation,
     `python -m build` without --no-isolation), i.e. not from the environment that will import
@@ -101,7 +121,17 @@ def main():
               file=sys.stderr)
 
     if build_gpu and not is_rocm:
-        os.environ.setdefault("TORCH_CUDA_ARCH_LIST", DEFAULT_CUDA_ARCH_LIST)
+        nvcc = nvcc_version(cpp_extension.CUDA_HOME)
+        torch_cuda = tuple(int(x) for x in torch.version.cuda.split(".")[:2])
+        if nvcc is not None and nvcc[0] != torch_cuda[0]:
+            # torch's extension build refuses a toolkit of another major version, deep inside a
+            # traceback that ends with an unrelated setuptools hint; say it here in one line.
+            raise SystemExit(
+                f"mla_ext: the CUDA toolkit at {cpp_extension.CUDA_HOME} is CUDA {nvcc[0]}.{nvcc[1]}, but torch "
+                f"{torch.__version__} was built with CUDA {torch.version.cuda}; torch builds extensions only with "
+                f"a toolkit of the same major version. Set CUDA_HOME to a CUDA {torch_cuda[0]}.x toolkit, install "
+                f"a torch built for CUDA {nvcc[0]}, or set MLA_EXT_FORCE_CPU=1 for the CPU-only extension.")
+        os.environ.setdefault("TORCH_CUDA_ARCH_LIST", default_cuda_arch_list(nvcc))
     if build_gpu and is_rocm:
         os.environ.setdefault("PYTORCH_ROCM_ARCH", DEFAULT_ROCM_ARCH)
 

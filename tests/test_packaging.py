@@ -107,6 +107,56 @@ def test_require_gpu_refuses_a_cpu_only_build():
     assert (info.read_bytes() if info.exists() else None) == before
 
 
+def _fake_toolkit(tmp_path, release):
+    """A folder with a bin/nvcc that prints `nvcc --version` of the given release."""
+    nvcc = tmp_path / "cuda" / "bin" / "nvcc"
+    nvcc.parent.mkdir(parents=True)
+    nvcc.write_text("#!/bin/sh\necho 'nvcc: NVIDIA (R) Cuda compiler driver'\n"
+                    f"echo 'Cuda compilation tools, release {release}, V{release}.85'\n")
+    nvcc.chmod(0o755)
+    return nvcc.parent.parent
+
+
+def test_nvcc_version_and_default_archs(tmp_path):
+    """setup.py reads nvcc's release, and its default arch list leaves out sm_100 for an nvcc
+    older than 12.8 (which cannot compile it)."""
+    mod = _setup_module()
+    assert mod.nvcc_version(str(_fake_toolkit(tmp_path, "12.6"))) == (12, 6)
+    assert mod.nvcc_version(str(tmp_path / "nowhere")) is None
+    assert mod.default_cuda_arch_list((12, 6)) == "8.0;9.0a+PTX"
+    assert mod.default_cuda_arch_list((12, 8)) == mod.DEFAULT_CUDA_ARCH_LIST == "8.0;9.0a;10.0+PTX"
+    assert mod.default_cuda_arch_list((13, 0)) == mod.DEFAULT_CUDA_ARCH_LIST
+    assert mod.default_cuda_arch_list(None) == mod.DEFAULT_CUDA_ARCH_LIST
+
+
+def test_cuda_major_mismatch_stops_with_one_line(tmp_path):
+    """A toolkit of another CUDA major version than torch's stops the build with both versions
+    named and the ways out (torch's own check raised deep in a traceback that ended with an
+    unrelated setuptools hint), before writing anything. torch is made to look like a CUDA 12.8
+    build through a sitecustomize (its version and cpp_extension's toolkit folder, which a CPU
+    torch leaves unset), the toolkit is a fake nvcc of release 13.0."""
+    import os
+    import subprocess
+    import sys
+
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import os, torch, torch.utils.cpp_extension as ce\n"
+        "torch.version.cuda = '12.8'\nce.CUDA_HOME = os.environ['CUDA_HOME']\n")
+    info = ROOT / "mla_ext" / "_build_info.py"
+    before = info.read_bytes() if info.exists() else None
+    env = dict(os.environ, CUDA_HOME=str(_fake_toolkit(tmp_path, "13.0")),
+               PYTHONPATH=os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]))
+    env.pop("MLA_EXT_FORCE_CPU", None)
+    r = subprocess.run([sys.executable, "setup.py", "--name"], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode != 0, r.stderr
+    assert "is CUDA 13.0, but torch" in r.stderr and "built with CUDA 12.8" in r.stderr, r.stderr
+    assert "MLA_EXT_FORCE_CPU=1" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert (info.read_bytes() if info.exists() else None) == before
+
+
 def test_build_info_commit_only_from_this_checkout(tmp_path):
     """An sdist unpacked inside another project's git repository records commit "unknown", not
     that repository's commit."""
