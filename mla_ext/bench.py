@@ -666,9 +666,12 @@ def measure_decode(layer: str, num_heads: int, num_tokens: int, *, copy_gbs: flo
 
 def context_range(context_len: int, mtp: int = 0) -> tuple:
     """Per-request context lengths drawn around ``context_len``: the inclusive range
-    [3/4, 5/4] x context_len, never below 1 + mtp (the query tokens themselves)."""
+    [3/4, 5/4] x context_len, never below 1 + mtp (the query tokens themselves) and never above
+    ``mla_ext.cli.MAX_CONTEXT`` (2^21, the longest ``--context`` the commands take)."""
+    from .cli import MAX_CONTEXT
+
     lo = max(1 + mtp, context_len * 3 // 4)
-    return lo, max(lo, context_len * 5 // 4)
+    return lo, max(lo, min(context_len * 5 // 4, MAX_CONTEXT))
 
 
 def _sample_tokens(ds: DecodeSets, perturb: Optional[tuple]) -> Dict[int, List[int]]:

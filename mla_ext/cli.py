@@ -264,18 +264,31 @@ def _decode_cp(args, model, heads, kinds, kv_format, batches, context, steps) ->
 
     counts = model.kind_counts()
     lo, hi = bench.context_range(context, args.mtp)
+
+    def runner_argv(b, kind, path):
+        argv = ["--cp", str(args.cp), "--layer", kind, "--batch", str(b), "--heads", str(heads),
+                "--context", str(lo), str(hi), "--mtp", str(args.mtp), "--kv-format", kv_format,
+                "--steps", str(steps), "--seed", str(args.seed), "--json", path,
+                "--device", "cuda" if args.device.startswith("cuda") else "cpu"]
+        topk = model.topk.get(kind)
+        return argv + (["--topk", str(topk)] if topk is not None else [])
+
+    # Every run's arguments are checked before the first starts: a value the runner refuses is a
+    # usage error of this command (exit 2), not a failed run (exit 1) after others have run.
+    for b in batches:
+        for kind in kinds:
+            argv = runner_argv(b, kind, os.devnull)
+            err = runner._usage_error(runner.build_parser().parse_args(argv))
+            if err:
+                print(f"mla-ext decode --cp: error: {KIND_LABELS[kind]} batch {b}: {err} (the arguments made for "
+                      f"python -m mla_ext.parallel {' '.join(argv)})", file=sys.stderr)
+                return 2
     rows, failed = [], False
     with tempfile.TemporaryDirectory() as tmp:
         for b in batches:
             for kind in kinds:
                 path = os.path.join(tmp, f"{kind}_{b}.json")
-                argv = ["--cp", str(args.cp), "--layer", kind, "--batch", str(b), "--heads", str(heads),
-                        "--context", str(lo), str(hi), "--mtp", str(args.mtp), "--kv-format", kv_format,
-                        "--steps", str(steps), "--seed", str(args.seed), "--json", path,
-                        "--device", "cuda" if args.device.startswith("cuda") else "cpu"]
-                topk = model.topk.get(kind)
-                if topk is not None:
-                    argv += ["--topk", str(topk)]
+                argv = runner_argv(b, kind, path)
                 shown = [a if a != path else "FILE.json" for a in argv]
                 print(f"--- {KIND_LABELS[kind]} x {counts[kind]} layers, batch {b}: python -m mla_ext.parallel "
                       + " ".join(shown), flush=True)
@@ -516,8 +529,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "as gfx942 engines may write them)")
     d.add_argument("--cp", type=int, default=1,
                    help="context-parallel ranks: >1 spreads each layer kind's KV pages over N processes "
-                        "(N GPUs with NCCL, or CPU processes with gloo, which split the cores), verifies against "
-                        "single-device decode (one GPU, or one process on all cores), times both and splits the "
+                        "(N GPUs with NCCL, or CPU processes with gloo, which split the cores, or OMP_NUM_THREADS "
+                        "threads where set), verifies against single-device decode (one GPU, or one process on "
+                        "all of them), times both and splits the "
                         "step time into compute and communication (default 1; no --plot or --sets)")
     d.add_argument("--device", default=_default_device(), help="cuda or cpu (default: cuda if present)")
     d.add_argument("--layers", default="all", choices=list(LAYER_SELECTIONS),

@@ -118,10 +118,39 @@ def test_decode_context_parallel_gloo(tmp_path, capsys):
     [run] = rep["runs"]
     assert run["ok"] and run["world"] == 2 and run["layers"] == 30 and len(run["ranks"]) == 2
     assert all(r["out_err"] <= 2e-2 and r["lse_err"] <= 1e-3 for r in run["ranks"])
-    # the ranks split the machine's cores; the single-process baseline gets them all
-    cores = os.cpu_count() or 1
-    assert [r["threads"] for r in run["ranks"]] == [max(1, cores // 2)] * 2 and run["single_threads"] == cores
+    # the ranks split the run's threads (OMP_NUM_THREADS where set, else the cores); the
+    # single-process baseline gets them all
+    from mla_ext.parallel.runner import cpu_threads
+    threads = cpu_threads()
+    assert [r["threads"] for r in run["ranks"]] == [max(1, threads // 2)] * 2 and run["single_threads"] == threads
     assert "context parallel over 2 ranks" in out
+
+
+def test_decode_context_parallel_longest_context(capsys):
+    """--cp at the longest --context the command takes: the per-request lengths drawn around it
+    (up to 5/4 of it) are capped at that length, as the runner requires (the runner refused them:
+    another program's usage text and exit 1 for any --context above 4/5 of the limit)."""
+    rc = cli.main(["decode", "--device", "cpu", "--cp", "2", "--layers", "swa", "--batch", "1",
+                   "--context", str(cli.MAX_CONTEXT), "--steps", "1", "--no-progress"])
+    cap = capsys.readouterr()
+    assert rc == 0, cap.err
+    assert f"--context {cli.MAX_CONTEXT * 3 // 4} {cli.MAX_CONTEXT} " in cap.out
+    assert "context parallel over 2 ranks" in cap.out
+
+
+def test_decode_context_parallel_runner_refusal_is_a_usage_error(monkeypatch, capsys):
+    """Arguments the runner refuses are found before any run starts: exit 2 naming the run and
+    the refusal, not exit 1 (a failed verification) after other runs."""
+    from mla_ext.parallel import runner
+
+    started = []
+    monkeypatch.setattr(runner, "_usage_error", lambda a: "refused" if a.layer == "v4_c128" else None)
+    monkeypatch.setattr(runner, "main", lambda argv: started.append(argv))
+    rc = cli.main(["decode", "--device", "cpu", "--cp", "2", "--layers", "all", "--batch", "1",
+                   "--context", "1024", "--steps", "1", "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == 2 and started == []
+    assert "mla-ext decode --cp: error: C128 batch 1: refused" in err
 
 
 @pytest.mark.parametrize("argv", [

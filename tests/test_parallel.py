@@ -242,6 +242,7 @@ def _run_module(args, timeout=300, env_extra=None):
     env = dict(os.environ)
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     env.update(env_extra or {})
+    env = {k: v for k, v in env.items() if v is not None}  # None in env_extra: unset
     return subprocess.run([sys.executable, "-m", "mla_ext.parallel", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout)
 
@@ -279,16 +280,18 @@ def test_runner_cpu_baseline_sized_for_all_cores(tmp_path):
     """On a CPU the ranks split the cores and the single-device baseline gets them all; a CPU
     call's split count follows its thread count, so the baseline needs a workspace of its own
     (found on a 16-core machine: this build machine's 2 cores give the same counts). The
-    processes here are told there are 16 cores."""
+    processes here are told there are 16 cores. An OMP_NUM_THREADS the user set is the budget
+    instead of the core count (it was ignored)."""
     (tmp_path / "sitecustomize.py").write_text("import os\nos.cpu_count = lambda: 16\n")
-    js = tmp_path / "cp.json"
-    r = _run_module(["--cp", "2", "--device", "cpu", "--layer", "v4_c4", "--batch", "2", "--heads", "8",
-                     "--context", "300", "600", "--topk", "64", "--mtp", "1", "--steps", "1", "--warmup", "0",
-                     "--json", str(js)],
-                    env_extra={"PYTHONPATH": str(tmp_path) + os.pathsep + ROOT})
-    assert r.returncode == 0, r.stdout + r.stderr
-    s = json.loads(js.read_text())
-    assert s["ok"] and s["single_threads"] == 16 and [x["threads"] for x in s["ranks"]] == [8, 8]
+    for omp, single, ranks in ((None, 16, [8, 8]), ("6", 6, [3, 3]), ("1", 1, [1, 1])):
+        js = tmp_path / f"cp{omp}.json"
+        r = _run_module(["--cp", "2", "--device", "cpu", "--layer", "v4_c4", "--batch", "2", "--heads", "8",
+                         "--context", "300", "600", "--topk", "64", "--mtp", "1", "--steps", "1", "--warmup", "0",
+                         "--json", str(js)],
+                        env_extra={"PYTHONPATH": str(tmp_path) + os.pathsep + ROOT, "OMP_NUM_THREADS": omp})
+        assert r.returncode == 0, r.stdout + r.stderr
+        s = json.loads(js.read_text())
+        assert s["ok"] and s["single_threads"] == single and [x["threads"] for x in s["ranks"]] == ranks, omp
 
 
 def test_runner_gloo_two_ranks(tmp_path):

@@ -15,9 +15,10 @@ backend NCCL; CPU: backend gloo.
 
 Timing method: per step, a barrier, then CUDA events (GPU) or the host clock (CPU) around each
 phase; medians over the steps. ``single_us`` is the single-device decode of the same step on one
-device (rank 0), measured the same way. On a CPU each rank runs on ``cpu_count // N`` threads
-and the single-device decode on all ``cpu_count`` (the other ranks wait), so the two columns
-compare N processes against one process on the same machine.
+device (rank 0), measured the same way. On a CPU the run's threads are ``OMP_NUM_THREADS`` where
+it is set, else ``os.cpu_count()``: each rank runs on 1/N of them and the single-device decode
+on all of them (the other ranks wait), so the two columns compare N processes against one
+process on the same cores.
 """
 from __future__ import annotations
 
@@ -119,11 +120,21 @@ def _lse_err(a: torch.Tensor, ref: torch.Tensor) -> float:
     return float((a[fin] - ref[fin]).abs().max()) if bool(fin.any()) else 0.0
 
 
+def cpu_threads() -> int:
+    """The threads a CPU run may use: ``OMP_NUM_THREADS`` where it is set to a positive integer
+    (the README's advice for steadier timings), else ``os.cpu_count()``."""
+    try:
+        n = int(os.environ.get("OMP_NUM_THREADS", ""))
+    except ValueError:
+        n = 0
+    return n if n > 0 else (os.cpu_count() or 1)
+
+
 def run_rank(rank: int, world: int, local_rank: int, args: argparse.Namespace) -> Optional[dict]:
     """Body of one rank (the process group is initialised). Returns the summary on rank 0."""
     cuda = args.device == "cuda"
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
-    rank_threads = max(1, (os.cpu_count() or 1) // world)  # CPU: the ranks split the cores
+    rank_threads = max(1, cpu_threads() // world)  # CPU: the ranks split the threads
     if cuda:
         torch.cuda.set_device(device)
     else:
@@ -222,11 +233,12 @@ def run_rank(rank: int, world: int, local_rank: int, args: argparse.Namespace) -
         res["single_ref_out_err"] = _max_rel(ref_out, r_o)
 
     # single-device timing on rank 0 only (the others wait: on a CPU they would share cores). On a
-    # CPU the single device is the whole machine: the ranks split its cores, the baseline gets them all
+    # CPU the single device is the whole machine: the ranks split its threads (cpu_threads), the
+    # baseline gets them all
     dist.barrier()
     if rank == 0:
         if not cuda:  # more threads can mean more splits: a workspace sized with all of them
-            torch.set_num_threads(os.cpu_count() or 1)
+            torch.set_num_threads(cpu_threads())
             ws = DecodeWorkspace(T, H, num_splits=args.num_splits, device=device).tensor
         st = []
         for i in range(args.warmup + args.steps):
