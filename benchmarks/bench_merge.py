@@ -37,7 +37,7 @@ def main():
     for layout in ("contiguous", "strided"):
         for T, H, D in SHAPES:
             rows.append(measure_merge(T, H, D, layout=layout, host=(layout == "contiguous" and T == 1)))
-    cols = ["layout", "T", "H", "D", "bytes", "us", "copy_us", "pct_copy", "GB/s", "max_rel_err", "host_us"]
+    cols = ["layout", "T", "H", "D", "bytes", "us", "copy_us", "pct_copy", "GB/s", "max_rel_err", "max_lse_err", "host_us"]
     print(f"\nmerge_attn_states, bf16, {torch.cuda.get_device_name()}, copy bandwidth {bw:.0f} GB/s "
           f"(512 MiB, read+write); one-element fill kernel {floor_us:.2f} us per node; "
           f"host time of an eager torch.add(out=) {add_host_us:.2f} us")

@@ -159,7 +159,7 @@ def _decode_size_error(num_tokens: int, num_heads: int, num_splits: int = 0) -> 
 def cmd_merge(args) -> int:
     from tqdm import tqdm
 
-    from .bench import measure_merge
+    from .bench import MERGE_LSE_TOL, MERGE_OUT_TOL, measure_merge
 
     def usage(msg: str) -> int:
         print(f"mla-ext merge: error: {msg}", file=sys.stderr)
@@ -187,8 +187,8 @@ def cmd_merge(args) -> int:
         print(f"mla-ext merge: out of memory on {args.device} ({_first_line(e)}); use smaller --num-tokens, "
               "--num-heads or --head-size", file=sys.stderr)
         return 4
-    bad = [r for r in rows if not (r["max_rel_err"] <= 2e-2)]
-    cols = ["T", "H", "D", "dtype", "layout", "bytes", "us", "GB/s", "max_rel_err"]
+    bad = [r for r in rows if not (r["max_rel_err"] <= MERGE_OUT_TOL and r["max_lse_err"] <= MERGE_LSE_TOL)]
+    cols = ["T", "H", "D", "dtype", "layout", "bytes", "us", "GB/s", "max_rel_err", "max_lse_err"]
     if gpu:
         cols += ["copy_us", "pct_copy"]
     print(f"merge_attn_states on {args.device} ({torch.cuda.get_device_name() if gpu else 'CPU'}), "
@@ -199,7 +199,9 @@ def cmd_merge(args) -> int:
             json.dump({"command": "merge", "device": args.device, "rows": rows}, f, indent=2)
     if bad:
         print(f"FAILED verification: {len(bad)} shape(s) off the reference: "
-              + ", ".join(f"(T={r['T']}, H={r['H']}): err {r['max_rel_err']:.3g}" for r in bad),
+              + ", ".join(f"(T={r['T']}, H={r['H']}): output error {r['max_rel_err']:.3g} (tolerance "
+                          f"{MERGE_OUT_TOL:g}), lse error {r['max_lse_err']:.3g} (tolerance {MERGE_LSE_TOL:g})"
+                          for r in bad),
               file=sys.stderr)
         return 1
     return 0

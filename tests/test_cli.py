@@ -314,7 +314,25 @@ def test_merge(tmp_path, capsys):
     assert rc == 0, capsys.readouterr()
     rep = json.loads(path.read_text())
     assert rep["command"] == "merge" and [(r["T"], r["H"]) for r in rep["rows"]] == [(8, 4), (33, 4)]
-    assert all(r["max_rel_err"] <= 2e-2 and r["us"] > 0 for r in rep["rows"])
+    assert all(r["max_rel_err"] <= 2e-2 and r["max_lse_err"] <= 1e-5 and r["us"] > 0 for r in rep["rows"])
+
+
+def test_merge_fails_on_a_wrong_lse(monkeypatch, capsys):
+    """The merged LSE is verified on its own tolerance (1e-3 nats): an op whose outputs are right
+    and whose LSE is 0.01 off fails the command (exit 1). The LSE error used to be folded into
+    the output's relative error x 1e-3, so any LSE error below 20 nats passed."""
+    import mla_ext._ops as ops
+
+    real = ops.merge_attn_states
+
+    def off(output, output_lse, *a, **k):
+        real(output, output_lse, *a, **k)
+        output_lse.add_(0.01)
+
+    monkeypatch.setattr(ops, "merge_attn_states", off)
+    assert cli.main(["merge", "--device", "cpu", "--num-tokens", "8", "--num-heads", "4", "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert "FAILED verification" in err and "lse error 0.01 (tolerance 0.001)" in err
 
 
 @pytest.mark.gpu
