@@ -33,6 +33,8 @@ def main() -> int:
     ap.add_argument("--heads", type=int, default=8, help="H: heads on this GPU")
     args = ap.parse_args()
     dev, T, H = args.device, args.tokens, args.heads
+    if torch.device(dev).type == "cuda" and not torch.cuda.is_available():
+        ap.error(f"--device {dev}: this torch sees no CUDA/ROCm device")
     g = torch.Generator().manual_seed(0)
     max_num_tokens, num_heads = 64, H
     if not 1 <= T <= max_num_tokens or H < 1:

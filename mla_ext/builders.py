@@ -288,7 +288,8 @@ def build_decode_inputs(
         seed: seeds the generators. Structure (context lengths, page order, sinks) comes from a
             CPU generator; bulk random data (q, KV rows, top-k choices) from a generator on
             ``device`` seeded with ``seed`` (reproducible per device type).
-        dtype_q: dtype of q (bf16).
+        dtype_q: dtype of q; only ``torch.bfloat16`` (the one q dtype ``sparse_mla_decode``
+            takes), others raise ValueError.
         row_placement: ``"pages"`` (default): whole logical pages in a random physical order,
             as a paged engine's cache after some churn (the module's Cache construction).
             ``"packed"``: the selected rows of each set back to back in (request, row) order, one
@@ -317,7 +318,7 @@ def build_decode_inputs(
             integer (a float, a bool, a tensor).
         ValueError: an unknown layer_kind, kv_format or row_placement; topk for a layer without
             one, or < 1; batch or num_heads < 1, mtp < 0; context_len not an int or a pair, or a
-            range without 1 + mtp <= lo <= hi.
+            range without 1 + mtp <= lo <= hi; dtype_q other than bf16.
     """
     if layer_kind not in LAYER_KINDS:
         raise ValueError(f"layer_kind must be one of {tuple(LAYER_KINDS)}, got {layer_kind!r}")
@@ -343,6 +344,8 @@ def build_decode_inputs(
         lo = hi = int_arg(fn, "context_len", context_len)
     if lo < 1 + mtp or hi < lo:
         raise ValueError(f"{fn}: context_len range {(lo, hi)} must satisfy 1 + mtp <= lo <= hi")
+    if dtype_q != torch.bfloat16:
+        raise ValueError(f"{fn}: dtype_q must be torch.bfloat16 (the q dtype sparse_mla_decode takes), got {dtype_q}")
     if row_placement not in ("pages", "packed"):
         raise ValueError(f"row_placement must be 'pages' or 'packed', got {row_placement!r}")
     packed = row_placement == "packed"

@@ -844,6 +844,7 @@ def test_builder_layers(device, kind, kv_format):
     (dict(context_len=(300,)), ValueError, "context_len must be an int or a \\(lo, hi\\) pair"),
     (dict(context_len=(300, 200.0)), TypeError, "expected context_len to be an integer, got 200.0"),
     (dict(context_len=(400, 300)), ValueError, "must satisfy 1 \\+ mtp <= lo <= hi"),
+    (dict(dtype_q=torch.float16), ValueError, "dtype_q must be torch.bfloat16 .*, got torch.float16"),
 ])
 def test_builder_refuses_bad_counts(kw, exc, words):
     """build_decode_inputs names a non-integer or out-of-range count instead of truncating it
