@@ -80,9 +80,11 @@ def nvcc_version(cuda_home):
 
 def default_cuda_arch_list(nvcc):
     """DEFAULT_CUDA_ARCH_LIST without the targets this nvcc cannot compile (sm_100 needs
-    CUDA >= 12.8); PTX then goes with the newest target left."""
+    CUDA >= 12.8). The PTX for newer GPUs then goes with 8.0: PTX of an arch-specific target
+    (compute_90a) runs on compute capability 9.0 only, so "9.0a+PTX" would leave Blackwell with
+    no kernel image."""
     if nvcc is not None and nvcc < (12, 8):
-        return "8.0;9.0a+PTX"
+        return "8.0+PTX;9.0a"
     return DEFAULT_CUDA_ARCH_LIST
 
 

@@ -123,7 +123,7 @@ def test_nvcc_version_and_default_archs(tmp_path):
     mod = _setup_module()
     assert mod.nvcc_version(str(_fake_toolkit(tmp_path, "12.6"))) == (12, 6)
     assert mod.nvcc_version(str(tmp_path / "nowhere")) is None
-    assert mod.default_cuda_arch_list((12, 6)) == "8.0;9.0a+PTX"
+    assert mod.default_cuda_arch_list((12, 6)) == "8.0+PTX;9.0a"  # not 9.0a+PTX: runs on 9.0 only
     assert mod.default_cuda_arch_list((12, 8)) == mod.DEFAULT_CUDA_ARCH_LIST == "8.0;9.0a;10.0+PTX"
     assert mod.default_cuda_arch_list((13, 0)) == mod.DEFAULT_CUDA_ARCH_LIST
     assert mod.default_cuda_arch_list(None) == mod.DEFAULT_CUDA_ARCH_LIST
