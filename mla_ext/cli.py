@@ -218,8 +218,8 @@ models (published configurations; sources in mla_ext/models.py):
   Heads per GPU = heads / tp. --mtp K adds K query tokens per request to every layer; the
   MTP draft layer's own attention is not included.
 
-sizes: per-request context lengths are drawn from [0.75, 1.25] x --context; only pages holding
-selected rows are allocated, in random physical order. On a GPU each layer kind gets enough
+sizes: per-request context lengths are drawn from [0.75, 1.25] x --context (at most 2^21); only
+pages holding selected rows are allocated, in random physical order. On a GPU each layer kind gets enough
 input sets to exceed the L2 cache (layer j of a kind uses set j % sets), so timings are L2-cold.
 
 exit status: 0 ok; 1 verification failed (rows named on stderr); 2 bad arguments;
@@ -374,6 +374,9 @@ def cmd_decode(args) -> int:
         if ignored:  # the context-parallel runner times one input set per rank and draws no chart
             return usage(f"{' and '.join(ignored)} cannot be combined with --cp {args.cp} "
                          "(the context-parallel run has no roofline chart and one input set per rank)")
+        if gpu and torch.cuda.device_count() < args.cp:  # one GPU per rank
+            return usage(f"--cp {args.cp} on {args.device} needs {args.cp} visible GPUs (one per rank), "
+                         f"found {torch.cuda.device_count()}")
     perturb = args.test_perturb
     if perturb is not None and (perturb[0] not in kinds or not 0 <= perturb[1] < min(batches) * (1 + args.mtp)):
         return usage(f"--test-perturb {perturb[0]}:{perturb[1]}: needs a layer kind that runs ({', '.join(kinds)}) "

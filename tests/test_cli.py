@@ -138,6 +138,18 @@ def test_decode_context_parallel_longest_context(capsys):
     assert "context parallel over 2 ranks" in cap.out
 
 
+def test_decode_context_parallel_needs_a_gpu_per_rank(monkeypatch, capsys):
+    """--cp N on a GPU with fewer than N visible GPUs: exit 2 before any run (each run used to
+    fail in the runner, exit 1). The GPU and its count are faked."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    rc = cli.main(["decode", "--device", "cuda", "--cp", "4", "--layers", "swa", "--batch", "1", "--no-progress"])
+    assert rc == 2
+    assert "--cp 4 on cuda needs 4 visible GPUs (one per rank), found 2" in capsys.readouterr().err
+
+
 def test_decode_context_parallel_runner_refusal_is_a_usage_error(monkeypatch, capsys):
     """Arguments the runner refuses are found before any run starts: exit 2 naming the run and
     the refusal, not exit 1 (a failed verification) after other runs."""

@@ -294,6 +294,27 @@ def test_runner_cpu_baseline_sized_for_all_cores(tmp_path):
         assert s["ok"] and s["single_threads"] == single and [x["threads"] for x in s["ranks"]] == ranks, omp
 
 
+def test_runner_under_torchrun_splits_the_cores(tmp_path):
+    """Under torchrun (two workers, this test's launch of torch.distributed.run) the ranks split
+    the cores and the baseline gets them all, as in the runner's own launch: torchrun sets
+    OMP_NUM_THREADS=1 in its workers, which must not read as the user's thread budget (every
+    rank and the baseline ran on one thread). 16 cores faked as above."""
+    from mla_ext.parallel.runner import _free_port
+
+    (tmp_path / "sitecustomize.py").write_text("import os\nos.cpu_count = lambda: 16\n")
+    js = tmp_path / "cp.json"
+    env = dict(os.environ, PYTHONPATH=str(tmp_path) + os.pathsep + ROOT)
+    env.pop("OMP_NUM_THREADS", None)
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                        "--master_port", str(_free_port()), "-m", "mla_ext.parallel", "--cp", "2",
+                        "--device", "cpu", "--layer", "v4_c4", "--batch", "2", "--heads", "8",
+                        "--context", "300", "600", "--topk", "64", "--steps", "1", "--warmup", "0",
+                        "--json", str(js)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    s = json.loads(js.read_text())
+    assert s["ok"] and s["single_threads"] == 16 and [x["threads"] for x in s["ranks"]] == [8, 8]
+
+
 def test_runner_gloo_two_ranks(tmp_path):
     """python -m mla_ext.parallel --cp 2 on the CPU (gloo): verifies against single-device decode."""
     js = tmp_path / "cp.json"

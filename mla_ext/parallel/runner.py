@@ -16,7 +16,8 @@ backend NCCL; CPU: backend gloo.
 Timing method: per step, a barrier, then CUDA events (GPU) or the host clock (CPU) around each
 phase; medians over the steps. ``single_us`` is the single-device decode of the same step on one
 device (rank 0), measured the same way. On a CPU the run's threads are ``OMP_NUM_THREADS`` where
-it is set, else ``os.cpu_count()``: each rank runs on 1/N of them and the single-device decode
+it is set (not under torchrun, which sets it to 1 itself), else ``os.cpu_count()``: each rank runs
+on 1/N of them and the single-device decode
 on all of them (the other ranks wait), so the two columns compare N processes against one
 process on the same cores.
 """
@@ -120,11 +121,13 @@ def _lse_err(a: torch.Tensor, ref: torch.Tensor) -> float:
     return float((a[fin] - ref[fin]).abs().max()) if bool(fin.any()) else 0.0
 
 
-def cpu_threads() -> int:
+def cpu_threads(under_torchrun: bool = False) -> int:
     """The threads a CPU run may use: ``OMP_NUM_THREADS`` where it is set to a positive integer
-    (the README's advice for steadier timings), else ``os.cpu_count()``."""
+    (the README's advice for steadier timings), else ``os.cpu_count()``. Under torchrun always
+    ``os.cpu_count()``: torchrun sets OMP_NUM_THREADS=1 in every worker when the user did not set
+    it, and a worker cannot tell the two apart."""
     try:
-        n = int(os.environ.get("OMP_NUM_THREADS", ""))
+        n = 0 if under_torchrun else int(os.environ.get("OMP_NUM_THREADS", ""))
     except ValueError:
         n = 0
     return n if n > 0 else (os.cpu_count() or 1)
@@ -134,7 +137,8 @@ def run_rank(rank: int, world: int, local_rank: int, args: argparse.Namespace) -
     """Body of one rank (the process group is initialised). Returns the summary on rank 0."""
     cuda = args.device == "cuda"
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
-    rank_threads = max(1, cpu_threads() // world)  # CPU: the ranks split the threads
+    threads = cpu_threads(getattr(args, "under_torchrun", False))
+    rank_threads = max(1, threads // world)  # CPU: the ranks split the threads
     if cuda:
         torch.cuda.set_device(device)
     else:
@@ -238,7 +242,7 @@ def run_rank(rank: int, world: int, local_rank: int, args: argparse.Namespace) -
     dist.barrier()
     if rank == 0:
         if not cuda:  # more threads can mean more splits: a workspace sized with all of them
-            torch.set_num_threads(cpu_threads())
+            torch.set_num_threads(threads)
             ws = DecodeWorkspace(T, H, num_splits=args.num_splits, device=device).tensor
         st = []
         for i in range(args.warmup + args.steps):
@@ -365,6 +369,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         args.backend = "nccl" if args.device == "cuda" else "gloo"
     if args.device == "cuda":
         os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast off (all-gather does not need it)
+    args.under_torchrun = under_torchrun
     if under_torchrun:
         _run_initialised(int(os.environ["RANK"]), world, int(os.environ["LOCAL_RANK"]), args)
     else:
