@@ -17,9 +17,8 @@ Timing method: per step, a barrier, then CUDA events (GPU) or the host clock (CP
 phase; medians over the steps. ``single_us`` is the single-device decode of the same step on one
 device (rank 0), measured the same way. On a CPU the run's threads are ``OMP_NUM_THREADS`` where
 it is set (not under torchrun, which sets it to 1 itself), else ``os.cpu_count()``: each rank runs
-on 1/N of them and the single-device decode
-on all of them (the other ranks wait), so the two columns compare N processes against one
-process on the same cores.
+on 1/N of them and the single-device decode on all of them (the other ranks wait), so the two
+columns compare N processes against one process on the same cores.
 """
 from __future__ import annotations
 
