@@ -229,8 +229,9 @@ def sparse_mla_decode(
         raise TypeError(f"sparse_mla_decode: expected kv_format to be a string (e.g. 'fp8_ds_mla_v4'), got "
                         f"{type(kv_format).__name__}")
     compiling = _is_compiling()
-    rec = not compiling and _grad_enabled()
-    if rec and any_requires_grad(output, workspace, lse):
+    grad = _grad_enabled()
+    rec = grad and not compiling
+    if grad and any_requires_grad(output, workspace, lse):  # while compiling too (a trace-time check)
         refuse_requires_grad("sparse_mla_decode", ("output", "workspace", "lse"), (output, workspace, lse))
     try:
         (_decode_op if compiling else _decode_eager)(q, kv_cache, indices, kv_format, scale, output, workspace,

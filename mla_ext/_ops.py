@@ -82,8 +82,8 @@ def explain_bad_merge_args(op: str, output, output_lse, prefix_output, prefix_ls
 
 
 def refuse_requires_grad(op: str, names: tuple, tensors: tuple) -> None:
-    """With autograd recording the ops' writes (grad mode on and not tracing under torch.compile,
-    whose functionalization records the mutation itself), before an op writes ``tensors``
+    """With grad mode on (eager, or while torch.compile traces the wrapper: the check is static
+    there), before an op writes ``tensors``
     (``names[i]`` for ``tensors[i]``; ``None`` and non-tensors skipped, the op names those):
     refuse a tensor that requires grad (RuntimeError naming it). The ops have no backward, so
     writing such a tensor would leave autograd a wrong history: a leaf (or a view of one) is what
@@ -122,7 +122,9 @@ def mark_written(rec: bool, tensors: tuple) -> None:
     (grad mode on, not compiling), read before the call; ~0.2-0.3 us when it is true. A tuple
     of tensors, no ``None``. Under ``torch.no_grad()`` nothing is bumped (unlike torch's in-place
     ops; the public docstrings say so): a graph built earlier with grad mode on and run backward
-    after such a call does not notice the overwrite."""
+    after such a call does not notice the overwrite. Nor inside torch.compile: the compiled
+    graph applies the op's writes to its inputs without bumping their versions (the op has no
+    autograd kernel), which a bump while tracing would not change."""
     if rec:
         _bump_versions(tensors)
 
@@ -141,16 +143,21 @@ def any_requires_grad(a, b, c=None) -> bool:
 
 # The autograd paragraph of every public op's docstring (one text, filled in at import).
 _AUTOGRAD_NOTE = """\
-    Not differentiable. With grad mode on, the written tensors' version counters are bumped as
-    by torch's in-place ops (a backward that needs a saved tensor this overwrote then fails).
-    With grad mode off (``torch.no_grad()``) they are not (host time on the serving path): a
-    later backward through a graph that saved a tensor overwritten then uses the new values
-    without an error, where torch's in-place ops would make it fail. With grad mode on, a
-    written tensor that requires grad, leaf or not, is refused (RuntimeError, naming it:
-    with no backward the op would leave it a wrong history; the ``torch.ops.mla_ext`` ops
-    themselves do not look at autograd state). Unlike torch's in-place ops, it writes an
-    inference tensor outside ``torch.inference_mode()`` (checking would cost every eager call
-    host time; such a tensor cannot be in an autograd graph).
+    Not differentiable: inputs that require grad are read as constants (the outputs do not
+    require grad, and no gradient flows back through the call). With grad mode on, the written
+    tensors' version counters are bumped as by torch's in-place ops (a backward that needs a
+    saved tensor this overwrote then fails). With grad mode off (``torch.no_grad()``) they are
+    not (host time on the serving path): a later backward through a graph that saved a tensor
+    overwritten then uses the new values without an error, where torch's in-place ops would
+    make it fail. Inside ``torch.compile`` they are not bumped either (the op has no autograd
+    kernel, so the compiled graph applies its writes unseen by autograd): there too such a
+    backward uses the new values. With grad mode on, a written tensor that requires grad, leaf
+    or not, is refused (RuntimeError, naming it: with no backward the op would leave it a wrong
+    history), also inside ``torch.compile`` (checked while tracing; with ``fullgraph=True``
+    Dynamo's error quotes it). The ``torch.ops.mla_ext`` ops themselves do not look at autograd
+    state. Unlike torch's in-place ops, it writes an inference tensor outside
+    ``torch.inference_mode()`` (checking would cost every eager call host time; such a tensor
+    cannot be in an autograd graph).
 """
 _AUTOGRAD_MARKER = "    AUTOGRAD_NOTE (mla_ext._ops.with_autograd_note fills it in)\n"
 
@@ -292,8 +299,9 @@ def merge_attn_states(
            else int_arg("merge_attn_states", "prefill_tokens_with_context", prefill_tokens_with_context))
     # any_requires_grad() and mark_written() inlined (host time of the hottest call).
     compiling = _is_compiling()
-    rec = not compiling and _grad_enabled()
-    if rec and (getattr(output, "requires_grad", False) or getattr(output_lse, "requires_grad", False)):
+    grad = _grad_enabled()
+    rec = grad and not compiling
+    if grad and (getattr(output, "requires_grad", False) or getattr(output_lse, "requires_grad", False)):
         refuse_requires_grad("merge_attn_states", ("output", "output_lse"), (output, output_lse))
     try:
         if ctx is None and output_scale is None and not compiling:
@@ -383,8 +391,9 @@ def merge_attn_states_n(
             naming it.
     """
     compiling = _is_compiling()
-    rec = not compiling and _grad_enabled()
-    if rec and any_requires_grad(output, output_lse):
+    grad = _grad_enabled()
+    rec = grad and not compiling
+    if grad and any_requires_grad(output, output_lse):
         refuse_requires_grad("merge_attn_states_n", ("output", "output_lse"), (output, output_lse))
     try:
         (_merge_n_op if compiling else _merge_n_eager)(output, output_lse, values, lses, attn_sink)

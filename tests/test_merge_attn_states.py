@@ -789,6 +789,33 @@ def test_refuses_outputs_that_require_grad(api):
         assert torch.allclose(out_lse.double(), want_lse, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("api", ["two", "n_way"])
+@pytest.mark.parametrize("fullgraph", [False, True])
+def test_compiled_refuses_outputs_that_require_grad(api, fullgraph):
+    """Inside torch.compile the wrappers refuse a written tensor that requires grad as in eager
+    (the check runs while tracing). It was skipped there: the compiled call wrote it and a
+    backward then flowed through the old grad_fn (gradient 3 through a tensor the op had
+    overwritten). With fullgraph=True Dynamo raises its own error quoting ours."""
+    T, H, D = 2, 2, 4
+    pa, la, pb, lb = make_case(T, H, D, torch.float32, "cpu", gen_seed=23)
+
+    def f(w):
+        y = w * 3  # a non-leaf that requires grad
+        if api == "two":
+            mla_ext.merge_attn_states(y, None, pa, la, pb, lb)
+        else:
+            mla_ext.merge_attn_states_n(y, None, torch.stack([pa, pb]), torch.stack([la, lb]))
+        return y
+
+    torch._dynamo.reset()
+    w = torch.zeros(T, H, D, requires_grad=True)
+    with pytest.raises(RuntimeError, match="output requires grad; the op has no backward"):
+        torch.compile(f, backend="aot_eager", fullgraph=fullgraph)(w)
+    with torch.no_grad():  # the same call with grad mode off writes the merge
+        got = torch.compile(f, backend="aot_eager", fullgraph=fullgraph)(w)
+    assert_close_rel(got, reference.merge_attn_states(pa, la, pb, lb)[0], torch.float32)
+
+
 _MERGE_FAKE_REFUSALS = [
     (dict(prefix_output=lambda a: a["prefix_output"].double()), "expected prefix_output to have output's dtype"),
     (dict(suffix_output=lambda a: a["suffix_output"][:, :2]), "expected output and suffix_output to have the same shape"),

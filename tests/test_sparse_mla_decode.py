@@ -1630,6 +1630,20 @@ def test_softmax_scale_not_a_real_number_refused(device, scale):
     assert not torch.equal(out, want) and not out.isnan().any()
 
 
+def test_decode_compiled_refuses_outputs_that_require_grad():
+    """Inside torch.compile (aot_eager, fullgraph) a written tensor that requires grad is refused
+    as in eager, before anything is written (the check was skipped while compiling)."""
+    args = _valid("cpu")
+    q, cache, idx = args.pop("q"), args.pop("kv_cache"), args.pop("indices")
+    args["lse"].requires_grad_(True)
+    ws0 = args["workspace"].clone()
+    torch._dynamo.reset()
+    f = torch.compile(lambda: mla_ext.sparse_mla_decode(q, cache, idx, **args), backend="aot_eager", fullgraph=True)
+    with pytest.raises(RuntimeError, match="lse requires grad; the op has no backward"):
+        f()
+    assert args["output"].isnan().all() and args["lse"].isnan().all() and torch.equal(args["workspace"], ws0)
+
+
 @pytest.mark.parametrize("name", ["output", "lse"])
 def test_decode_refuses_outputs_that_require_grad(device, name):
     """A leaf requiring grad (grad mode on) is refused by name with nothing written, as by torch's
