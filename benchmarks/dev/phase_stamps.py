@@ -1,0 +1,85 @@
+"""Dev probe: where a one-token decode call's time goes, from %globaltimer stamps that a build
+with `benchmarks/dev/phase_stamps.patch` takes in its kernels (thread 0 of every block; min and
+max over the blocks). Each call runs alone (stamps reset, the call, a sync), on the benchmark's
+L2-cold input sets in turn; medians over the calls, in µs from the split grid's first block
+entry. Also the same calls' graph-replay time (the benchmark's figure) for scale.
+
+    PYTHON=<python with the cu130 torch> tools/build_variant.sh stamp HEAD benchmarks/dev/phase_stamps.patch
+    cp .dev/stamp/_C.abi3.so .dev/stamp/_build_info.py mla_ext/   # (on the GPU machine)
+    python3 benchmarks/dev/phase_stamps.py [layer:H:T,...]
+
+A stamp is thread 0's %globaltimer at a point of its program (dev_stamp); dev_stamp_dep first
+waits for a value, so "landed" marks when a load's data arrived. Stamps cost time themselves
+(this build's calls ran ~0.3 µs longer than the plain build's).
+"""
+import ctypes
+import statistics
+import sys
+
+import torch
+
+import mla_ext
+from mla_ext.bench import build_layer_sets, time_graph
+
+lib = ctypes.CDLL(mla_ext._LIBRARY_PATH)
+buf = (ctypes.c_ulonglong * 64)()
+
+PHASES = [  # (name, slot, min or max)
+    ("split: last block entered", 0, 1), ("split: first past wait", 1, 0), ("split: last past wait", 1, 1),
+    ("lengths landed: first", 6, 0), ("lengths landed: last", 6, 1),
+    ("tile 0 index landed: first", 12, 0), ("tile 0 index landed: last", 12, 1),
+    ("tile 0 addresses+barrier: first", 7, 0), ("tile 0 addresses+barrier: last", 7, 1),
+    ("tile 0 rows in regs: first", 2, 0), ("tile 0 rows in regs: last", 2, 1),
+    ("tile 0 stored+barrier: first", 3, 0), ("tile 0 stored+barrier: last", 3, 1),
+    ("tiles done: first", 4, 0), ("tiles done: last", 4, 1),
+    ("epilogue inv computed: first", 13, 0), ("epilogue inv computed: last", 13, 1),
+    ("epilogue inv barrier: first", 11, 0), ("epilogue inv barrier: last", 11, 1), ("split exit: first", 5, 0),
+    ("split exit: last", 5, 1), ("reduce entered: first", 8, 0), ("reduce entered: last", 8, 1),
+    ("reduce past wait: first", 9, 0), ("reduce past wait: last", 9, 1),
+    ("reduce lses landed: first", 14, 0), ("reduce lses landed: last", 14, 1),
+    ("reduce folded: first", 15, 0), ("reduce folded: last", 15, 1), ("reduce exit: first", 10, 0),
+    ("reduce exit: last", 10, 1),
+]
+
+shapes = [("v4_swa", 8, 1), ("v4_c4_flash", 8, 1), ("v4_c4_flash", 16, 1), ("v4_c4_flash", 128, 1),
+          ("v4_c4_pro", 8, 1), ("v4_c4_pro", 128, 1), ("v4_c128", 8, 1), ("v4_c128", 16, 1),
+          ("v4_c128", 128, 1), ("v32", 16, 1)]
+if len(sys.argv) > 1:
+    shapes = [(l, int(h), int(t)) for l, h, t in (x.split(":") for x in sys.argv[1].split(","))]
+print(f"{torch.cuda.get_device_name()}; µs from the split grid's first block entry (median of calls)", flush=True)
+for layer, H, T in shapes:
+    ds = build_layer_sets(layer, num_tokens=T, num_heads=H)
+    ws = torch.empty(mla_ext.sparse_mla_decode_workspace_size(T, H, num_splits=0, device="cuda"), dtype=torch.uint8,
+                     device="cuda")
+    calls = ds.calls(ws, 0)
+    graph_us = time_graph(calls)
+    rows, res = [], set()
+    for i in range(3 * len(calls) if len(calls) < 20 else 60):
+        torch.cuda.synchronize()
+        assert lib.mla_ext_dev_stamps_reset() == 0
+        calls[i % len(calls)]()
+        torch.cuda.synchronize()
+        assert lib.mla_ext_dev_stamps_read(buf) == 0
+        v = list(buf)
+        t0 = v[0]
+        r = {}
+        for name, slot, mx in PHASES:
+            x = v[2 * slot + mx]
+            r[name] = (x - t0) / 1e3 if x not in (0, 2**64 - 1) else float("nan")
+            if x not in (0, 2**64 - 1):
+                res.add(x % 1000)
+        clk = v[32:48]
+        r["block 0 clocks"] = [c - clk[0] if c else 0 for c in clk]
+        if i >= 3:  # first calls: module load, lazy init
+            rows.append(r)
+    print(f"\n== {layer} H={H} T={T}: graph replay {graph_us:.2f} µs per call; {len(rows)} calls; "
+          f"stamp ns residues seen: {len(res)}", flush=True)
+    for name, _, _ in PHASES:
+        xs = [r[name] for r in rows if r[name] == r[name]]
+        if xs:
+            print(f"  {name:32s} {statistics.median(xs):7.2f}  (min {min(xs):6.2f}, max {max(xs):6.2f})")
+    clks = [r["block 0 clocks"] for r in rows]
+    print("  block 0 clocks (entry, wait, lens, index, addr, rows, stored, done, inv, invbar, exit):",
+          [int(statistics.median(c[k] for c in clks)) for k in (0, 1, 6, 12, 7, 2, 3, 4, 13, 11, 5)])
+    del ds, ws, calls
+    torch.cuda.empty_cache()
