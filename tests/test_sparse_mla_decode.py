@@ -251,7 +251,7 @@ def test_covering(device, fmt, d_qk, H, T, W, invalid, page_size, sink_mode, S, 
 # splits, extra set, strides, duplicates
 # ---------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("S", [1, 2, 7, 16, 40, 64, 130, 256, 0])
+@pytest.mark.parametrize("S", [1, 2, 7, 16, 20, 32, 40, 64, 130, 256, 0])
 @pytest.mark.parametrize("fmt,d_qk", [("fp8_ds_mla_v4", 512), ("fp8_ds_mla", 576)])
 def test_explicit_splits(device, S, fmt, d_qk):
     """Includes more splits than valid entries (W=5 with lengths down to 0: most splits empty)."""
