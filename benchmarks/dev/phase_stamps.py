@@ -22,7 +22,7 @@ import mla_ext
 from mla_ext.bench import build_layer_sets, time_graph
 
 lib = ctypes.CDLL(mla_ext._LIBRARY_PATH)
-buf = (ctypes.c_ulonglong * 64)()
+buf = (ctypes.c_ulonglong * 128)()  # [2 slot]: min, [2 slot + 1]: max, [64 + slot]: block 0's clock64
 
 PHASES = [  # (name, slot, min or max)
     ("split: last block entered", 0, 1), ("split: first past wait", 1, 0), ("split: last past wait", 1, 1),
@@ -37,6 +37,9 @@ PHASES = [  # (name, slot, min or max)
     ("split exit: last", 5, 1), ("reduce entered: first", 8, 0), ("reduce entered: last", 8, 1),
     ("reduce past wait: first", 9, 0), ("reduce past wait: last", 9, 1),
     ("reduce lses landed: first", 14, 0), ("reduce lses landed: last", 14, 1),
+    ("reduce scan barrier 1: first", 16, 0), ("reduce scan barrier 1: last", 16, 1),
+    ("reduce weight sum: first", 17, 0), ("reduce weight sum: last", 17, 1),
+    ("reduce group folded: first", 18, 0), ("reduce group folded: last", 18, 1),
     ("reduce folded: first", 15, 0), ("reduce folded: last", 15, 1), ("reduce exit: first", 10, 0),
     ("reduce exit: last", 10, 1),
 ]
@@ -68,7 +71,7 @@ for layer, H, T in shapes:
             r[name] = (x - t0) / 1e3 if x not in (0, 2**64 - 1) else float("nan")
             if x not in (0, 2**64 - 1):
                 res.add(x % 1000)
-        clk = v[32:48]
+        clk = v[64:96]
         r["block 0 clocks"] = [c - clk[0] if c else 0 for c in clk]
         if i >= 3:  # first calls: module load, lazy init
             rows.append(r)
