@@ -56,7 +56,7 @@ for layer, H, T in shapes:
                      device="cuda")
     calls = ds.calls(ws, 0)
     graph_us = time_graph(calls)
-    rows, res = [], set()
+    rows, res = [], set()  # res: stamps' values mod 1000 ns (a few: a coarse timer; 125 on the H100)
     for i in range(3 * len(calls) if len(calls) < 20 else 60):
         torch.cuda.synchronize()
         assert lib.mla_ext_dev_stamps_reset() == 0
