@@ -19,30 +19,21 @@ import sys
 import torch
 
 import mla_ext
+from mla_ext import DecodeWorkspace
 from mla_ext.bench import build_layer_sets, time_graph
 
 lib = ctypes.CDLL(mla_ext._LIBRARY_PATH)
 buf = (ctypes.c_ulonglong * 128)()  # [2 slot]: min, [2 slot + 1]: max, [64 + slot]: block 0's clock64
 
-PHASES = [  # (name, slot, min or max)
-    ("split: last block entered", 0, 1), ("split: first past wait", 1, 0), ("split: last past wait", 1, 1),
-    ("lengths landed: first", 6, 0), ("lengths landed: last", 6, 1),
-    ("tile 0 index landed: first", 12, 0), ("tile 0 index landed: last", 12, 1),
-    ("tile 0 addresses+barrier: first", 7, 0), ("tile 0 addresses+barrier: last", 7, 1),
-    ("tile 0 rows in regs: first", 2, 0), ("tile 0 rows in regs: last", 2, 1),
-    ("tile 0 stored+barrier: first", 3, 0), ("tile 0 stored+barrier: last", 3, 1),
-    ("tiles done: first", 4, 0), ("tiles done: last", 4, 1),
-    ("epilogue inv computed: first", 13, 0), ("epilogue inv computed: last", 13, 1),
-    ("epilogue inv barrier: first", 11, 0), ("epilogue inv barrier: last", 11, 1), ("split exit: first", 5, 0),
-    ("split exit: last", 5, 1), ("reduce entered: first", 8, 0), ("reduce entered: last", 8, 1),
-    ("reduce past wait: first", 9, 0), ("reduce past wait: last", 9, 1),
-    ("reduce lses landed: first", 14, 0), ("reduce lses landed: last", 14, 1),
-    ("reduce scan barrier 1: first", 16, 0), ("reduce scan barrier 1: last", 16, 1),
-    ("reduce weight sum: first", 17, 0), ("reduce weight sum: last", 17, 1),
-    ("reduce group folded: first", 18, 0), ("reduce group folded: last", 18, 1),
-    ("reduce folded: first", 15, 0), ("reduce folded: last", 15, 1), ("reduce exit: first", 10, 0),
-    ("reduce exit: last", 10, 1),
+POINTS = [  # (name, slot of phase_stamps.patch's dev_stamp)
+    ("split: entered", 0), ("split: past wait", 1), ("lengths landed", 6), ("tile 0 index landed", 12),
+    ("tile 0 addresses+barrier", 7), ("tile 0 rows in regs", 2), ("tile 0 stored+barrier", 3), ("tiles done", 4),
+    ("epilogue inv computed", 13), ("epilogue inv barrier", 11), ("split exit", 5), ("reduce entered", 8),
+    ("reduce past wait", 9), ("reduce lses landed", 14), ("reduce scan barrier 1", 16), ("reduce weight sum", 17),
+    ("reduce group folded", 18), ("reduce folded", 15), ("reduce exit", 10),
 ]
+# (name, slot, 0: the first block's stamp / 1: the last block's)
+PHASES = [(f"{name}: {which}", slot, mx) for name, slot in POINTS for mx, which in enumerate(("first", "last"))]
 
 shapes = [("v4_swa", 8, 1), ("v4_c4_flash", 8, 1), ("v4_c4_flash", 16, 1), ("v4_c4_flash", 128, 1),
           ("v4_c4_pro", 8, 1), ("v4_c4_pro", 128, 1), ("v4_c128", 8, 1), ("v4_c128", 16, 1),
@@ -52,8 +43,7 @@ if len(sys.argv) > 1:
 print(f"{torch.cuda.get_device_name()}; µs from the split grid's first block entry (median of calls)", flush=True)
 for layer, H, T in shapes:
     ds = build_layer_sets(layer, num_tokens=T, num_heads=H)
-    ws = torch.empty(mla_ext.sparse_mla_decode_workspace_size(T, H, num_splits=0, device="cuda"), dtype=torch.uint8,
-                     device="cuda")
+    ws = DecodeWorkspace(T, H, device="cuda").tensor
     calls = ds.calls(ws, 0)
     graph_us = time_graph(calls)
     rows, res = [], set()  # res: stamps' values mod 1000 ns (a few: a coarse timer; 125 on the H100)

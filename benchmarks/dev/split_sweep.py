@@ -7,7 +7,7 @@ import sys
 
 import torch
 
-import mla_ext
+from mla_ext import DecodeWorkspace
 from mla_ext.bench import build_layer_sets, time_graph
 
 for spec in sys.argv[1:]:
@@ -16,8 +16,7 @@ for spec in sys.argv[1:]:
     ds = build_layer_sets(layer, num_tokens=T, num_heads=H)
     res = []
     for S in [0] + [int(c) for c in counts.split("/")]:
-        ws = torch.empty(mla_ext.sparse_mla_decode_workspace_size(T, H, num_splits=S, device="cuda"),
-                         dtype=torch.uint8, device="cuda")
+        ws = DecodeWorkspace(T, H, num_splits=S, device="cuda").tensor
         res.append(f"S={S or 'auto'}: {time_graph(ds.calls(ws, S)):.2f}")
         del ws
     print(f"{layer} H={H} T={T}: " + ", ".join(res), flush=True)
