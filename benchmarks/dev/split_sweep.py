@@ -1,7 +1,8 @@
 """Dev probe: µs per call (graph replay, L2-cold input sets) at explicit split counts beside the
-automatic one (num_splits=0), for a few shapes.
+automatic one (num_splits=0), for a few shapes. A count written S@HT also forces the GPU head
+tile HT (torch.ops.mla_ext._set_head_tile; the workspace does not depend on it).
 
-    python3 benchmarks/dev/split_sweep.py layer:H:T:S1/S2/... [...]
+    python3 benchmarks/dev/split_sweep.py layer:H:T:S1/S2@HT/... [...]
 """
 import sys
 
@@ -15,9 +16,15 @@ for spec in sys.argv[1:]:
     H, T = int(H), int(T)
     ds = build_layer_sets(layer, num_tokens=T, num_heads=H)
     res = []
-    for S in [0] + [int(c) for c in counts.split("/")]:
+    for c in ["0"] + counts.split("/"):
+        S, _, ht = c.partition("@")
+        S, ht = int(S), int(ht or 0)
         ws = DecodeWorkspace(T, H, num_splits=S, device="cuda").tensor
-        res.append(f"S={S or 'auto'}: {time_graph(ds.calls(ws, S)):.2f}")
+        torch.ops.mla_ext._set_head_tile(ht)
+        try:
+            res.append(f"S={S or 'auto'}{'@' + str(ht) if ht else ''}: {time_graph(ds.calls(ws, S)):.2f}")
+        finally:
+            torch.ops.mla_ext._set_head_tile(0)
         del ws
     print(f"{layer} H={H} T={T}: " + ", ".join(res), flush=True)
     del ds
