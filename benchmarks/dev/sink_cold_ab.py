@@ -8,9 +8,7 @@ from DRAM). Writes {"layer:H:T": [hot_us, cold_us]} as JSON; run once per build 
 import json
 import sys
 
-import torch
-
-import mla_ext
+from mla_ext import DecodeWorkspace
 from mla_ext.bench import build_layer_sets, time_graph
 
 shapes = [(l, h, t) for l in ("v4_swa", "v4_c4_flash", "v4_c4_pro", "v4_c128") for h in (8, 16, 128) for t in (1, 16)]
@@ -19,8 +17,7 @@ if len(sys.argv) > 2:
 res = {}
 for layer, H, T in shapes:
     ds = build_layer_sets(layer, num_tokens=T, num_heads=H)
-    ws = torch.empty(mla_ext.sparse_mla_decode_workspace_size(T, H, num_splits=0, device="cuda"), dtype=torch.uint8,
-                     device="cuda")
+    ws = DecodeWorkspace(T, H, device="cuda").tensor
     hot = time_graph(ds.calls(ws, 0))
     cold = float("nan")
     if ds.kwargs[0].get("attn_sink") is not None:  # (V3.2 layers have no sink)
