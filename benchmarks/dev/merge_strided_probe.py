@@ -12,8 +12,8 @@ import sys
 
 import torch
 
-from mla_ext import merge_attn_states
-from mla_ext.bench import copy_ceiling_us, make_merge_inputs, merge_bytes, num_rotations, time_graph
+from mla_ext.bench import copy_ceiling_us, make_merge_inputs, merge_bytes, num_rotations
+from merge_state import report  # benchmarks/dev: the merge beside torch.add, as % of the copy
 
 
 def main():
@@ -23,11 +23,7 @@ def main():
         torch.cuda.empty_cache()
         sets = [make_merge_inputs(T, H, D, torch.bfloat16, "cuda", layout=layout, seed=i)
                 for i in range(num_rotations(nbytes))]
-        cu = copy_ceiling_us(nbytes, "cuda")
-        us = time_graph([lambda a=a: merge_attn_states(*a) for a in sets])
-        add = time_graph([lambda a=a: torch.add(a[2], a[4], out=a[0]) for a in sets])
-        print(f"{layout:<11} copy {cu:7.2f} us | merge {us:7.2f} us {100 * cu / us:5.1f}% | "
-              f"torch.add same views {add:7.2f} us {100 * cu / add:5.1f}%", flush=True)
+        report(layout, sets, copy_ceiling_us(nbytes, "cuda"))
         del sets
 
 
